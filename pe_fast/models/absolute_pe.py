@@ -1,0 +1,92 @@
+"""Absolute positional encodings: vectors added to the tokens (learned, fixed sinusoidal, fixed random, none)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from pe_fast.models.layers import normal_per_model
+
+
+def sinusoidal_1d(positions: np.ndarray, width: int, base: float = 10000.0) -> np.ndarray:
+    """Vaswani et al.: channel 2i = sin(pos / base^(2i/width)), channel 2i+1 = cos(...). positions [N]."""
+    if width % 2:
+        raise ValueError(f"a sinusoidal PE needs an even width, got {width}")
+    frequency = np.exp(-np.arange(0, width, 2) * math.log(base) / width)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * frequency[None, :]
+    pe = np.zeros((len(angles), width))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(angles), np.cos(angles)
+    return pe
+
+
+def sinusoidal_nd(coordinates: np.ndarray, width: int, base: float = 10000.0) -> np.ndarray:
+    """One 1D sinusoidal block per coordinate axis, concatenated: coordinates [N, k] -> [N, width].
+
+    With k = 2 grid coordinates this is the authors' 2D PE (width/2 channels per axis). Each axis gets the
+    largest even share of the width; channels left over (width not divisible by 2k) stay zero.
+    """
+    coordinates = np.asarray(coordinates, dtype=np.float64)
+    if coordinates.ndim == 1:
+        coordinates = coordinates[:, None]
+    axes = coordinates.shape[1]
+    share = (width // axes) // 2 * 2
+    if share == 0:
+        raise ValueError(f"width {width} is too small for a sinusoidal PE over {axes} coordinates")
+    pe = np.zeros((coordinates.shape[0], width))
+    for axis in range(axes):
+        pe[:, axis * share:(axis + 1) * share] = sinusoidal_1d(coordinates[:, axis], share, base)
+    return pe
+
+
+class AbsolutePE(nn.Module):
+    """The PE vector added to the tokens at the input of each block (or of the first block only).
+
+    kind: "learned" (N(0, σ_m²) per model, trained), "random" (N(0, σ_m²), fixed), "sin1d" (token index),
+    "sin2d" / "sinnd" (the task's coordinates), "none".
+    """
+
+    LEARNED, FIXED = ("learned",), ("random", "sin1d", "sin2d", "sinnd", "none")
+
+    def __init__(self, kind: str, generators: Sequence[torch.Generator], sigmas: Sequence[float],
+                 num_tokens: int, width: int, num_blocks: int, coordinates: np.ndarray | None):
+        super().__init__()
+        self.kind = kind
+        self.num_blocks = num_blocks
+        M = len(generators)
+        if kind in ("learned", "random"):
+            # One independent PE per block, each N(0, σ²) (the authors' design).
+            tables = [normal_per_model(generators, (num_tokens, width), sigmas) for _ in range(num_blocks)]
+            if kind == "learned":
+                self.tables = nn.ParameterList(nn.Parameter(t) for t in tables)
+            else:
+                for i, t in enumerate(tables):
+                    self.register_buffer(f"table{i}", t)
+                self.tables = [getattr(self, f"table{i}") for i in range(num_blocks)]
+        elif kind in ("sin1d", "sin2d", "sinnd"):
+            if kind == "sin1d":
+                fixed = sinusoidal_1d(np.arange(num_tokens), width)
+            else:
+                if coordinates is None:
+                    raise ValueError(f"PE {kind!r} needs token coordinates, and this task has none")
+                if kind == "sin2d" and np.asarray(coordinates).shape[1] != 2:
+                    raise ValueError(f"PE 'sin2d' needs 2D coordinates; this task's are "
+                                     f"{np.asarray(coordinates).shape[1]}D (use 'sinnd')")
+                fixed = sinusoidal_nd(coordinates, width)
+            self.register_buffer("fixed", torch.tensor(fixed, dtype=torch.float32).expand(M, -1, -1).contiguous())
+        elif kind != "none":
+            raise ValueError(f"unknown absolute PE kind {kind!r}")
+
+    def at_block(self, block: int) -> Tensor | None:
+        """The PE added at the input of block `block`, [M, N, D], or None."""
+        if self.kind == "none" or block >= self.num_blocks:
+            return None
+        if self.kind in ("learned", "random"):
+            return self.tables[block]
+        return self.fixed
+
+    def values(self) -> list[Tensor]:
+        """Every PE table this module adds (one per block for learned/random), for metrics."""
+        return [t for t in (self.at_block(b) for b in range(self.num_blocks)) if t is not None]

@@ -1,0 +1,126 @@
+"""The stacked transformer: a pack of M models with one architecture, different seeds, σ and PE values.
+
+Post-LN blocks as in the authors' LST model: h = LN0(Attn(x + pe) + x + pe); out = LN1(MLP(h) + h), with the
+MLP Linear -> GELU -> Linear -> GELU (their GELU after both linears). The PE is added at the input of every
+block (a separate learned PE per block) or of the first block only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pe_fast.models.absolute_pe import AbsolutePE
+from pe_fast.models.layers import StackedLayerNorm, StackedLinear, xavier_uniform_per_model
+from pe_fast.models.relative_pe import RelativePE
+from pe_fast.models.rotary_pe import RotaryPE
+from pe_fast.ops import pe_attention
+
+ABSOLUTE_PES = ("learned", "random", "sin1d", "sin2d", "sinnd", "none")
+ROTARY_PES = ("rope", "rope2d")
+PE_KINDS = ABSOLUTE_PES + ROTARY_PES + ("relative",)
+# The PE's random draws use their own generator stream, so two models with the same seed and different PE
+# kinds or σ start from the same weights everywhere else: comparisons across PEs are paired.
+PE_SEED_OFFSET = 1_000_003
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    num_tokens: int
+    token_dim: int
+    out_dim: int
+    width: int = 160
+    depth: int = 4
+    heads: int = 1
+    mlp_width: int = 640
+    pe: str = "learned"
+    pe_at: str = "every"  # "every" block or the "input" of the first block only
+    readout_token: int | None = None  # classify from this token; None: predict at every token
+
+    def __post_init__(self):
+        if self.pe not in PE_KINDS:
+            raise ValueError(f"unknown PE {self.pe!r}; choose from {', '.join(PE_KINDS)}")
+        if self.pe_at not in ("every", "input"):
+            raise ValueError(f"pe_at must be 'every' or 'input', got {self.pe_at!r}")
+        if self.width % self.heads:
+            raise ValueError(f"width {self.width} is not divisible by heads {self.heads}")
+
+
+class Block(nn.Module):
+    def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
+        super().__init__()
+        M, D = len(generators), config.width
+        # nn.MultiheadAttention's initialisation: Xavier-uniform in-projection, zero biases.
+        self.w_qkv = nn.Parameter(xavier_uniform_per_model(generators, D, 3 * D))
+        self.b_qkv = nn.Parameter(torch.zeros(M, 3 * D))
+        self.attn_out = StackedLinear(generators, D, D)
+        with torch.no_grad():
+            self.attn_out.bias.zero_()
+        self.norm_attn = StackedLayerNorm(M, D)
+        self.mlp_in = StackedLinear(generators, D, config.mlp_width)
+        self.mlp_out = StackedLinear(generators, config.mlp_width, D)
+        self.norm_mlp = StackedLayerNorm(M, D)
+        self.heads = config.heads
+
+    def forward(self, h, pe, probes, rope, bias):
+        attended, stats = pe_attention(h, pe, self.w_qkv, self.b_qkv, self.heads, probes, rope=rope, bias=bias)
+        if pe is not None:
+            h = h + pe[:, None]
+        h = self.norm_attn(self.attn_out(attended) + h)
+        h = self.norm_mlp(F.gelu(self.mlp_out(F.gelu(self.mlp_in(h)))) + h)
+        return h, stats
+
+
+class StackedTransformer(nn.Module):
+    """M models in one module. forward(tokens [M,B,N,token_dim]) -> (outputs, stats [L,M,H,S])."""
+
+    def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float] | None = None,
+                 coordinates: np.ndarray | None = None):
+        super().__init__()
+        if sigmas is None:
+            sigmas = [1.0] * len(seeds)
+        if len(sigmas) != len(seeds):
+            raise ValueError("one σ per model is needed")
+        self.config, self.seeds, self.sigmas = config, list(seeds), [float(s) for s in sigmas]
+        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.embed = StackedLinear(generators, config.token_dim, config.width)
+        self.blocks = nn.ModuleList(Block(generators, config) for _ in range(config.depth))
+        self.head = StackedLinear(generators, config.width, config.out_dim)
+        M, head_dim = len(seeds), config.width // config.heads
+        pe_blocks = config.depth if config.pe_at == "every" else 1
+        self.absolute = self.rotary = self.relative = None
+        if config.pe in ABSOLUTE_PES:
+            pe_generators = [torch.Generator().manual_seed(int(s) + PE_SEED_OFFSET) for s in seeds]
+            self.absolute = AbsolutePE(config.pe, pe_generators, self.sigmas, config.num_tokens, config.width,
+                                       pe_blocks, coordinates)
+        elif config.pe in ROTARY_PES:
+            self.rotary = RotaryPE(config.pe, config.num_tokens, head_dim, coordinates)
+        else:
+            self.relative = RelativePE(M, pe_blocks, config.heads, config.num_tokens, coordinates)
+
+    @property
+    def num_models(self) -> int:
+        return len(self.seeds)
+
+    def pe_tables(self) -> list[Tensor]:
+        """The additive PE tables [M,N,D] in block order (empty for rotary, relative and none)."""
+        return [] if self.absolute is None else self.absolute.values()
+
+    def forward(self, tokens: Tensor, probes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        h = self.embed(tokens)
+        rope = self.rotary.tables() if self.rotary is not None else None
+        all_stats = []
+        for index, block in enumerate(self.blocks):
+            pe = self.absolute.at_block(index) if self.absolute is not None else None
+            bias = None
+            if self.relative is not None and (index == 0 or self.config.pe_at == "every"):
+                bias = self.relative.bias(index)
+            h, stats = block(h, pe, probes, rope, bias)
+            all_stats.append(stats)
+        if self.config.readout_token is not None:
+            h = h[:, :, self.config.readout_token]
+        return self.head(h), torch.stack(all_stats)

@@ -1,0 +1,97 @@
+"""`pe_attention`: PE addition + multi-head attention + attention-map statistics, for a pack of M models.
+
+One `torch.library` custom op (schema, fake tensor, autograd) whose body dispatches to a backend. The only
+backend so far is the plain-PyTorch reference (ops/reference.py); fused kernels register beside it.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from pe_fast.ops import reference
+
+BACKENDS = ("reference",)
+
+
+def resolve_backend(backend: str | None) -> str:
+    """backend= argument, else $PE_FAST_BACKEND, else the fastest one available."""
+    chosen = backend or os.environ.get("PE_FAST_BACKEND") or "reference"
+    if chosen not in BACKENDS:
+        raise ValueError(f"unknown pe_attention backend {chosen!r}; available: {', '.join(BACKENDS)}")
+    return chosen
+
+
+@torch.library.custom_op("pe_fast::pe_attention", mutates_args=())
+def _pe_attention(
+    x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_heads: int,
+    probes: Tensor | None, rope_cos: Tensor | None, rope_sin: Tensor | None, bias: Tensor | None,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    # backend is resolved before the call; every backend returns (out, stats, qkv, lse).
+    return tuple(t.contiguous() for t in reference.forward(
+        x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias))
+
+
+@_pe_attention.register_fake
+def _(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend):
+    M, B, N, D = x.shape
+    num_stats = len(reference.STAT_NAMES) + (0 if probes is None else probes.shape[0])
+    return (x.new_empty(M, B, N, D), x.new_empty(M, num_heads, num_stats, dtype=torch.float32),
+            x.new_empty(M, B, N, 3 * D), x.new_empty(M, B, num_heads, N, dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend = inputs
+    _, stats, qkv, lse = output
+    ctx.mark_non_differentiable(stats, qkv, lse)
+    ctx.num_heads = num_heads
+    ctx.save_for_backward(x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias)
+
+
+def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
+    x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias = ctx.saved_tensors
+    dx, dpe, dw, db, dbias = reference.backward(
+        grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias)
+    return dx, dpe, dw, db, None, None, None, None, dbias, None
+
+
+_pe_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:
+    """Shape errors name the argument and the expected shape, instead of failing deep inside a matmul."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be [M,B,N,D], got shape {tuple(x.shape)}")
+    M, B, N, D = x.shape
+    if num_heads < 1 or D % num_heads:
+        raise ValueError(f"num_heads={num_heads} must divide the model width D={D}")
+    expected = {"pe": (pe, (M, N, D)), "w_qkv": (w_qkv, (M, D, 3 * D)), "b_qkv": (b_qkv, (M, 3 * D)),
+                "bias": (bias, (M, num_heads, N, N))}
+    for name, (tensor, shape) in expected.items():
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")
+    if probes is not None and (probes.dim() != 3 or tuple(probes.shape[1:]) != (N, N)):
+        raise ValueError(f"probes must be [K,{N},{N}], got {list(probes.shape)}")
+    if rope is not None:
+        dh = D // num_heads
+        if dh % 2 or any(tuple(t.shape) != (N, dh // 2) for t in rope):
+            raise ValueError(f"rope must be (cos, sin) tables of shape [{N},{dh // 2}] with an even head dim")
+
+
+def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_heads: int,
+                 probes: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
+                 bias: Tensor | None = None, backend: str | None = None) -> tuple[Tensor, Tensor]:
+    """Attention of a pack of M models, with the PE added to x before the QKV projection.
+
+    Returns out [M,B,N,D] (the heads' softmax(QKᵀ/√dh + bias)·V, concatenated, before any output projection)
+    and stats [M,H,3+K] (no gradient): the mean over batch and query rows of the row entropy, the row's
+    largest probability, Σ_j p_ij², and Σ_j p_ij·probes[k,i,j] for each probe k.
+    Optional: rope = (cos, sin) tables [N, dh/2] rotating q and k; bias [M,H,N,N] added to the logits.
+    """
+    check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
+    cos, sin = rope if rope is not None else (None, None)
+    out, stats, _, _ = _pe_attention(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias,
+                                     resolve_backend(backend))
+    return out, stats

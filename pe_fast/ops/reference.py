@@ -1,0 +1,115 @@
+"""Plain-PyTorch reference of the fused PE-attention op: the oracle every kernel is tested against.
+
+Shapes (M models, B batch, N tokens, D model width, H heads, dh = D / H, K probes):
+    x [M,B,N,D], pe [M,N,D] | None, w_qkv [M,D,3D], b_qkv [M,3D] | None, probes [K,N,N] | None,
+    rope_cos / rope_sin [N, dh/2] | None (rotate q and k pairwise), bias [M,H,N,N] | None (added to the logits).
+Forward returns out [M,B,N,D], stats [M,H,3+K], and what the backward needs: qkv [M,B,N,3D] and the
+log-sum-exp of every attention row [M,B,H,N] (flash-attention style: the N×N map is recomputed, not saved).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+STAT_NAMES = ("entropy", "max_prob", "sum_p2")
+
+
+def project_qkv(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None) -> Tensor:
+    """(x + pe) @ w_qkv + b_qkv for every model at once, as one batched matmul."""
+    M, B, N, D = x.shape
+    h = x if pe is None else x + pe[:, None]
+    h = h.reshape(M, B * N, D)
+    qkv = torch.bmm(h, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], h, w_qkv)
+    return qkv.reshape(M, B, N, 3 * D)
+
+
+def split_heads(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """[M,B,N,3D] -> three [M,B,H,N,dh] views."""
+    M, B, N, D3 = qkv.shape
+    dh = D3 // (3 * num_heads)
+    q, k, v = qkv.reshape(M, B, N, 3, num_heads, dh).permute(3, 0, 1, 4, 2, 5).unbind(0)
+    return q, k, v
+
+
+def rotate(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding: rotate the pairs (t[2i], t[2i+1]) by the angle whose cos/sin are given per token."""
+    even, odd = t[..., 0::2], t[..., 1::2]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2)
+
+
+def unrotate(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The transpose of `rotate` (a rotation by the opposite angle): carries gradients back through RoPE."""
+    return rotate(t, cos, -sin)
+
+
+def accumulation_dtype(t: Tensor) -> torch.dtype:
+    """Softmax normalisers are kept in float32 at least (float64 stays float64)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def attention_logits(q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias[:, None]
+    return s
+
+
+def attention_statistics(p: Tensor, log_p: Tensor, probes: Tensor | None) -> Tensor:
+    """Mean over batch and query rows of the per-row statistics. p, log_p [M,B,H,N,N] -> [M,H,3+K] float32."""
+    p32, log_p32 = p.to(accumulation_dtype(p)), log_p.to(accumulation_dtype(p))
+    rows = [
+        -(p32 * log_p32).sum(-1),  # entropy; log_p is finite because the logits are
+        p32.amax(-1),
+        (p32 * p32).sum(-1),
+    ]
+    if probes is not None:
+        rows.extend(torch.einsum("mbhij,kij->kmbhi", p32, probes.to(p32.dtype)).unbind(0))
+    return torch.stack(rows, dim=-1).mean(dim=(1, 3)).float()
+
+
+def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
+    qkv = project_qkv(x, pe, w_qkv, b_qkv)
+    q, k, v = split_heads(qkv, num_heads)
+    if rope_cos is not None:
+        q, k = rotate(q, rope_cos, rope_sin), rotate(k, rope_cos, rope_sin)
+    s = attention_logits(q, k, bias)
+    lse = torch.logsumexp(s.to(accumulation_dtype(s)), dim=-1)
+    log_p = s - lse[..., None].to(s.dtype)
+    p = log_p.exp()
+    o = torch.matmul(p, v)  # [M,B,H,N,dh]
+    M, B, H, N, dh = o.shape
+    out = o.permute(0, 1, 3, 2, 4).reshape(M, B, N, H * dh)
+    stats = attention_statistics(p, log_p, probes)
+    return out, stats, qkv, lse
+
+
+def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None):
+    """Gradients of `forward`'s out w.r.t. x, pe, w_qkv, b_qkv, bias (statistics are not differentiated)."""
+    M, B, N, D = x.shape
+    q, k, v = split_heads(qkv, num_heads)
+    if rope_cos is not None:
+        q, k = rotate(q, rope_cos, rope_sin), rotate(k, rope_cos, rope_sin)
+    s = attention_logits(q, k, bias)
+    p = (s.to(lse.dtype) - lse[..., None]).exp().to(s.dtype)
+    dh = q.shape[-1]
+    do = grad_out.reshape(M, B, N, num_heads, dh).transpose(2, 3)  # [M,B,H,N,dh]
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    dp = torch.matmul(do, v.transpose(-1, -2))
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dbias = ds.sum(1) if bias is not None else None
+    scale = 1.0 / math.sqrt(dh)
+    dq = torch.matmul(ds, k) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q) * scale
+    if rope_cos is not None:
+        dq, dk = unrotate(dq, rope_cos, rope_sin), unrotate(dk, rope_cos, rope_sin)
+    dqkv = torch.stack((dq, dk, dv), dim=0).permute(1, 2, 4, 0, 3, 5).reshape(M, B * N, 3 * D)
+    h = x if pe is None else x + pe[:, None]
+    dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
+    db = dqkv.sum(1) if b_qkv is not None else None
+    dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
+    dpe = dx.sum(1) if pe is not None else None
+    return dx, dpe, dw, db, dbias

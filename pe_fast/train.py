@@ -1,0 +1,188 @@
+"""Training loop for one pack of stacked models, readable top to bottom.
+
+A pack is M models of one architecture trained together: one forward pass, one loss (the sum of the models'
+losses, so each model receives exactly its own gradient), one optimizer over stacked tensors (elementwise, so
+it is M independent optimizers). Each model draws its own batches from its own seeded generator. Per-step
+attention statistics stay on the device in a buffer that is copied out once per evaluation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.ops import STAT_NAMES
+
+# Batch order uses its own stream, apart from the weights' and the PE's.
+DATA_SEED_OFFSET = 2_000_003
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int = 128
+    lr: float = 1e-4
+    optimizer: str = "adamw"
+    weight_decay: float = 0.0
+    momentum: float = 0.0  # SGD only
+    schedule: str = "constant"
+    warmup: int = 0
+    eval_every: int = 250
+    eval_train_subset: int = 2048  # intermediate evaluations score this many training items; the last, all
+
+
+@dataclasses.dataclass
+class PackResult:
+    """Per-model final metrics and per-evaluation curves, as lists of row dicts (one per model / eval)."""
+    final: list[dict]
+    curves: list[dict]
+    pe_tables: dict[int, np.ndarray]
+    seconds: float
+
+
+def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    raise ValueError(f"unknown optimizer {config.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then constant or cosine decay to zero."""
+    if step < config.warmup:
+        return (step + 1) / config.warmup
+    if config.schedule == "cosine":
+        progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
+class BatchSampler:
+    """Each model walks through its own random permutation of the training set, epoch after epoch."""
+
+    def __init__(self, num_items: int, batch_size: int, seeds: list[int], device: torch.device):
+        if batch_size > num_items:
+            raise ValueError(f"batch size {batch_size} exceeds the {num_items} training items")
+        self.generators = [torch.Generator().manual_seed(s + DATA_SEED_OFFSET) for s in seeds]
+        self.num_items, self.batch_size, self.device = num_items, batch_size, device
+        self.per_epoch = num_items // batch_size  # the last partial batch is dropped
+        self.position = self.per_epoch
+
+    def next(self) -> Tensor:
+        if self.position == self.per_epoch:
+            perms = torch.stack([torch.randperm(self.num_items, generator=g) for g in self.generators])
+            self.epoch = perms[:, : self.per_epoch * self.batch_size].to(self.device)
+            self.position = 0
+        start = self.position * self.batch_size
+        self.position += 1
+        return self.epoch[:, start:start + self.batch_size]
+
+
+@torch.no_grad()
+def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, chunk: int = 1024):
+    """Outputs of every model on the same items [P, N, token_dim] -> ([M, P, out], stats [L,M,H,S])."""
+    outputs, stats_sum = [], 0.0
+    M = model.num_models
+    for start in range(0, len(tokens), chunk):
+        part = tokens[start:start + chunk]
+        out, stats = model(part.unsqueeze(0).expand(M, *part.shape), probes)
+        outputs.append(out)
+        stats_sum = stats_sum + stats * len(part)
+    return torch.cat(outputs, dim=1), stats_sum / len(tokens)
+
+
+def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
+    """[L,M,H,S] -> per model, {prefix_l{l}_h{h}_{stat}: value}."""
+    names = list(STAT_NAMES) + [f"probe_{p}" for p in probe_names]
+    L, M, H, S = stats.shape
+    return [{f"{prefix}_l{l}_h{h}_{names[s]}": float(stats[l, m, h, s])
+             for l in range(L) for h in range(H) for s in range(S)} for m in range(M)]
+
+
+def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
+               sigmas: list[float], device: torch.device,
+               on_step: Callable[[int], None] | None = None) -> PackResult:
+    """Train one pack; return each model's final metrics, its curves and its learned PE tables."""
+    start_time = time.perf_counter()
+    model = StackedTransformer(model_config, seeds, sigmas, task.coordinates).to(device)
+    M = model.num_models
+    probes = task.probes.to(device)
+    train = task.splits["train"]
+    x_train, y_train = train.x.to(device), train.y.to(device)
+    eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
+    initial_pe = [t.detach().cpu().numpy().copy() for t in model.pe_tables()]
+
+    optimizer = make_optimizer(model.parameters(), train_config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, train_config))
+    sampler = BatchSampler(len(x_train), train_config.batch_size, seeds, device)
+
+    window = train_config.eval_every
+    loss_buffer = torch.zeros(window, M, device=device)
+    stats_buffer = None  # [window, L, M, H, S], allocated once the stats' shape is known
+    curves: list[dict] = []
+
+    def evaluate(step: int, filled: int, final: bool) -> list[dict]:
+        """Score every split; one host sync. Returns one row per model."""
+        rows = [{"model": m, "step": step, "lr": optimizer.param_groups[0]["lr"]} for m in range(M)]
+        if filled:
+            window_loss = loss_buffer[:filled].mean(0).cpu().numpy()
+            window_stats = stats_buffer[:filled].mean(0).cpu().numpy()
+            for m, extra in enumerate(stat_columns(window_stats, task.probe_names, "attn")):
+                rows[m]["train_loss"] = float(window_loss[m])
+                rows[m].update(extra)
+        model.eval()
+        for name, tokens in eval_tokens.items():
+            count = len(tokens) if (final or name != "train") else min(len(tokens), train_config.eval_train_subset)
+            outputs, stats = predict(model, tokens[:count], probes)
+            for m, scores in enumerate(task.score(outputs.cpu(), name, count)):
+                rows[m].update(scores)
+            if name == "ood":
+                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, "ood_attn")):
+                    rows[m].update(extra)
+        model.train()
+        tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
+        for m in range(M):
+            rows[m].update(task.pe_metrics(tables[0][m]) if tables else {})
+            if tables and model_config.pe == "learned":
+                rows[m]["pe_drift"] = float(np.linalg.norm(np.stack([t[m] - i[m] for t, i in zip(tables, initial_pe)]))
+                                            / np.linalg.norm(np.stack([i[m] for i in initial_pe])))
+        return rows
+
+    curves.extend(evaluate(0, 0, final=False))
+    filled = 0
+    for step in range(train_config.steps):
+        index = sampler.next()
+        outputs, stats = model(x_train[index], probes)
+        loss_per_model = task.loss(outputs, y_train[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss_per_model.sum().backward()
+        optimizer.step()
+        scheduler.step()
+        if stats_buffer is None:
+            stats_buffer = torch.zeros(window, *stats.shape, device=device)
+        loss_buffer[filled] = loss_per_model.detach()
+        stats_buffer[filled] = stats
+        filled += 1
+        done = step + 1
+        if filled == window or done == train_config.steps:
+            curves.extend(evaluate(done, filled, final=done == train_config.steps))
+            filled = 0
+        if on_step is not None:
+            on_step(done)
+
+    final_rows = [dict(row) for row in curves[-M:]]
+    tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
+    pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
+    return PackResult(final=final_rows, curves=curves, pe_tables=pe_tables,
+                      seconds=time.perf_counter() - start_time)

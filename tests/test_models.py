@@ -1,0 +1,70 @@
+"""The stacked transformer: a pack trains exactly like its models trained one by one."""
+import numpy as np
+import pytest
+import torch
+
+from pe_fast.models import ModelConfig, StackedTransformer
+
+GRID = np.stack(np.divmod(np.arange(16), 4), axis=1).astype(float)
+
+
+def train(model, inputs, targets, steps=20):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    for _ in range(steps):
+        outputs, _ = model(inputs)
+        loss = torch.nn.functional.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none")
+        optimizer.zero_grad()
+        loss.view(targets.shape).mean(1).sum().backward()
+        optimizer.step()
+    return model
+
+
+@pytest.mark.parametrize("pe", ["learned", "relative", "rope2d", "sin2d"])
+@pytest.mark.parametrize("pe_at", ["every", "input"])
+def test_pack_of_three_trains_like_each_model_alone(pe, pe_at):
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=2, heads=2, mlp_width=32,
+                         pe=pe, pe_at=pe_at, readout_token=15)
+    seeds, sigmas = [11, 22, 33], [0.1, 0.5, 2.0]
+    g = torch.Generator().manual_seed(0)
+    # float64: the key bias gets a zero gradient in exact arithmetic (softmax ignores a per-row shift), and
+    # Adam would amplify float32 rounding noise in it to lr-sized steps that differ between pack and alone.
+    inputs = torch.randn(3, 8, 16, 5, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 4, (3, 8), generator=g)
+    pack = train(StackedTransformer(config, seeds, sigmas, GRID).double(), inputs, targets)
+    for m in range(3):
+        alone = train(StackedTransformer(config, [seeds[m]], [sigmas[m]], GRID).double(),
+                      inputs[m:m + 1], targets[m:m + 1])
+        for (name, p_pack), (_, p_alone) in zip(pack.named_parameters(), alone.named_parameters()):
+            torch.testing.assert_close(p_pack[m:m + 1], p_alone, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_model_initialisation_depends_only_on_its_seed_and_sigma():
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=2, mlp_width=32)
+    a = StackedTransformer(config, [5, 6], [0.2, 1.0], GRID)
+    b = StackedTransformer(config, [6], [1.0], GRID)
+    for p_a, p_b in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p_a[1:], p_b, rtol=0, atol=0)
+
+
+def test_same_seed_shares_weights_across_sigma_and_pe_scales_with_sigma():
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=2, mlp_width=32)
+    model = StackedTransformer(config, [7, 7], [0.1, 2.0], GRID)
+    torch.testing.assert_close(model.embed.weight[0], model.embed.weight[1])
+    first = model.pe_tables()[0]
+    torch.testing.assert_close(first[1], first[0] * 20)  # same draw, σ ratio 20
+
+
+def test_pe_at_every_block_has_independent_tables_and_input_has_one():
+    kwargs = dict(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=3, mlp_width=32)
+    every = StackedTransformer(ModelConfig(**kwargs, pe_at="every"), [1], [1.0], GRID)
+    assert len(every.pe_tables()) == 3
+    assert not torch.allclose(every.pe_tables()[0], every.pe_tables()[1])
+    assert len(StackedTransformer(ModelConfig(**kwargs, pe_at="input"), [1], [1.0], GRID).pe_tables()) == 1
+
+
+def test_post_ln_block_output_is_normalised():
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=1, mlp_width=32)
+    model = StackedTransformer(config, [1, 2], [1.0, 1.0], GRID)
+    hidden = model.blocks[0](model.embed(torch.randn(2, 4, 16, 5)), model.pe_tables()[0], None, None, None)[0]
+    torch.testing.assert_close(hidden.mean(-1), torch.zeros(2, 4, 16), atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden.var(-1, unbiased=False), torch.ones(2, 4, 16), atol=1e-3, rtol=0)
