@@ -366,12 +366,14 @@ def test_task_from_files(tmp_path):
 
 def test_task_falls_back_to_generated_puzzles(monkeypatch, capsys):
     monkeypatch.setattr(lst, "find_authors_data", lambda: None)
-    real_generate = lst.generate_puzzles
     # Keep the test fast: a smaller pool than the real 9,000.
-    monkeypatch.setattr(lst, "generate_puzzles", lambda n, seed: real_generate(150, seed))
-    task = lst.LSTTask(ood_per_condition=3, ood_min_distance=0.5)
+    monkeypatch.setattr(lst.LSTTask, "generated_pool_size", 150)
+    task = lst.LSTTask(ood_per_condition=3, ood_min_distance=0.7)
     assert "not found" in capsys.readouterr().err
     assert [len(task.splits[k]) for k in ("train", "test", "ood")] == [135, 15, 9]
+    # Every pool puzzle is far from every ood puzzle, checked with Python sets.
+    pool = lst.Puzzles.concat([task.puzzles["train"], task.puzzles["test"]])
+    assert min(_reference_jaccard(a, b) for a in task.puzzles["ood"].grids for b in pool.grids) >= 0.7
 
 
 # ----------------------------------------------------------------------------- the authors' puzzles

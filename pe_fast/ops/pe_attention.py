@@ -1,25 +1,50 @@
 """`pe_attention`: PE addition + multi-head attention + attention-map statistics, for a pack of M models.
 
-One `torch.library` custom op (schema, fake tensor, autograd) whose body dispatches to a backend. The only
-backend so far is the plain-PyTorch reference (ops/reference.py); fused kernels register beside it.
+One `torch.library` custom op (schema, fake tensor, autograd) whose body dispatches to a backend. A backend is
+a pair of functions with the signatures of `reference.forward` and `reference.backward`, registered in
+BACKENDS with the devices it runs on; the plain-PyTorch reference runs everywhere and is the oracle.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from pe_fast.ops import reference
 
-BACKENDS = ("reference",)
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    forward: Callable
+    backward: Callable
+    devices: tuple[str, ...]  # torch device types it runs on
 
 
-def resolve_backend(backend: str | None) -> str:
-    """backend= argument, else $PE_FAST_BACKEND, else the fastest one available."""
-    chosen = backend or os.environ.get("PE_FAST_BACKEND") or "reference"
+# In order of preference: the first one that runs on the tensors' device is the default.
+BACKENDS: dict[str, Backend] = {
+    "reference": Backend(reference.forward, reference.backward, ("cpu", "cuda", "meta")),
+}
+
+
+def register_backend(name: str, backend: Backend) -> None:
+    """Fused kernels put themselves in front of the reference, so they become the default on their devices."""
+    others = {k: v for k, v in BACKENDS.items() if k != name}
+    BACKENDS.clear()
+    BACKENDS.update({name: backend, **others})
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """backend= argument, else $PE_FAST_BACKEND, else the first registered backend for the device."""
+    chosen = backend or os.environ.get("PE_FAST_BACKEND")
+    if chosen is None:
+        return next(name for name, b in BACKENDS.items() if device.type in b.devices)
     if chosen not in BACKENDS:
         raise ValueError(f"unknown pe_attention backend {chosen!r}; available: {', '.join(BACKENDS)}")
+    if device.type not in BACKENDS[chosen].devices:
+        raise ValueError(f"pe_attention backend {chosen!r} does not run on {device.type} tensors")
     return chosen
 
 
@@ -30,7 +55,7 @@ def _pe_attention(
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     # backend is resolved before the call; every backend returns (out, stats, qkv, lse).
-    return tuple(t.contiguous() for t in reference.forward(
+    return tuple(t.contiguous() for t in BACKENDS[backend].forward(
         x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias))
 
 
@@ -46,13 +71,13 @@ def _setup_context(ctx, inputs, output):
     x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend = inputs
     _, stats, qkv, lse = output
     ctx.mark_non_differentiable(stats, qkv, lse)
-    ctx.num_heads = num_heads
+    ctx.num_heads, ctx.backend = num_heads, backend
     ctx.save_for_backward(x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias)
 
 
 def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias = ctx.saved_tensors
-    dx, dpe, dw, db, dbias = reference.backward(
+    dx, dpe, dw, db, dbias = BACKENDS[ctx.backend].backward(
         grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias)
     return dx, dpe, dw, db, None, None, None, None, dbias, None
 
@@ -93,5 +118,5 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
     cos, sin = rope if rope is not None else (None, None)
     out, stats, _, _ = _pe_attention(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias,
-                                     resolve_backend(backend))
+                                     resolve_backend(backend, x.device))
     return out, stats

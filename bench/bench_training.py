@@ -1,0 +1,119 @@
+"""Training throughput of a stacked pack vs the same models trained one after another (issue: foundation §10).
+
+    python bench/bench_training.py [--models 16] [--repeats 5] [--out bench/results/training_cpu.json]
+
+For each LST shape (16 tokens of 5 features, 4 layers, 1 head, MLP 4·d) it times full training steps
+(forward, backward, AdamW) of (a) one StackedTransformer holding M models and (b) M single-model
+StackedTransformers stepped one after another, in the same process, and reports model-steps/s, the speed-up,
+and the achieved GFLOP/s (matmul FLOPs of forward + backward = 3 × forward) against this machine's
+large-matmul GFLOP/s (2048³ fp32 matmul) measured in the same run. Medians over --repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pe_fast.models import ModelConfig, StackedTransformer
+
+N_TOKENS, TOKEN_DIM, CLASSES = 16, 5, 4
+
+
+def step_flops(width: int, depth: int, batch: int, mlp: int) -> float:
+    """Matmul FLOPs of one model's training step (forward ×3 for forward + backward)."""
+    tokens = batch * N_TOKENS
+    per_layer = 2 * tokens * width * 3 * width + 4 * batch * N_TOKENS ** 2 * width \
+        + 2 * tokens * width * width + 4 * tokens * width * mlp
+    forward = depth * per_layer + 2 * tokens * TOKEN_DIM * width + 2 * batch * width * CLASSES
+    return 3.0 * forward
+
+
+def median_seconds(fn, repeats: int, inner: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - start) / inner)
+    return statistics.median(times)
+
+
+def large_matmul_gflops(repeats: int) -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return 2 * 2048 ** 3 / median_seconds(lambda: a @ b, repeats, 5) / 1e9
+
+
+def training_step(model: StackedTransformer, optimizer, tokens, targets):
+    outputs, _ = model(tokens)
+    M, B, C = outputs.shape
+    loss = torch.nn.functional.cross_entropy(outputs.reshape(M * B, C), targets.reshape(M * B), reduction="none")
+    optimizer.zero_grad(set_to_none=True)
+    loss.view(M, B).mean(1).sum().backward()
+    optimizer.step()
+
+
+def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -> dict:
+    config = ModelConfig(num_tokens=N_TOKENS, token_dim=TOKEN_DIM, out_dim=CLASSES, width=width, depth=depth,
+                         heads=1, mlp_width=4 * width, pe="learned", readout_token=N_TOKENS - 1)
+    seeds = list(range(models))
+    tokens = torch.randn(models, batch, N_TOKENS, TOKEN_DIM)
+    targets = torch.randint(0, CLASSES, (models, batch))
+
+    pack = StackedTransformer(config, seeds, [0.2] * models)
+    pack_opt = torch.optim.AdamW(pack.parameters(), lr=1e-4)
+    alone = [StackedTransformer(config, [s], [0.2]) for s in seeds]
+    alone_opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in alone]
+
+    def one_by_one():
+        for m, (model, opt) in enumerate(zip(alone, alone_opts)):
+            training_step(model, opt, tokens[m:m + 1], targets[m:m + 1])
+
+    stacked_s = median_seconds(lambda: training_step(pack, pack_opt, tokens, targets), repeats, 3)
+    loop_s = median_seconds(one_by_one, repeats, 1)
+    flops = step_flops(width, depth, batch, 4 * width) * models
+    return {"width": width, "batch": batch, "models": models, "depth": depth,
+            "stacked_step_ms": stacked_s * 1e3, "one_by_one_step_ms": loop_s * 1e3,
+            "stacked_model_steps_per_s": models / stacked_s, "one_by_one_model_steps_per_s": models / loop_s,
+            "speedup": loop_s / stacked_s,
+            "stacked_gflops": flops / stacked_s / 1e9, "one_by_one_gflops": flops / loop_s / 1e9}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", type=int, default=16)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default="bench/results/training_cpu.json")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    peak = large_matmul_gflops(args.repeats)
+    rows = []
+    for width, batch in ((64, 32), (64, 128), (160, 32), (160, 128)):
+        row = bench_shape(width, batch, args.models, args.depth, args.repeats)
+        row["stacked_fraction_of_large_matmul"] = row["stacked_gflops"] / peak
+        row["one_by_one_fraction_of_large_matmul"] = row["one_by_one_gflops"] / peak
+        rows.append(row)
+        print(f"d={width:4d} batch={batch:4d} M={args.models}: stacked {row['stacked_model_steps_per_s']:8.1f} "
+              f"model-steps/s, one by one {row['one_by_one_model_steps_per_s']:8.1f} ({row['speedup']:.2f}×); "
+              f"{row['stacked_gflops']:.1f} GFLOP/s = {100 * row['stacked_fraction_of_large_matmul']:.0f} % "
+              f"of large matmul ({peak:.1f})", flush=True)
+    result = {"benchmark": "training_step", "machine": platform.processor() or platform.machine(),
+              "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
+              "device": "cpu", "large_matmul_gflops": peak, "repeats": args.repeats, "rows": rows,
+              "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
