@@ -51,8 +51,15 @@ class UsageError(Exception):
     """A mistake in the user's flags or files: reported as one line, exit code 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the usage before its error; a user mistake here gets the one error line only."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pe_fast.sweep", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m pe_fast.sweep", description=__doc__.split("\n\n")[0])
     # Every default is None so that a preset can fill what the user did not set.
     p.add_argument("--task", choices=TASKS)
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration; explicit flags win")
@@ -280,7 +287,7 @@ def run(s: dict) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # argparse itself exits 2 with one line on an unknown flag
+    args = parser.parse_args(argv)  # exits 2 with one line on an unknown flag
     try:
         run(resolve_settings(args))
     except UsageError as error:

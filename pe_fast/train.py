@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pe_fast.metrics import pe_geometry
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.ops import STAT_NAMES
 
@@ -121,6 +122,12 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
     train = task.splits["train"]
     x_train, y_train = train.x.to(device), train.y.to(device)
     eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
+    # Intermediate evaluations of the training split score an evenly spaced subset (files are often sorted
+    # by condition, so a prefix would not do); the final evaluation scores every item.
+    eval_items = {name: torch.arange(len(t)) for name, t in eval_tokens.items()}
+    subset = train_config.eval_train_subset
+    if len(x_train) > subset:
+        eval_items["train"] = torch.linspace(0, len(x_train) - 1, subset).round().long()
     initial_pe = [t.detach().cpu().numpy().copy() for t in model.pe_tables()]
 
     optimizer = make_optimizer(model.parameters(), train_config)
@@ -143,9 +150,9 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
                 rows[m].update(extra)
         model.eval()
         for name, tokens in eval_tokens.items():
-            count = len(tokens) if (final or name != "train") else min(len(tokens), train_config.eval_train_subset)
-            outputs, stats = predict(model, tokens[:count], probes)
-            for m, scores in enumerate(task.score(outputs.cpu(), name, count)):
+            items = eval_items[name] if not final else torch.arange(len(tokens))
+            outputs, stats = predict(model, tokens[items.to(device)], probes)
+            for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
                 rows[m].update(scores)
             if name == "ood":
                 for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, "ood_attn")):
@@ -155,8 +162,8 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
         for m in range(M):
             rows[m].update(task.pe_metrics(tables[0][m]) if tables else {})
             if tables and model_config.pe == "learned":
-                rows[m]["pe_drift"] = float(np.linalg.norm(np.stack([t[m] - i[m] for t, i in zip(tables, initial_pe)]))
-                                            / np.linalg.norm(np.stack([i[m] for i in initial_pe])))
+                rows[m]["pe_drift"] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
+                                                                 np.stack([t[m] for t in initial_pe]))
         return rows
 
     curves.extend(evaluate(0, 0, final=False))

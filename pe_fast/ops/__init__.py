@@ -1,5 +1,10 @@
 """Fused operators. `pe_attention` is the one most users want."""
+import importlib.util
+
 from pe_fast.ops.pe_attention import BACKENDS, pe_attention
 from pe_fast.ops.reference import STAT_NAMES
+
+if importlib.util.find_spec("triton") is not None:  # registers the "triton" backend (CUDA); optional
+    import pe_fast.ops.triton_attention  # noqa: F401
 
 __all__ = ["BACKENDS", "STAT_NAMES", "pe_attention"]

@@ -785,10 +785,11 @@ class LSTTask:
                                                      reduction="none")
         return per_item.view(M, B).mean(1)
 
-    def score(self, outputs: torch.Tensor, split: str, count: int) -> list[dict]:
-        """Accuracy of each model on the first `count` items of a split, overall and per condition."""
-        truth = self.splits[split].y[:count]
-        condition = self.splits[split].condition[:count]
+    def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
+        """Accuracy of each model on the given items of a split, overall and per condition.
+        outputs [M, len(items), 4]."""
+        truth = self.splits[split].y[items]
+        condition = self.splits[split].condition[items]
         correct = (outputs.argmax(-1) == truth).float()  # [M, count]
         rows = []
         for m in range(len(outputs)):

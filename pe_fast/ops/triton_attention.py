@@ -1,0 +1,382 @@
+"""The "triton" backend of `pe_attention`: Triton kernels for CUDA tensors, with their launchers.
+
+Forward: qkv = (x + pe) @ w + b stays one batched torch GEMM; then ONE attention kernel covers every model,
+batch element and head of the pack. It runs an online softmax in base 2 (exp2, logits scaled by log2 e) and
+keeps the statistics as extra running sums rescaled like the softmax normaliser l = Σ e:
+    entropy  = ln2 · (lse2 − Σ e·s / l)     max prob = 1 / l   (the running max is the row max)
+    Σ p²     = Σ e² / l²  (rescaled by α²)   probe k  = Σ e·T_k / l
+Each query row's statistics go to a [M, H, S, B, N] float32 buffer that torch averages over (B, N):
+deterministic, and tiny next to the q/k/v traffic. The N×N map never leaves the chip.
+
+Two tilings, picked by `kernel_config`:
+* long (N > 32): a program owns BLOCK_M query rows of one (model, batch, head) problem and loops over key
+  blocks; the grid is flat, with a problem's row blocks next to each other (they share K/V in L2).
+* packed (N ≤ 32): a program owns BLOCK_M // N whole problems laid end to end in one tile (N need not be a
+  power of two); the scores of the tile are one block-diagonal matmul, masked to "same problem".
+
+Backward (flash-attention 2, P recomputed from the saved lse): long path: a preprocess kernel
+Δ = rowsum(dO·O), then one kernel whose programs compute dk, dv of their key block (loop over query blocks)
+and dq of their query block (loop over key blocks) — no atomics, deterministic. Packed path: one kernel, no
+preprocess: the tile holds whole rows, so Δ = Σ_j p·dp and dq, dk, dv come out of one pass.
+The parameter gradients are then torch GEMMs, as in `reference.backward`.
+
+fp32 matmuls run in IEEE fp32 (matches the reference to ~1e-6); PE_FAST_TF32=1 switches them to TF32 tensor
+cores. bf16 inputs use bf16 tensor-core matmuls with fp32 accumulation; softmax and statistics are fp32.
+RoPE, relative bias, other dtypes and head dims > 256 run the reference (one logged warning per reason).
+Block sizes come from one deterministic heuristic (`kernel_config`, no autotuning: it would need a GPU at
+first call); `all_kernel_configs` lists what it can pick, for the ahead-of-time compile test.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from pe_fast.ops import reference
+from pe_fast.ops.pe_attention import Backend, register_backend
+
+log = logging.getLogger("pe_fast")
+
+PACK_MAX_N = 32  # sequences up to this length are packed several to a tile
+MAX_HEAD_DIM = 256
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _pe_attention_fwd_kernel(
+    qkv_ptr, probe_ptr, out_ptr, lse_ptr, stat_ptr, num_problems, B, qk_scale,
+    N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NUM_PROBES: tl.constexpr, PROBE_PAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # A "problem" is one (model, batch, head): prob = (m·B + b)·H + h, the row order of lse [M,B,H,N].
+    # N, H, D are compile-time: cheap index arithmetic, and loop bounds the interpreter can iterate.
+    pid = tl.program_id(0)
+    head_dim = D // H
+    t = tl.arange(0, BLOCK_M)
+    if PACKED:
+        group = BLOCK_M // N  # whole problems per tile; row t is token t % N of problem t // N
+        prob_q = pid * group + t // N
+        tok_q = t % N
+        q_ok = (t < group * N) & (prob_q < num_problems)
+    else:
+        row_blocks = tl.cdiv(N, BLOCK_M)
+        prob = pid // row_blocks
+        prob_q = prob + tl.zeros([BLOCK_M], tl.int32)
+        tok_q = (pid % row_blocks) * BLOCK_M + t
+        q_ok = tok_q < N
+    mb_q = (prob_q // H).to(tl.int64)  # m·B + b
+    head_q = prob_q % H
+    d = tl.arange(0, HEAD_PAD)
+    d_ok = d < head_dim
+    q_row = (mb_q * N + tok_q) * (3 * D) + head_q * head_dim
+    q = tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # m starts finite so that padding rows of a packed tile (no valid key) stay free of inf − inf = NaN.
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    es_i = tl.zeros([BLOCK_M], tl.float32)  # Σ e·s   (entropy)
+    e2_i = tl.zeros([BLOCK_M], tl.float32)  # Σ e²    (Σ p²)
+    mass = tl.zeros([BLOCK_M, PROBE_PAD], tl.float32)  # Σ e·T_k (probe k in column k)
+    probe_col = tl.arange(0, PROBE_PAD)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
+    for start in range(0, BLOCK_N if PACKED else N, BLOCK_N):  # packed: BLOCK_N == BLOCK_M, one tile
+        c = start + tl.arange(0, BLOCK_N)
+        if PACKED:
+            prob_k = pid * group + c // N
+            tok_k = c % N
+            k_ok = (c < group * N) & (prob_k < num_problems)
+            valid = k_ok[None, :] & (prob_q[:, None] == prob_k[None, :])  # implies q_ok
+        else:
+            prob_k = prob + tl.zeros([BLOCK_N], tl.int32)
+            tok_k = c
+            k_ok = c < N
+            valid = k_ok[None, :] & q_ok[:, None]
+        k_row = ((prob_k // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
+        kt = tl.load(qkv_ptr + D + k_row[None, :] + d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # finite everywhere (masked loads are 0)
+        s_valid = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s_valid, 1))
+        alpha = tl.exp2(m_i - m_new)
+        e = tl.exp2(s_valid - m_new[:, None])  # masked keys contribute exactly 0
+        l_i = l_i * alpha + tl.sum(e, 1)
+        es_i = es_i * alpha + tl.sum(e * s, 1)  # s, not a −inf-masked copy: 0·(−inf) would be NaN
+        e2_i = e2_i * alpha * alpha + tl.sum(e * e, 1)
+        if NUM_PROBES > 0:
+            tile_mass = tl.zeros([BLOCK_M, PROBE_PAD], tl.float32)
+            for k in tl.static_range(NUM_PROBES):
+                probe = tl.load(probe_ptr + k * N * N + tok_q[:, None] * N + tok_k[None, :], mask=valid, other=0.0)
+                tile_mass += tl.where(probe_col[None, :] == k, tl.sum(e * probe, 1)[:, None], 0.0)
+            mass = mass * alpha[:, None] + tile_mass
+        acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    l_i = tl.where(q_ok, l_i, 1.0)
+    out_row = (mb_q * N + tok_q) * D + head_q * head_dim
+    tl.store(out_ptr + out_row[:, None] + d[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+             mask=q_ok[:, None] & d_ok[None, :])
+    lse2 = m_i + tl.log2(l_i)
+    ln2 = 0.6931471805599453
+    tl.store(lse_ptr + prob_q.to(tl.int64) * N + tok_q, lse2 * ln2, mask=q_ok)
+    # statistics buffer [M, H, S, B, N]: plane s of (model, head) holds every (batch, token) row
+    plane = B * N
+    stat_row = ((mb_q // B) * H + head_q) * ((3 + NUM_PROBES) * plane) + (mb_q % B) * N + tok_q
+    tl.store(stat_ptr + stat_row, ln2 * (lse2 - es_i / l_i), mask=q_ok)
+    tl.store(stat_ptr + stat_row + plane, 1.0 / l_i, mask=q_ok)
+    tl.store(stat_ptr + stat_row + 2 * plane, e2_i / (l_i * l_i), mask=q_ok)
+    if NUM_PROBES > 0:
+        tl.store(stat_ptr + stat_row[:, None] + (3 + probe_col[None, :]) * plane, mass / l_i[:, None],
+                 mask=q_ok[:, None] & (probe_col[None, :] < NUM_PROBES))
+
+
+@triton.jit
+def _pe_attention_bwd_preprocess_kernel(out_ptr, do_ptr, delta_ptr, num_rows, N: tl.constexpr, H: tl.constexpr,
+                                        D: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+    # Δ = rowsum(dO·O) per query row. out viewed as [M·B·N·H, dh]: row r = (mb·N + tok)·H + head.
+    head_dim = D // H
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < num_rows
+    d = tl.arange(0, HEAD_PAD)
+    offs = r.to(tl.int64)[:, None] * head_dim + d[None, :]
+    mask = r_ok[:, None] & (d[None, :] < head_dim)
+    o = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mb = (r // (N * H)).to(tl.int64)
+    tl.store(delta_ptr + (mb * H + r % H) * N + (r // H) % N, tl.sum(o * do, 1), mask=r_ok)
+
+
+@triton.jit
+def _pe_attention_bwd_kernel(
+    qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, num_problems, sm_scale,
+    N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    PACKED: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head_dim = D // H
+    t = tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_PAD)
+    d_ok = d < head_dim
+    qk_scale = sm_scale * 1.4426950408889634  # logits in log2 units, as in the forward
+    # Part 1: dk, dv of this program's key block, looping over the query blocks that attend to it.
+    if PACKED:
+        group = BLOCK // N
+        prob_k = pid * group + t // N
+        tok_k = t % N
+        k_ok = (t < group * N) & (prob_k < num_problems)
+    else:
+        blocks = tl.cdiv(N, BLOCK)
+        prob = pid // blocks
+        prob_k = prob + tl.zeros([BLOCK], tl.int32)
+        tok_k = (pid % blocks) * BLOCK + t
+        k_ok = tok_k < N
+    k_row = ((prob_k // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
+    kv_mask = k_ok[:, None] & d_ok[None, :]
+    k = tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
+    dv = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
+    for start in range(0, BLOCK if PACKED else N, BLOCK):  # packed: the queries are the same tile
+        c = start + t
+        if PACKED:
+            prob_q = pid * group + c // N
+            tok_q = c % N
+            q_ok = (c < group * N) & (prob_q < num_problems)
+            valid = k_ok[:, None] & q_ok[None, :] & (prob_k[:, None] == prob_q[None, :])
+        else:
+            prob_q = prob_k
+            tok_q = c
+            q_ok = c < N
+            valid = k_ok[:, None] & q_ok[None, :]
+        mb_q = (prob_q // H).to(tl.int64)
+        q_row = (mb_q * N + tok_q) * (3 * D) + (prob_q % H) * head_dim
+        o_row = (mb_q * N + tok_q) * D + (prob_q % H) * head_dim
+        q_mask = q_ok[:, None] & d_ok[None, :]
+        q = tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0)
+        lse2 = tl.load(lse_ptr + prob_q.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0) * 1.4426950408889634
+        # transposed tiles [keys, queries]
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
+        pt = tl.exp2(tl.where(valid, st - lse2[None, :], float("-inf")))
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if PACKED:
+            delta = tl.sum(pt * dpt, 0)  # the tile holds whole rows: Δ = Σ_j p·dp, no preprocess
+        else:
+            delta = tl.load(delta_ptr + prob_q.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0)
+        dst = pt * (dpt - delta[None, :])
+        dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
+        dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
+        if PACKED:  # every key of these queries is in the tile: dq is complete too
+            dq = tl.dot(tl.trans(dst).to(k.dtype), k, input_precision=PRECISION) * sm_scale
+            tl.store(dqkv_ptr + q_row[:, None] + d[None, :], dq.to(dqkv_ptr.dtype.element_ty), mask=q_mask)
+    dk_ptr = dqkv_ptr + D + k_row[:, None] + d[None, :]
+    tl.store(dk_ptr, (dk * sm_scale).to(dqkv_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dk_ptr + D, dv.to(dqkv_ptr.dtype.element_ty), mask=kv_mask)
+
+    if not PACKED:
+        # Part 2: dq of the query block with the same index, looping over all key blocks.
+        tok_q = (pid % blocks) * BLOCK + t
+        q_ok = tok_q < N
+        q_row = ((prob // H).to(tl.int64) * N + tok_q) * (3 * D) + (prob % H) * head_dim
+        o_row = ((prob // H).to(tl.int64) * N + tok_q) * D + (prob % H) * head_dim
+        q_mask = q_ok[:, None] & d_ok[None, :]
+        q = tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0)
+        lse2 = tl.load(lse_ptr + prob.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + prob.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0)
+        dq = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
+        for start in range(0, N, BLOCK):
+            tok_k = start + t
+            k_ok = tok_k < N
+            k_row = ((prob // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob % H) * head_dim
+            kv_mask = k_ok[:, None] & d_ok[None, :]
+            k = tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            p = tl.exp2(tl.where(q_ok[:, None] & k_ok[None, :], s - lse2[:, None], float("-inf")))
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            dq += tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, input_precision=PRECISION)
+        tl.store(dqkv_ptr + q_row[:, None] + d[None, :], (dq * sm_scale).to(dqkv_ptr.dtype.element_ty), mask=q_mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    dtype: torch.dtype
+    head_pad: int  # head dim padded to a power of two ≥ 16 (the GPU's smallest tl.dot inner size)
+    fwd_packed: bool  # block_m // N whole problems per tile (else one problem's rows, looping over key blocks)
+    fwd_block_m: int
+    fwd_block_n: int
+    fwd_warps: int
+    fwd_stages: int
+    bwd_packed: bool
+    bwd_block: int  # query and key block of the backward
+    bwd_warps: int
+    bwd_stages: int
+    pre_block: int  # rows per program of the Δ preprocess (0: not needed, the packed backward sums Δ itself)
+
+
+def kernel_config(N: int, head_dim: int, dtype: torch.dtype) -> KernelConfig:
+    """Tiles sized by register and shared-memory budget (tests/test_triton_compile.py checks the latter).
+
+    A tile's row is head_pad·itemsize bytes; past 256 bytes (fp32 above 64, bf16 above 128) the tiles shrink.
+    The packed backward keeps six operand copies of its tile in shared memory, hence its smaller blocks.
+    An untuned starting point, to be measured on the H100 (bench/bench_ops.py)."""
+    head_pad = max(16, triton.next_power_of_2(head_dim))
+    row_bytes = head_pad * dtype.itemsize
+    warps = 4 if head_pad <= 64 else 8
+    fwd_tile = 64 if head_pad <= 128 else 32
+    bwd_tile = 64 if row_bytes <= 256 else (32 if row_bytes <= 512 else 16)
+    fwd_packed = N <= min(PACK_MAX_N, fwd_tile)
+    bwd_packed = N <= min(PACK_MAX_N, bwd_tile)
+    if fwd_packed:  # one tile, no key loop: nothing to pipeline
+        fwd = (fwd_tile, fwd_tile, 1)
+    else:
+        fwd = (fwd_tile, 64 if row_bytes <= 256 else 32, 2)
+    if bwd_packed:
+        bwd, pre_block = (bwd_tile, 1), 0
+    else:
+        bwd, pre_block = (64 if head_pad <= 32 else (32 if head_pad <= 128 else 16), 2), max(16, 4096 // head_pad)
+    return KernelConfig(dtype, head_pad, fwd_packed, fwd[0], fwd[1], warps, fwd[2],
+                        bwd_packed, bwd[0], warps, bwd[1], pre_block)
+
+
+def all_kernel_configs() -> list[KernelConfig]:
+    """Every configuration `kernel_config` can return, for the supported dtypes and head dims."""
+    configs = [kernel_config(N, head_pad, dtype)
+               for dtype in (torch.float32, torch.bfloat16)
+               for head_pad in (16, 32, 64, 128, 256)
+               for N in (16, 32, PACK_MAX_N + 1)]  # packing changes only at tile sizes 16, 32 and PACK_MAX_N
+    return list(dict.fromkeys(configs))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 matmuls in IEEE fp32 unless PE_FAST_TF32=1 (about 1e-3 relative error, several times faster)."""
+    return "tf32" if dtype == torch.float32 and os.environ.get("PE_FAST_TF32") == "1" else "ieee"
+
+
+def _reference_reason(x, num_heads, rope_cos, bias) -> str | None:
+    """Why these inputs go to the reference instead of the kernels, or None."""
+    if rope_cos is not None:
+        return "RoPE is not fused into the Triton kernels"
+    if bias is not None:
+        return "a relative-position bias is not fused into the Triton kernels"
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        return f"the Triton kernels take float32 and bfloat16, not {x.dtype}"
+    if x.shape[-1] // num_heads > MAX_HEAD_DIM:
+        return f"head dim {x.shape[-1] // num_heads} > {MAX_HEAD_DIM}"
+    return None
+
+
+@functools.cache
+def _warn_fallback(reason: str) -> None:
+    log.warning("pe_attention backend 'triton' runs the reference instead: %s", reason)
+
+
+def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
+    reason = _reference_reason(x, num_heads, rope_cos, bias)
+    if reason is not None:
+        _warn_fallback(reason)
+        return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
+    qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)
+    M, B, N, D = x.shape
+    H, dh = num_heads, D // num_heads
+    P = M * B * H
+    K = 0 if probes is None else probes.shape[0]
+    cfg = kernel_config(N, dh, x.dtype)
+    out = x.new_empty(M, B, N, D)
+    lse = x.new_empty(M, B, H, N, dtype=torch.float32)
+    rows = x.new_empty(M, H, 3 + K, B, N, dtype=torch.float32)
+    probes = lse if K == 0 else probes.to(device=x.device, dtype=torch.float32).contiguous()  # lse: never read
+    grid = (triton.cdiv(P, cfg.fwd_block_m // N),) if cfg.fwd_packed else (P * triton.cdiv(N, cfg.fwd_block_m),)
+    _pe_attention_fwd_kernel[grid](
+        qkv, probes, out, lse, rows, P, B, LOG2E / math.sqrt(dh), N=N, H=H, D=D,
+        NUM_PROBES=K, PROBE_PAD=triton.next_power_of_2(max(K, 1)), HEAD_PAD=cfg.head_pad,
+        BLOCK_M=cfg.fwd_block_m, BLOCK_N=cfg.fwd_block_n, PACKED=cfg.fwd_packed, PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
+    return out, rows.view(M, H, 3 + K, B * N).mean(-1), qkv, lse
+
+
+def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
+             out):
+    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O))."""
+    if _reference_reason(x, num_heads, rope_cos, bias) is not None:
+        return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
+    M, B, N, D = x.shape
+    H, dh = num_heads, D // num_heads
+    P = M * B * H
+    cfg = kernel_config(N, dh, x.dtype)
+    grad_out = grad_out.contiguous()
+    if cfg.bwd_packed:
+        delta = lse  # not read: the packed kernel sums Δ itself
+        grid = (triton.cdiv(P, cfg.bwd_block // N),)
+    else:
+        delta = torch.empty_like(lse)
+        _pe_attention_bwd_preprocess_kernel[(triton.cdiv(P * N, cfg.pre_block),)](
+            out, grad_out, delta, P * N, N=N, H=H, D=D, HEAD_PAD=cfg.head_pad, BLOCK_R=cfg.pre_block, num_warps=4)
+        grid = (P * triton.cdiv(N, cfg.bwd_block),)
+    dqkv = torch.empty_like(qkv)
+    _pe_attention_bwd_kernel[grid](
+        qkv, grad_out, lse, delta, dqkv, P, 1.0 / math.sqrt(dh), N=N, H=H, D=D, HEAD_PAD=cfg.head_pad,
+        BLOCK=cfg.bwd_block, PACKED=cfg.bwd_packed, PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages)
+    # From dqkv on, the same GEMMs as reference.backward.
+    dqkv = dqkv.view(M, B * N, 3 * D)
+    h = x if pe is None else x + pe[:, None]
+    dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
+    db = dqkv.sum(1) if b_qkv is not None else None
+    dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).view(M, B, N, D)
+    dpe = dx.sum(1) if pe is not None else None
+    return dx, dpe, dw, db, None
+
+
+# @triton.jit chose compiler or interpreter at import; under TRITON_INTERPRET=1 (the CPU tests) the kernels run
+# in numpy on CPU tensors: correct, slow.
+_DEVICES = ("cuda", "cpu") if triton.knobs.runtime.interpret else ("cuda",)
+register_backend("triton", Backend(forward, backward, _DEVICES, backward_takes_out=True))

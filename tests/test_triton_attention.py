@@ -1,0 +1,175 @@
+"""The "triton" pe_attention backend against the reference (float64 oracle).
+
+CPU: the test_interpreter_* tests run the kernels in Triton's interpreter. Triton decides compile-or-interpret
+for every @triton.jit function (its own tl.sum included) when it is imported, so they run in a child pytest
+process started with TRITON_INTERPRET=1 (directly: `TRITON_INTERPRET=1 pytest tests/test_triton_attention.py`).
+Every program instance runs in numpy, so shapes are small, and fp32 only (the interpreter's bf16 tl.dot is wrong).
+CUDA (skipped without a GPU): longer sequences, wider and more heads, bf16 and TF32 with flash-attention's rule
+for low precision: the kernel's error is at most twice the reference's own error in that precision.
+"""
+import logging
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from pe_fast.ops import pe_attention, reference, triton_attention  # noqa: E402
+from pe_fast.ops.pe_attention import resolve_backend  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU, compiled Triton")
+interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the child process")
+def test_cpu_interpreter_suite_in_a_child_process():
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_interpreter_", __file__],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+    assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-3000:]
+
+
+def make_inputs(M, B, N, D, K, *, with_pe=True, with_bias=True, device="cpu", seed=0):
+    """float64 inputs and an upstream gradient; probes are 0/1 patterns."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    inputs = dict(x=r(M, B, N, D), pe=r(M, N, D) if with_pe else None, w=r(M, D, 3 * D) / math.sqrt(D),
+                  b=r(M, 3 * D) if with_bias else None,
+                  probes=(torch.rand(K, N, N, generator=g, dtype=torch.float64) > 0.5).double() if K else None,
+                  grad=r(M, B, N, D))
+    return {k: None if v is None else v.to(device) for k, v in inputs.items()}
+
+
+def run(inputs, heads, dtype, backend):
+    """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd."""
+    leaves = {k: inputs[k].to(dtype).requires_grad_() for k in ("x", "pe", "w", "b") if inputs[k] is not None}
+    probes = None if inputs["probes"] is None else inputs["probes"].to(dtype)
+    out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
+                              backend=backend)
+    out.backward(inputs["grad"].to(dtype))
+    return {"out": out.detach(), "stats": stats, **{"d" + k: t.grad for k, t in leaves.items()}}
+
+
+def max_error(got, expected):
+    return (got.double() - expected.double()).abs().max().item()
+
+
+def assert_relative(got: dict, expected: dict, tol: float):
+    """max |got − expected| ≤ tol · max |expected|, per output."""
+    for name, e in expected.items():
+        scale = e.double().abs().max().item()
+        error = max_error(got[name], e)
+        assert error <= tol * scale, f"{name}: error {error:.3g}, scale {scale:.3g}"
+
+
+def assert_flash_rule(got: dict, low: dict, oracle: dict, eps: float):
+    """|kernel − oracle| ≤ 2·|same-precision reference − oracle| + half an ulp (eps) of the largest value."""
+    for name, o in oracle.items():
+        bound = 2 * max_error(low[name], o) + 0.5 * eps * o.double().abs().max().item()
+        error = max_error(got[name], o)
+        assert error <= bound, f"{name}: error {error:.3g} > {bound:.3g}"
+
+
+CPU_CASES = {  # M, B, N, D, H, K, pe, b_qkv
+    "packed-4-per-tile-dh16": (2, 2, 16, 48, 3, 2, True, True),
+    "packed-last-tile-part-empty-no-pe-probes-bias": (1, 5, 16, 32, 1, 0, False, False),
+    "packed-odd-N17-dh24": (2, 1, 17, 72, 3, 1, True, True),
+    "long-N100-2x2-blocks-dh24": (1, 2, 100, 24, 1, 2, True, True),
+    "long-N40-H3-dh16": (1, 1, 40, 48, 3, 1, True, True),
+    "lst-N16-dh160": (1, 3, 16, 160, 1, 2, True, True),  # head dim padded to 256: 2-problem tiles, bwd 1
+    "N20-dh160-packed-fwd-long-bwd": (1, 1, 20, 160, 1, 1, True, True),  # fp32 bwd tile 16 < N: Δ preprocess
+}
+
+
+@interpreter
+@pytest.mark.parametrize("case", CPU_CASES.values(), ids=CPU_CASES.keys())
+def test_interpreter_matches_reference_fp32(case):
+    M, B, N, D, H, K, with_pe, with_bias = case
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias)
+    assert_relative(run(inputs, H, torch.float32, "triton"), run(inputs, H, torch.float64, "reference"), 1e-5)
+    # the saved tensors of the backend's forward too: qkv and the natural-log lse
+    args = [None if inputs[k] is None else inputs[k].float() for k in ("x", "pe", "w", "b")]
+    _, _, qkv, lse = triton_attention.forward(*args, H, inputs["probes"])
+    _, _, qkv_ref, lse_ref = reference.forward(*[None if a is None else a.double() for a in args], H, inputs["probes"])
+    assert lse.dtype == torch.float32
+    assert_relative({"qkv": qkv, "lse": lse}, {"qkv": qkv_ref, "lse": lse_ref}, 1e-5)
+
+
+@interpreter
+def test_interpreter_rope_and_bias_fall_back_to_reference_with_one_warning(caplog):
+    inputs = make_inputs(1, 2, 6, 8, 1)
+    x, pe, w, b = (inputs[k].float() for k in ("x", "pe", "w", "b"))
+    angles = torch.rand(6, 2) * 6
+    rope = (angles.cos(), angles.sin())
+    triton_attention._warn_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="pe_fast"):
+        for _ in range(2):
+            got = pe_attention(x, pe, w, b, 2, rope=rope, backend="triton")
+    expected = pe_attention(x, pe, w, b, 2, rope=rope, backend="reference")
+    torch.testing.assert_close(got, expected)
+    assert [r.getMessage() for r in caplog.records] == [
+        "pe_attention backend 'triton' runs the reference instead: RoPE is not fused into the Triton kernels"]
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled Triton only")
+def test_cpu_tensors_are_not_offered_to_compiled_triton():
+    with pytest.raises(ValueError, match="does not run on cpu"):
+        resolve_backend("triton", torch.device("cpu"))
+
+
+@interpreter
+def test_interpreter_runs_triton_on_cpu_by_default():
+    assert resolve_backend(None, torch.device("cpu")) == "triton"
+
+
+@cuda
+def test_triton_is_the_default_backend_on_cuda():
+    assert resolve_backend(None, torch.device("cuda")) == "triton"
+
+
+CUDA_CASES = {  # M, B, N, D, H, K, pe, b_qkv (lst, N100-dh16, fmri: the benchmark's kernels, compiled once)
+    "lst-N16-dh160": (3, 8, 16, 160, 1, 3, True, True),
+    "N16-dh16-H4": (4, 16, 16, 64, 4, 2, True, True),
+    "N17-dh24-H3": (2, 9, 17, 72, 3, 1, False, True),
+    "N32-dh128-H2": (2, 4, 32, 256, 2, 0, True, False),
+    "N100-dh16-H4": (2, 6, 100, 64, 4, 2, True, True),
+    "N100-dh40-H8": (1, 4, 100, 320, 8, 1, True, True),
+    "fmri-N360-dh16-H4": (2, 4, 360, 64, 4, 3, True, True),
+    "N360-dh128-H1": (1, 2, 360, 128, 1, 1, True, True),
+}
+
+
+@cuda
+@pytest.mark.parametrize("case", CUDA_CASES.values(), ids=CUDA_CASES.keys())
+def test_cuda_matches_reference_fp32(case):
+    M, B, N, D, H, K, with_pe, with_bias = case
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
+    assert_relative(run(inputs, H, torch.float32, "triton"), run(inputs, H, torch.float64, "reference"), 1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("case", ["lst-N16-dh160", "N17-dh24-H3", "N100-dh16-H4", "fmri-N360-dh16-H4",
+                                  "N360-dh128-H1"])
+def test_cuda_bf16_within_twice_the_reference_error(case):
+    M, B, N, D, H, K, with_pe, with_bias = CUDA_CASES[case]
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
+    oracle = run(inputs, H, torch.float64, "reference")
+    assert_flash_rule(run(inputs, H, torch.bfloat16, "triton"), run(inputs, H, torch.bfloat16, "reference"), oracle,
+                      eps=torch.finfo(torch.bfloat16).eps)
+
+
+@cuda
+@pytest.mark.parametrize("case", ["lst-N16-dh160", "N100-dh16-H4", "fmri-N360-dh16-H4"])
+def test_cuda_tf32_within_twice_the_reference_error(case, monkeypatch):
+    M, B, N, D, H, K, with_pe, with_bias = CUDA_CASES[case]
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
+    oracle = run(inputs, H, torch.float64, "reference")
+    monkeypatch.setenv("PE_FAST_TF32", "1")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # the reference's matmuls in TF32 too
+    assert_flash_rule(run(inputs, H, torch.float32, "triton"), run(inputs, H, torch.float32, "reference"), oracle,
+                      eps=2.0 ** -10)  # TF32 keeps 10 mantissa bits

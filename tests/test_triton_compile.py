@@ -1,0 +1,133 @@
+"""Every kernel configuration the Triton launchers can pick compiles ahead of time, without a GPU, for A100
+(sm_80) and H100 (sm_90): triton.compile(ASTSource) → PTX → cubin (ptxas ships with triton's wheel), within the
+card's shared memory. So a kernel the GPU compiler rejects (tl.dot shapes, layouts, shared memory) fails here.
+
+Compiling is ~1–6 s per kernel, so the jobs run in a process pool; triton's cache makes reruns fast.
+PE_FAST_AOT_RECORD=path writes the shared-memory table as JSON (bench/results/triton_aot_shared_memory.json).
+"""
+import concurrent.futures
+import json
+import multiprocessing
+import os
+from typing import NamedTuple
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from pe_fast.ops import triton_attention as ta  # noqa: E402
+
+SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}  # bytes per block, opt-in maximum: A100, H100
+TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+class Job(NamedTuple):
+    kernel: str
+    dtype: torch.dtype
+    precision: str | None
+    head_pad: int
+    packed: bool
+    blocks: tuple[int, ...]
+    num_warps: int
+    num_stages: int
+
+
+def jobs() -> list[Job]:
+    """Every distinct kernel compilation the launchers can ask for."""
+    found = []
+    for c in ta.all_kernel_configs():
+        for precision in ("ieee", "tf32") if c.dtype == torch.float32 else ("ieee",):
+            found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed, (c.fwd_block_m, c.fwd_block_n),
+                             c.fwd_warps, c.fwd_stages))
+            found.append(Job("bwd", c.dtype, precision, c.head_pad, c.bwd_packed, (c.bwd_block,), c.bwd_warps,
+                             c.bwd_stages))
+        if c.pre_block:
+            found.append(Job("bwd_preprocess", c.dtype, None, c.head_pad, False, (c.pre_block,), 4, 1))
+    return list(dict.fromkeys(found))
+
+
+def source(job: Job) -> ASTSource:
+    """The kernel with the launcher's argument types; shapes chosen so every mask stays (dh < head_pad)."""
+    t = "*" + TRITON_DTYPE[job.dtype]
+    heads, head_dim = 2, max(1, job.head_pad * 3 // 4)
+    const = dict(N=16 if job.packed else 360, H=heads, D=heads * head_dim, HEAD_PAD=job.head_pad)
+    if job.kernel == "fwd":
+        fn = ta._pe_attention_fwd_kernel
+        args = {"qkv_ptr": t, "probe_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32", "stat_ptr": "*fp32",
+                "num_problems": "i32", "B": "i32", "qk_scale": "fp32"}
+        const.update(NUM_PROBES=2, PROBE_PAD=2, BLOCK_M=job.blocks[0], BLOCK_N=job.blocks[1], PACKED=job.packed,
+                     PRECISION=job.precision)
+    elif job.kernel == "bwd":
+        fn = ta._pe_attention_bwd_kernel
+        args = {"qkv_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dqkv_ptr": t,
+                "num_problems": "i32", "sm_scale": "fp32"}
+        const.update(BLOCK=job.blocks[0], PACKED=job.packed, PRECISION=job.precision)
+    else:
+        fn = ta._pe_attention_bwd_preprocess_kernel
+        args = {"out_ptr": t, "do_ptr": t, "delta_ptr": "*fp32", "num_rows": "i32"}
+        const.update(BLOCK_R=job.blocks[0])
+    signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
+    # torch allocations are 16-byte aligned; the JIT specialises on that too
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, ty in args.items() if ty[0] == "*"}
+    return ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs)
+
+
+def compile_job(job: Job) -> dict:
+    result = {}
+    for cc in SHARED_MEMORY_LIMIT:
+        compiled = triton.compile(source(job), target=GPUTarget("cuda", cc, 32),
+                                  options={"num_warps": job.num_warps, "num_stages": job.num_stages})
+        result[cc] = {"cubin_bytes": len(compiled.asm.get("cubin", b"")), "shared": compiled.metadata.shared}
+    return result
+
+
+def job_id(job: Job) -> str:
+    blocks = "x".join(map(str, job.blocks))
+    precision = f"-{job.precision}" if job.precision else ""
+    path = "packed" if job.packed else "long"
+    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-hd{job.head_pad}-{path}{blocks}"
+
+
+JOBS = jobs()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    # spawn, not fork: the parent may hold MLIR/OpenMP threads from other tests
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1, mp_context=context) as pool:
+        results = dict(zip(JOBS, pool.map(compile_job, JOBS)))
+    record = os.environ.get("PE_FAST_AOT_RECORD")
+    if record:
+        rows = [dict(job._asdict(), dtype=TRITON_DTYPE[job.dtype],
+                     shared_bytes={f"sm_{cc}": r["shared"] for cc, r in result.items()})
+                for job, result in results.items()]
+        with open(record, "w") as f:
+            json.dump({"triton": triton.__version__, "limits_bytes": {f"sm_{cc}": v for cc, v in
+                                                                       SHARED_MEMORY_LIMIT.items()},
+                       "kernels": rows}, f, indent=1)
+    return results
+
+
+@pytest.mark.parametrize("job", JOBS, ids=job_id)
+def test_kernel_compiles_to_cubin_within_shared_memory(compiled, job):
+    for cc, result in compiled[job].items():
+        assert result["cubin_bytes"] > 0, f"sm_{cc}: no cubin"
+        assert result["shared"] <= SHARED_MEMORY_LIMIT[cc], f"sm_{cc}: {result['shared']} bytes of shared memory"
+
+
+def test_kernel_config_picks_from_the_listed_configs():
+    listed = set(ta.all_kernel_configs())
+    for N in (1, 16, 17, 32, 33, 100, 360, 1000):
+        for head_dim in (1, 8, 16, 24, 40, 64, 100, 128, 160, 256):
+            for dtype in (torch.float32, torch.bfloat16):
+                cfg = ta.kernel_config(N, head_dim, dtype)
+                assert cfg in listed
+                assert cfg.head_pad >= max(16, head_dim)
+                assert cfg.fwd_packed == (N <= min(ta.PACK_MAX_N, cfg.fwd_block_m)) == (cfg.fwd_stages == 1)
+                assert cfg.bwd_packed == (N <= min(ta.PACK_MAX_N, cfg.bwd_block)) == (cfg.pre_block == 0)
+                if cfg.fwd_packed:  # the keys are the query tile
+                    assert cfg.fwd_block_m == cfg.fwd_block_n
