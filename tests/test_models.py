@@ -68,3 +68,14 @@ def test_post_ln_block_output_is_normalised():
     hidden = model.blocks[0](model.embed(torch.randn(2, 4, 16, 5)), model.pe_tables()[0], None, None, None)[0]
     torch.testing.assert_close(hidden.mean(-1), torch.zeros(2, 4, 16), atol=1e-5, rtol=0)
     torch.testing.assert_close(hidden.var(-1, unbiased=False), torch.ones(2, 4, 16), atol=1e-3, rtol=0)
+
+
+def test_readout_equals_full_computation_then_selecting_the_token():
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=2, mlp_width=32, readout_token=15)
+    model = StackedTransformer(config, [3, 4], [0.5, 0.5], GRID)
+    tokens = torch.randn(2, 6, 16, 5)
+    outputs, _ = model(tokens)
+    h = model.embed(tokens)
+    for index, block in enumerate(model.blocks):
+        h, _ = block(h, model.pe_tables()[index], None, None, None)  # every token, no shortcut
+    torch.testing.assert_close(outputs, model.head(h[:, :, 15]))

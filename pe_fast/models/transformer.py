@@ -66,10 +66,14 @@ class Block(nn.Module):
         self.norm_mlp = StackedLayerNorm(M, D)
         self.heads = config.heads
 
-    def forward(self, h, pe, probes, rope, bias):
+    def forward(self, h, pe, probes, rope, bias, only_token: int | None = None):
+        """only_token: compute the block's output at this token alone (the last block of a model that reads
+        out one token: every token still serves as a key, but the other tokens' outputs are never used)."""
         attended, stats = pe_attention(h, pe, self.w_qkv, self.b_qkv, self.heads, probes, rope=rope, bias=bias)
         if pe is not None:
             h = h + pe[:, None]
+        if only_token is not None:
+            attended, h = attended[:, :, only_token:only_token + 1], h[:, :, only_token:only_token + 1]
         h = self.norm_attn(self.attn_out(attended) + h)
         h = self.norm_mlp(F.gelu(self.mlp_out(F.gelu(self.mlp_in(h)))) + h)
         return h, stats
@@ -119,8 +123,9 @@ class StackedTransformer(nn.Module):
             bias = None
             if self.relative is not None and (index == 0 or self.config.pe_at == "every"):
                 bias = self.relative.bias(index)
-            h, stats = block(h, pe, probes, rope, bias)
+            last = index == len(self.blocks) - 1
+            h, stats = block(h, pe, probes, rope, bias, self.config.readout_token if last else None)
             all_stats.append(stats)
         if self.config.readout_token is not None:
-            h = h[:, :, self.config.readout_token]
+            h = h[:, :, 0]  # the last block kept the readout token only
         return self.head(h), torch.stack(all_stats)
