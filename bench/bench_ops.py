@@ -86,16 +86,17 @@ def flops(M, B, N, D, H, mode):
 
 
 def fused_bytes(M, B, N, D, H, K, itemsize, mode):
-    """HBM bytes a fused implementation must move (each tensor read or written once per kernel)."""
+    """HBM bytes a fused implementation must move: each tensor read or written once per kernel."""
     act = M * B * N * D * itemsize  # one [M,B,N,D] activation
+    weights = M * D * 3 * D * itemsize
     rows = M * B * H * N * 4  # one fp32 value per attention row
-    fwd = (2 * act + M * D * 3 * D * itemsize + 3 * act  # GEMM: x, pe(≈x), w -> qkv
-           + 3 * act + act + rows * (1 + 3 + K) + K * N * N * 4)  # attention: qkv -> out, lse, statistics
+    projection = act + weights + 3 * act  # read x (pe is small), w; write qkv
+    attention = 3 * act + act + rows * (1 + 3 + K) + K * N * N * 4  # read qkv, probes; write out, lse, stats
     if mode == "forward":
-        return fwd
-    bwd = (3 * act + 2 * act + 2 * rows + 3 * act  # attention: qkv, out, dO, lse, Δ -> dqkv
-           + 3 * act * 2 + act + M * D * 3 * D * itemsize * 2 + act)  # GEMMs: dqkv twice, x, w, dw -> dx
-    return fwd + bwd
+        return projection + attention
+    attention_bwd = 3 * act + 2 * act + 3 * rows + 3 * act  # read qkv, out, dO, lse, Δ (+ write Δ); write dqkv
+    gemms_bwd = (act + 3 * act + weights) + (3 * act + weights + act)  # dw = hᵀ·dqkv; dx = dqkv·wᵀ
+    return projection + attention + attention_bwd + gemms_bwd
 
 
 def make_inputs(M, B, N, D, K, dtype, grad):
@@ -163,7 +164,7 @@ def device_info() -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON results path")
-    p.add_argument("--budget-s", type=float, default=200.0, help="stop starting measurements after this (200)")
+    p.add_argument("--budget-s", type=float, default=200.0, help="start no measurement after this (200 s)")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {','.join(SHAPES)}")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -183,9 +184,17 @@ def main(argv=None) -> int:
     plan += [(s, prec, "flex+stats", mode) for prec in ("bf16", "fp32") for s in shapes
              for mode in ("forward", "forward+backward") if "flex+stats" in ops]
     start, results = time.perf_counter(), []
+    report = {**device_info(), "shapes": {k: dict(zip("MBNDHK", v)) for k, v in SHAPES.items() if k in shapes},
+              "peak_tflops": PEAK_TFLOPS, "peak_bytes_per_s": PEAK_BYTES_PER_S, "results": results}
+
+    def write_report():
+        with open(args.out, "w") as f:
+            json.dump({**report, "wall_s": time.perf_counter() - start}, f, indent=1)
+
     print(f"{'shape':6s} {'prec':5s} {'provider':11s} {'mode':17s} {'ms':>9s} {'attn TF/s':>9s} {'GB/s':>7s} "
           f"{'roofline':>8s}")
     for name, prec, provider, mode in plan:
+        write_report()  # so that a run cut short by a time limit keeps what it measured
         row = dict(shape=name, precision=prec, provider=provider, mode=mode)
         results.append(row)
         if time.perf_counter() - start > args.budget_s:
@@ -211,11 +220,7 @@ def main(argv=None) -> int:
         print(f"{name:6s} {prec:5s} {provider:11s} {mode:17s} {ms:9.3f} {row['attn_tflops']:9.2f} "
               f"{row['gbytes_per_s']:7.0f} {row['roofline_fraction']:8.1%}")
     set_tf32(False)
-    report = {**device_info(), "shapes": {k: dict(zip("MBNDHK", v)) for k, v in SHAPES.items() if k in shapes},
-              "peak_tflops": PEAK_TFLOPS, "peak_bytes_per_s": PEAK_BYTES_PER_S,
-              "wall_s": time.perf_counter() - start, "results": results}
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write_report()
     print(f"wrote {args.out} ({time.perf_counter() - start:.0f} s)")
     return 0
 

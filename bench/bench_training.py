@@ -6,12 +6,13 @@ For each LST shape (16 tokens of 5 features, 4 layers, 1 head, MLP 4·d) it time
 (forward, backward, AdamW) of (a) one StackedTransformer holding M models and (b) M single-model
 StackedTransformers stepped one after another, in the same process, and reports model-steps/s, the speed-up,
 and the achieved GFLOP/s (matmul FLOPs of forward + backward = 3 × forward) against this machine's
-large-matmul GFLOP/s (2048³ fp32 matmul) measured in the same run. Medians over --repeats.
+large-matmul GFLOP/s (2048³ fp32 matmul) measured in the same run (8192³ on a GPU). Medians over --repeats. `--device cuda` runs it on a GPU.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -34,20 +35,28 @@ def step_flops(width: int, depth: int, batch: int, mlp: int) -> float:
     return 3.0 * forward
 
 
-def median_seconds(fn, repeats: int, inner: int) -> float:
-    fn()  # warm-up
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn, repeats: int, inner: int, device: torch.device) -> float:
+    fn()  # warm-up (and, on a GPU, kernel compilation)
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(inner):
             fn()
+        synchronize(device)
         times.append((time.perf_counter() - start) / inner)
     return statistics.median(times)
 
 
-def large_matmul_gflops(repeats: int) -> float:
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return 2 * 2048 ** 3 / median_seconds(lambda: a @ b, repeats, 5) / 1e9
+def large_matmul_gflops(repeats: int, device: torch.device) -> float:
+    size = 2048 if device.type == "cpu" else 8192
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    return 2 * size ** 3 / median_seconds(lambda: a @ b, repeats, 5, device) / 1e9
 
 
 def training_step(model: StackedTransformer, optimizer, tokens, targets):
@@ -59,24 +68,24 @@ def training_step(model: StackedTransformer, optimizer, tokens, targets):
     optimizer.step()
 
 
-def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -> dict:
+def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, device: torch.device) -> dict:
     config = ModelConfig(num_tokens=N_TOKENS, token_dim=TOKEN_DIM, out_dim=CLASSES, width=width, depth=depth,
                          heads=1, mlp_width=4 * width, pe="learned", readout_token=N_TOKENS - 1)
     seeds = list(range(models))
-    tokens = torch.randn(models, batch, N_TOKENS, TOKEN_DIM)
-    targets = torch.randint(0, CLASSES, (models, batch))
+    tokens = torch.randn(models, batch, N_TOKENS, TOKEN_DIM, device=device)
+    targets = torch.randint(0, CLASSES, (models, batch), device=device)
 
-    pack = StackedTransformer(config, seeds, [0.2] * models)
+    pack = StackedTransformer(config, seeds, [0.2] * models).to(device)
     pack_opt = torch.optim.AdamW(pack.parameters(), lr=1e-4)
-    alone = [StackedTransformer(config, [s], [0.2]) for s in seeds]
+    alone = [StackedTransformer(config, [s], [0.2]).to(device) for s in seeds]
     alone_opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in alone]
 
     def one_by_one():
         for m, (model, opt) in enumerate(zip(alone, alone_opts)):
             training_step(model, opt, tokens[m:m + 1], targets[m:m + 1])
 
-    stacked_s = median_seconds(lambda: training_step(pack, pack_opt, tokens, targets), repeats, 3)
-    loop_s = median_seconds(one_by_one, repeats, 1)
+    stacked_s = median_seconds(lambda: training_step(pack, pack_opt, tokens, targets), repeats, 3, device)
+    loop_s = median_seconds(one_by_one, repeats, 1, device)
     flops = step_flops(width, depth, batch, 4 * width) * models
     return {"width": width, "batch": batch, "models": models, "depth": depth,
             "stacked_step_ms": stacked_s * 1e3, "one_by_one_step_ms": loop_s * 1e3,
@@ -91,14 +100,17 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--shapes", default="64x32,64x128,160x32,160x128", help="width x batch, comma-separated")
     p.add_argument("--out", default="bench/results/training_cpu.json")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    peak = large_matmul_gflops(args.repeats)
+    device = torch.device(args.device)
+    peak = large_matmul_gflops(args.repeats, device)
     rows = []
-    for width, batch in ((64, 32), (64, 128), (160, 32), (160, 128)):
-        row = bench_shape(width, batch, args.models, args.depth, args.repeats)
+    for width, batch in (tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")):
+        row = bench_shape(width, batch, args.models, args.depth, args.repeats, device)
         row["stacked_fraction_of_large_matmul"] = row["stacked_gflops"] / peak
         row["one_by_one_fraction_of_large_matmul"] = row["one_by_one_gflops"] / peak
         rows.append(row)
@@ -107,8 +119,9 @@ def main() -> None:
               f"{row['stacked_gflops']:.1f} GFLOP/s = {100 * row['stacked_fraction_of_large_matmul']:.0f} % "
               f"of large matmul ({peak:.1f})", flush=True)
     result = {"benchmark": "training_step", "machine": platform.processor() or platform.machine(),
-              "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
-              "device": "cpu", "large_matmul_gflops": peak, "repeats": args.repeats, "rows": rows,
+              "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "backend": os.environ.get("PE_FAST_BACKEND", "default"), "large_matmul_gflops": peak, "repeats": args.repeats, "rows": rows,
               "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

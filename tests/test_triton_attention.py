@@ -45,12 +45,14 @@ def make_inputs(M, B, N, D, K, *, with_pe=True, with_bias=True, device="cpu", se
     return {k: None if v is None else v.to(device) for k, v in inputs.items()}
 
 
-def run(inputs, heads, dtype, backend):
+def run(inputs, heads, dtype, backend, rope=None):
     """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd."""
-    leaves = {k: inputs[k].to(dtype).requires_grad_() for k in ("x", "pe", "w", "b") if inputs[k] is not None}
+    # detach + copy: every call gets fresh leaves, whatever dtype and however often `inputs` is reused
+    leaves = {k: inputs[k].detach().to(dtype, copy=True).requires_grad_() for k in ("x", "pe", "w", "b")
+              if inputs[k] is not None}
     probes = None if inputs["probes"] is None else inputs["probes"].to(dtype)
     out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
-                              backend=backend)
+                              rope=rope, backend=backend)
     out.backward(inputs["grad"].to(dtype))
     return {"out": out.detach(), "stats": stats, **{"d" + k: t.grad for k, t in leaves.items()}}
 
@@ -101,19 +103,38 @@ def test_interpreter_matches_reference_fp32(case):
 
 
 @interpreter
-def test_interpreter_rope_and_bias_fall_back_to_reference_with_one_warning(caplog):
+@pytest.mark.parametrize("N", [17, 40])  # packed, long
+def test_interpreter_rope_matches_reference_fp32(N):
+    inputs = make_inputs(1, 2, N, 48, 1)
+    angles = torch.rand(N, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6
+    rope = {dtype: (angles.cos().to(dtype), angles.sin().to(dtype)) for dtype in (torch.float32, torch.float64)}
+    got = run(inputs, 3, torch.float32, "triton", rope[torch.float32])
+    assert_relative(got, run(inputs, 3, torch.float64, "reference", rope[torch.float64]), 1e-5)
+
+
+@interpreter
+def test_interpreter_opcheck():
+    inputs = make_inputs(1, 2, 17, 16, 2)
+    x, pe, w, b = (inputs[k].float().requires_grad_() for k in ("x", "pe", "w", "b"))
+    torch.library.opcheck(torch.ops.pe_fast.pe_attention.default,
+                          (x, pe, w, b, 2, inputs["probes"].float(), None, None, None, "triton"))
+    out, _, qkv, lse = triton_attention.forward(x.detach(), pe.detach(), w.detach(), b.detach(), 2)
+    torch.library.opcheck(torch.ops.pe_fast.triton_attention_backward.default,
+                          (qkv, inputs["grad"].float(), out, lse, 2))
+
+
+@interpreter
+def test_interpreter_bias_falls_back_to_reference_with_one_warning(caplog):
     inputs = make_inputs(1, 2, 6, 8, 1)
     x, pe, w, b = (inputs[k].float() for k in ("x", "pe", "w", "b"))
-    angles = torch.rand(6, 2) * 6
-    rope = (angles.cos(), angles.sin())
+    bias = torch.randn(1, 2, 6, 6)
     triton_attention._warn_fallback.cache_clear()
     with caplog.at_level(logging.WARNING, logger="pe_fast"):
         for _ in range(2):
-            got = pe_attention(x, pe, w, b, 2, rope=rope, backend="triton")
-    expected = pe_attention(x, pe, w, b, 2, rope=rope, backend="reference")
-    torch.testing.assert_close(got, expected)
-    assert [r.getMessage() for r in caplog.records] == [
-        "pe_attention backend 'triton' runs the reference instead: RoPE is not fused into the Triton kernels"]
+            got = pe_attention(x, pe, w, b, 2, bias=bias, backend="triton")
+    torch.testing.assert_close(got, pe_attention(x, pe, w, b, 2, bias=bias, backend="reference"))
+    assert [r.getMessage() for r in caplog.records] == ["pe_attention backend 'triton' runs the reference instead: "
+                                                        "a relative-position bias is not fused into the Triton kernels"]
 
 
 @pytest.mark.skipif(INTERPRETED, reason="compiled Triton only")
@@ -150,6 +171,17 @@ def test_cuda_matches_reference_fp32(case):
     M, B, N, D, H, K, with_pe, with_bias = case
     inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
     assert_relative(run(inputs, H, torch.float32, "triton"), run(inputs, H, torch.float64, "reference"), 1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("case", ["N16-dh16-H4", "N100-dh16-H4"])
+def test_cuda_rope_matches_reference_fp32(case):
+    M, B, N, D, H, K, with_pe, with_bias = CUDA_CASES[case]
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
+    angles = torch.rand(N, D // H // 2, dtype=torch.float64, device="cuda") * 6
+    rope = {dtype: (angles.cos().to(dtype), angles.sin().to(dtype)) for dtype in (torch.float32, torch.float64)}
+    got = run(inputs, H, torch.float32, "triton", rope[torch.float32])
+    assert_relative(got, run(inputs, H, torch.float64, "reference", rope[torch.float64]), 1e-5)
 
 
 @cuda

@@ -20,6 +20,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from pe_fast.ops import triton_attention as ta  # noqa: E402
 
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="TRITON_INTERPRET=1: this process's kernels are interpreted, not compiled")
 SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}  # bytes per block, opt-in maximum: A100, H100
 TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 

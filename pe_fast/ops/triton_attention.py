@@ -6,25 +6,28 @@ keeps the statistics as extra running sums rescaled like the softmax normaliser 
     entropy  = ln2 · (lse2 − Σ e·s / l)     max prob = 1 / l   (the running max is the row max)
     Σ p²     = Σ e² / l²  (rescaled by α²)   probe k  = Σ e·T_k / l
 Each query row's statistics go to a [M, H, S, B, N] float32 buffer that torch averages over (B, N):
-deterministic, and tiny next to the q/k/v traffic. The N×N map never leaves the chip.
+deterministic, and small next to the q/k/v traffic. The N×N map never leaves the chip.
 
-Two tilings, picked by `kernel_config`:
-* long (N > 32): a program owns BLOCK_M query rows of one (model, batch, head) problem and loops over key
-  blocks; the grid is flat, with a problem's row blocks next to each other (they share K/V in L2).
-* packed (N ≤ 32): a program owns BLOCK_M // N whole problems laid end to end in one tile (N need not be a
-  power of two); the scores of the tile are one block-diagonal matmul, masked to "same problem".
+Two tilings, picked per kernel by `kernel_config`:
+* packed (N ≤ 32 and N ≤ the tile): a program owns tile // N whole (model, batch, head) problems laid end to
+  end (N need not be a power of two); the tile's scores are one block-diagonal matmul, masked to "same problem".
+* long: a program owns BLOCK_M query rows of one problem and loops over key blocks; the grid is flat, with a
+  problem's row blocks next to each other (they share K/V in L2).
 
 Backward (flash-attention 2, P recomputed from the saved lse): long path: a preprocess kernel
 Δ = rowsum(dO·O), then one kernel whose programs compute dk, dv of their key block (loop over query blocks)
-and dq of their query block (loop over key blocks) — no atomics, deterministic. Packed path: one kernel, no
-preprocess: the tile holds whole rows, so Δ = Σ_j p·dp and dq, dk, dv come out of one pass.
+and dq of their query block (loop over key blocks): no atomics, deterministic. Packed path: one kernel, no
+preprocess: the tile holds whole rows, so Δ = Σ_j p·dp, and dq, dk, dv come out of one pass. These launches
+are an op of their own (pe_fast::triton_attention_backward) so that autograd tracing sees an op, not kernels.
 The parameter gradients are then torch GEMMs, as in `reference.backward`.
 
 fp32 matmuls run in IEEE fp32 (matches the reference to ~1e-6); PE_FAST_TF32=1 switches them to TF32 tensor
 cores. bf16 inputs use bf16 tensor-core matmuls with fp32 accumulation; softmax and statistics are fp32.
-RoPE, relative bias, other dtypes and head dims > 256 run the reference (one logged warning per reason).
-Block sizes come from one deterministic heuristic (`kernel_config`, no autotuning: it would need a GPU at
-first call); `all_kernel_configs` lists what it can pick, for the ahead-of-time compile test.
+RoPE turns q and k with torch before the kernel (and the gradients after). A relative-position bias, other
+dtypes and head dims > 256 run the reference instead (one logged warning per reason).
+N, H and D are compile-time constants (one compilation per model shape; batch sizes share it). Block sizes
+come from one deterministic heuristic (`kernel_config`; no autotuning, which needs a GPU at first call);
+`all_kernel_configs` lists what it can pick, for the ahead-of-time compile test.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_problems", "B"])
 def _pe_attention_fwd_kernel(
     qkv_ptr, probe_ptr, out_ptr, lse_ptr, stat_ptr, num_problems, B, qk_scale,
     N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NUM_PROBES: tl.constexpr, PROBE_PAD: tl.constexpr,
@@ -137,7 +140,7 @@ def _pe_attention_fwd_kernel(
                  mask=q_ok[:, None] & (probe_col[None, :] < NUM_PROBES))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _pe_attention_bwd_preprocess_kernel(out_ptr, do_ptr, delta_ptr, num_rows, N: tl.constexpr, H: tl.constexpr,
                                         D: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
     # Δ = rowsum(dO·O) per query row. out viewed as [M·B·N·H, dh]: row r = (mb·N + tok)·H + head.
@@ -153,7 +156,7 @@ def _pe_attention_bwd_preprocess_kernel(out_ptr, do_ptr, delta_ptr, num_rows, N:
     tl.store(delta_ptr + (mb * H + r % H) * N + (r // H) % N, tl.sum(o * do, 1), mask=r_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_problems"])
 def _pe_attention_bwd_kernel(
     qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, num_problems, sm_scale,
     N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK: tl.constexpr,
@@ -292,7 +295,7 @@ def all_kernel_configs() -> list[KernelConfig]:
     configs = [kernel_config(N, head_pad, dtype)
                for dtype in (torch.float32, torch.bfloat16)
                for head_pad in (16, 32, 64, 128, 256)
-               for N in (16, 32, PACK_MAX_N + 1)]  # packing changes only at tile sizes 16, 32 and PACK_MAX_N
+               for N in (16, 32, PACK_MAX_N + 1)]  # stand for N ≤ 16, 16 < N ≤ 32, N > PACK_MAX_N
     return list(dict.fromkeys(configs))
 
 
@@ -301,10 +304,8 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32" if dtype == torch.float32 and os.environ.get("PE_FAST_TF32") == "1" else "ieee"
 
 
-def _reference_reason(x, num_heads, rope_cos, bias) -> str | None:
+def _reference_reason(x, num_heads, bias) -> str | None:
     """Why these inputs go to the reference instead of the kernels, or None."""
-    if rope_cos is not None:
-        return "RoPE is not fused into the Triton kernels"
     if bias is not None:
         return "a relative-position bias is not fused into the Triton kernels"
     if x.dtype not in (torch.float32, torch.bfloat16):
@@ -319,12 +320,20 @@ def _warn_fallback(reason: str) -> None:
     log.warning("pe_attention backend 'triton' runs the reference instead: %s", reason)
 
 
+def _turn_qk(qkv: torch.Tensor, num_heads: int, cos, sin, turn) -> torch.Tensor:
+    """qkv [M,B,N,3D] with q and k turned by `turn` (reference.rotate; reference.unrotate for gradients)."""
+    q, k, v = reference.split_heads(qkv, num_heads)  # [M,B,H,N,dh]
+    turned = torch.stack((turn(q, cos, sin).to(qkv.dtype), turn(k, cos, sin).to(qkv.dtype), v), dim=2)
+    return turned.permute(0, 1, 4, 2, 3, 5).reshape(qkv.shape)  # [M,B,3,H,N,dh] -> [M,B,N,3,H,dh]
+
+
 def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
-    reason = _reference_reason(x, num_heads, rope_cos, bias)
+    reason = _reference_reason(x, num_heads, bias)
     if reason is not None:
         _warn_fallback(reason)
         return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
-    qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)
+    qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)  # returned unturned, as the reference saves it
+    turned = qkv if rope_cos is None else _turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
     M, B, N, D = x.shape
     H, dh = num_heads, D // num_heads
     P = M * B * H
@@ -336,22 +345,22 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
     probes = lse if K == 0 else probes.to(device=x.device, dtype=torch.float32).contiguous()  # lse: never read
     grid = (triton.cdiv(P, cfg.fwd_block_m // N),) if cfg.fwd_packed else (P * triton.cdiv(N, cfg.fwd_block_m),)
     _pe_attention_fwd_kernel[grid](
-        qkv, probes, out, lse, rows, P, B, LOG2E / math.sqrt(dh), N=N, H=H, D=D,
+        turned, probes, out, lse, rows, P, B, LOG2E / math.sqrt(dh), N=N, H=H, D=D,
         NUM_PROBES=K, PROBE_PAD=triton.next_power_of_2(max(K, 1)), HEAD_PAD=cfg.head_pad,
         BLOCK_M=cfg.fwd_block_m, BLOCK_N=cfg.fwd_block_n, PACKED=cfg.fwd_packed, PRECISION=dot_precision(x.dtype),
         num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
     return out, rows.view(M, H, 3 + K, B * N).mean(-1), qkv, lse
 
 
-def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
-             out):
-    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O))."""
-    if _reference_reason(x, num_heads, rope_cos, bias) is not None:
-        return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
-    M, B, N, D = x.shape
-    H, dh = num_heads, D // num_heads
-    P = M * B * H
-    cfg = kernel_config(N, dh, x.dtype)
+@torch.library.custom_op("pe_fast::triton_attention_backward", mutates_args=())
+def attention_backward(qkv: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       num_heads: int) -> torch.Tensor:
+    """dqkv [M,B,N,3D] of the attention alone. An op of its own: autograd tracing (torch.compile, opcheck)
+    runs `backward` with fake tensors, and must see this op instead of kernel launches."""
+    M, B, N, D3 = qkv.shape
+    H, D = num_heads, D3 // 3
+    dh, P = D // num_heads, M * B * num_heads
+    cfg = kernel_config(N, dh, qkv.dtype)
     grad_out = grad_out.contiguous()
     if cfg.bwd_packed:
         delta = lse  # not read: the packed kernel sums Δ itself
@@ -364,9 +373,28 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     dqkv = torch.empty_like(qkv)
     _pe_attention_bwd_kernel[grid](
         qkv, grad_out, lse, delta, dqkv, P, 1.0 / math.sqrt(dh), N=N, H=H, D=D, HEAD_PAD=cfg.head_pad,
-        BLOCK=cfg.bwd_block, PACKED=cfg.bwd_packed, PRECISION=dot_precision(x.dtype),
+        BLOCK=cfg.bwd_block, PACKED=cfg.bwd_packed, PRECISION=dot_precision(qkv.dtype),
         num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages)
+    return dqkv
+
+
+@attention_backward.register_fake
+def _(qkv, grad_out, out, lse, num_heads):
+    return torch.empty_like(qkv)
+
+
+def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
+             out):
+    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O))."""
+    if _reference_reason(x, num_heads, bias) is not None:
+        return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
+    if rope_cos is not None:
+        qkv = _turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+    dqkv = attention_backward(qkv, grad_out, out, lse, num_heads)
+    if rope_cos is not None:
+        dqkv = _turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
     # From dqkv on, the same GEMMs as reference.backward.
+    M, B, N, D = x.shape
     dqkv = dqkv.view(M, B * N, 3 * D)
     h = x if pe is None else x + pe[:, None]
     dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
