@@ -106,10 +106,17 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     dk = torch.matmul(ds.transpose(-1, -2), q) * scale
     if rope_cos is not None:
         dq, dk = unrotate(dq, rope_cos, rope_sin), unrotate(dk, rope_cos, rope_sin)
-    dqkv = torch.stack((dq, dk, dv), dim=0).permute(1, 2, 4, 0, 3, 5).reshape(M, B * N, 3 * D)
+    dqkv = torch.stack((dq, dk, dv), dim=0).permute(1, 2, 4, 0, 3, 5).reshape(M, B, N, 3 * D)
+    return (*project_qkv_backward(dqkv, x, pe, w_qkv, b_qkv), dbias)
+
+
+def project_qkv_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):
+    """Gradients of `project_qkv` given dqkv [M,B,N,3D]: (dx, dpe, dw_qkv, db_qkv); shared by every backend."""
+    M, B, N, D = x.shape
+    dqkv = dqkv.reshape(M, B * N, 3 * D)
     h = x if pe is None else x + pe[:, None]
     dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
     db = dqkv.sum(1) if b_qkv is not None else None
     dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
     dpe = dx.sum(1) if pe is not None else None
-    return dx, dpe, dw, db, dbias
+    return dx, dpe, dw, db

@@ -393,15 +393,7 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     dqkv = attention_backward(qkv, grad_out, out, lse, num_heads)
     if rope_cos is not None:
         dqkv = _turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
-    # From dqkv on, the same GEMMs as reference.backward.
-    M, B, N, D = x.shape
-    dqkv = dqkv.view(M, B * N, 3 * D)
-    h = x if pe is None else x + pe[:, None]
-    dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
-    db = dqkv.sum(1) if b_qkv is not None else None
-    dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).view(M, B, N, D)
-    dpe = dx.sum(1) if pe is not None else None
-    return dx, dpe, dw, db, None
+    return (*reference.project_qkv_backward(dqkv, x, pe, w_qkv, b_qkv), None)
 
 
 # @triton.jit chose compiler or interpreter at import; under TRITON_INTERPRET=1 (the CPU tests) the kernels run
