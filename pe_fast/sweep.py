@@ -9,7 +9,6 @@ anything is written.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -97,7 +96,7 @@ def parse_list(text: str, convert, flag: str) -> list:
         raise UsageError(f"{flag}: cannot parse {text!r} as a comma-separated list")
     if not values:
         raise UsageError(f"{flag}: empty list")
-    return values
+    return list(dict.fromkeys(values))  # a value given twice would train the same models twice
 
 
 def resolve_settings(args: argparse.Namespace) -> dict:

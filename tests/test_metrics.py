@@ -17,7 +17,6 @@ def test_procrustes_disparity_equals_scipy_and_ignores_rotation_scale_and_shift(
 
 
 def test_procrustes_pads_the_narrower_table():
-    rng = np.random.default_rng(1)
     embedded = np.pad(GRID, ((0, 0), (0, 6))) @ special_ortho_group.rvs(8, random_state=2)
     assert pe_geometry.procrustes_disparity(embedded, GRID) < 1e-12
 
