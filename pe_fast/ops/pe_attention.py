@@ -21,7 +21,6 @@ class Backend:
     forward: Callable
     backward: Callable
     devices: tuple[str, ...]  # torch device types it runs on
-    backward_takes_out: bool = False  # backward(..., out=) gets the forward's output (flash-attention's Δ needs it)
 
 
 # In order of preference: the first one that runs on the tensors' device is the default.
@@ -73,16 +72,13 @@ def _setup_context(ctx, inputs, output):
     out, stats, qkv, lse = output
     ctx.mark_non_differentiable(stats, qkv, lse)
     ctx.num_heads, ctx.backend = num_heads, backend
-    out = out if BACKENDS[backend].backward_takes_out else None
     ctx.save_for_backward(x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out)
 
 
 def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out = ctx.saved_tensors
-    backend = BACKENDS[ctx.backend]
-    extra = {"out": out} if backend.backward_takes_out else {}
-    dx, dpe, dw, db, dbias = backend.backward(
-        grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, **extra)
+    dx, dpe, dw, db, dbias = BACKENDS[ctx.backend].backward(
+        grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, out=out)
     return dx, dpe, dw, db, None, None, None, None, dbias, None
 
 

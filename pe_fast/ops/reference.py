@@ -87,8 +87,10 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
     return out, stats, qkv, lse
 
 
-def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None):
-    """Gradients of `forward`'s out w.r.t. x, pe, w_qkv, b_qkv, bias (statistics are not differentiated)."""
+def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, out=None):
+    """Gradients of `forward`'s out w.r.t. x, pe, w_qkv, b_qkv, bias (statistics are not differentiated).
+    `out`, the forward's output, is part of every backend's signature (flash-style kernels need it for
+    Δ = rowsum(dO·O)); the reference recomputes the attention map and does not use it."""
     M, B, N, D = x.shape
     q, k, v = split_heads(qkv, num_heads)
     if rope_cos is not None:

@@ -399,4 +399,4 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
 # @triton.jit chose compiler or interpreter at import; under TRITON_INTERPRET=1 (the CPU tests) the kernels run
 # in numpy on CPU tensors: correct, slow.
 _DEVICES = ("cuda", "cpu") if triton.knobs.runtime.interpret else ("cuda",)
-register_backend("triton", Backend(forward, backward, _DEVICES, backward_takes_out=True))
+register_backend("triton", Backend(forward, backward, _DEVICES))
