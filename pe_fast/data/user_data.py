@@ -1,0 +1,409 @@
+"""The user's own parcellated time series: .npy, .npz, .h5 / .hdf5, or HCP CIFTI plus a parcellation.
+
+`load_user_data(path, regions=None, ...)` reads one of:
+
+* ``.npy``: [subjects, time, regions], or [time, regions] for one subject. Memory-mapped (read-only).
+* ``.npz``: one array (read as a .npy), or several arrays, one per subject (named by its key), each
+  [time, regions] or [runs, time, regions]. Members stored without compression are memory-mapped;
+  compressed members (``np.savez_compressed``) cannot be, and are read into memory.
+* ``.h5`` / ``.hdf5``: one dataset laid out as a .npy: the only dataset in the file, else the one
+  named ``timeseries``, else the first 3D one (or name it: ``dataset="group/name"``). A contiguous,
+  uncompressed dataset is memory-mapped; a chunked or compressed one is read one subject at a time.
+* HCP CIFTI-2: ``path="run.dtseries.nii"`` (or a list of them, one run each) with
+  ``parcellation="atlas.dlabel.nii"`` on the same grayordinates. Each parcel's series is the mean over
+  its grayordinates; parcels and their names come from the dlabel's (first) label map and its label table
+  (key 0 = unlabelled; labels without grayordinates are dropped).
+  The subject id of each file is its name without ``.dtseries.nii`` (its path when names repeat).
+
+The optional regions table is a CSV with a header and one row per region, in the data's region order:
+``label`` (required, unique), ``x,y,z`` (optional, all three or none: centroids in MNI mm) and
+``network`` (optional: a name or an integer per region). Other columns are ignored. For CIFTI the
+rows are matched to parcels by label, so their order is free. Without a table: the labels are
+``region_0``.. (CIFTI: the parcel names), and there are no centroids and no networks.
+
+The ground-truth FC of user data is the correlation of the data themselves (`correlation_fc`: each
+run's Pearson correlation, averaged with weights = run lengths).
+
+Every problem the user can fix raises `DataError` with one line naming the file and the fix: an
+unknown extension, an unreadable file, wrong dimensions, NaN or Inf (found in chunks, so a large
+memory map is never loaded whole; the message names the subject, time and region), a region that is
+constant, a table that misses a column or does not match the data, a file that is not CIFTI or not a
+dense time series, a parcellation on other grayordinates.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import struct
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pe_fast.data.regions import DataError, RegionData, correlation_fc
+
+PathLike = str | os.PathLike
+
+_CHUNK_ELEMENTS = 1 << 22  # values per slice when scanning a run (32 MB of float64)
+
+
+def load_user_data(path: PathLike | Sequence[PathLike], regions: PathLike | None = None, *,
+                   parcellation: PathLike | None = None, dataset: str | None = None,
+                   tr_seconds: float | None = None) -> RegionData:
+    """Read the user's time series (see the module docstring for the formats) and their regions table.
+
+    regions:      CSV regions table (label[, x, y, z][, network]), or None.
+    parcellation: the .dlabel.nii for CIFTI input; required for CIFTI, refused otherwise.
+    dataset:      which array of an .h5 file (or key of an .npz) to read, when the default is wrong.
+    tr_seconds:   the sampling interval; CIFTI files carry their own (this argument overrides it).
+    Returns a RegionData of kind "fmri" whose runs may be read-only memory maps in the file's dtype.
+    """
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    if not paths:
+        raise DataError("no data file given: pass a .npy, .npz, .h5 or .dtseries.nii path")
+    for p in paths:
+        if not p.is_file():
+            raise DataError(f"{p}: no such file: check the path")
+    cifti = [_is_nifti_name(p) for p in paths]
+    if any(cifti):
+        if not all(cifti):
+            raise DataError(f"{paths[0]}: several files are only read as CIFTI runs: pass .dtseries.nii files only")
+        if parcellation is None:
+            raise DataError(f"{paths[0]}: CIFTI input needs a parcellation: pass parcellation='atlas.dlabel.nii'")
+        runs, subjects, run_names, parcel_names, tr = _read_cifti(paths, Path(parcellation))
+        fmt = "CIFTI dtseries parcellated by " + Path(parcellation).name
+        tr_seconds = tr if tr_seconds is None else tr_seconds
+    else:
+        if len(paths) > 1:
+            raise DataError(f"{paths[0]}: only CIFTI runs come as several files: put all subjects in one file")
+        if parcellation is not None:
+            raise DataError(f"{paths[0]}: a parcellation applies to CIFTI (.dtseries.nii) input only: drop it")
+        runs, subjects, run_names, fmt = _read_array_file(paths[0], dataset)
+        parcel_names = None
+    where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} files)"
+    _check_runs(runs, subjects, run_names, where)
+    n = runs[0].shape[1]
+    if regions is None:
+        labels = np.array(parcel_names if parcel_names is not None else [f"region_{i}" for i in range(n)])
+        centroids, networks, network_names = None, None, None
+        table_note = "no regions table"
+    else:
+        labels, centroids, networks, network_names = _read_regions_table(Path(regions), n, where, parcel_names)
+        table_note = f"regions table {Path(regions).name}"
+    return RegionData(
+        runs=runs, subjects=subjects, run_names=run_names, labels=labels, centroids=centroids,
+        networks=networks, network_names=network_names, fc=correlation_fc(runs), coupling=None, kind="fmri",
+        source=(f"user data {where} ({fmt}; {len(set(subjects))} subjects, {len(runs)} runs); {table_note}; "
+                f"FC = correlation of the data (mean over runs)"),
+        tr_seconds=tr_seconds,
+    )
+
+
+# ------------------------------------------------------------------ arrays: .npy / .npz / .h5
+
+def _is_nifti_name(p: Path) -> bool:
+    return p.name.lower().endswith((".nii", ".nii.gz"))
+
+
+def _read_array_file(p: Path, dataset: str | None):
+    ext = p.suffix.lower()
+    if ext == ".npy":
+        with open(p, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise DataError(f"{p}: not a .npy file (no NumPy header): save it with numpy.save")
+        try:
+            arr = np.load(p, mmap_mode="r")
+        except Exception as e:
+            raise DataError(f"{p}: not a readable .npy file ({_why(e)}): save it with numpy.save") from None
+        return (*_split_subjects(arr, p), "npy, memory-mapped")
+    if ext == ".npz":
+        return _read_npz(p, dataset)
+    if ext in (".h5", ".hdf5"):
+        return _read_h5(p, dataset)
+    raise DataError(f"{p}: unknown file type {p.suffix!r}: use .npy, .npz, .h5/.hdf5, or .dtseries.nii "
+                    f"with a .dlabel.nii parcellation")
+
+
+def _why(e: Exception) -> str:
+    return str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+
+
+def _split_subjects(arr, p: Path, what: str = "array"):
+    """[subjects, time, regions] or [time, regions] → runs, subject ids, run names."""
+    _check_dtype(arr, p)
+    if arr.ndim == 3:
+        return [arr[i] for i in range(arr.shape[0])], [f"subject{i}" for i in range(arr.shape[0])], \
+            ["run0"] * arr.shape[0]
+    if arr.ndim == 2:
+        return [arr], ["subject0"], ["run0"]
+    raise DataError(f"{p}: the {what} has shape {tuple(arr.shape)}, {arr.ndim} dimensions: "
+                    f"need [subjects, time, regions] or [time, regions]")
+
+
+def _check_dtype(arr, p: Path):
+    if np.dtype(arr.dtype).kind not in "fiu":
+        raise DataError(f"{p}: values of type {arr.dtype} are not real numbers: save float32 or float64 values")
+
+
+def _npz_member(p: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
+    """A memory map of an uncompressed .npz member, or the array read into memory."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        with zf.open(info) as f:
+            return np.lib.format.read_array(f, allow_pickle=False)
+    with open(p, "rb") as f:
+        # The member's bytes start after its local header: 30 fixed bytes, the name and an extra field.
+        f.seek(info.header_offset)
+        header = f.read(30)
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        major, _ = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+        offset = f.tell()
+    if dtype.hasobject:
+        raise DataError(f"{p}: member {info.filename} holds Python objects: save numeric arrays")
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(p, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def _read_npz(p: Path, key: str | None):
+    try:
+        zf = zipfile.ZipFile(p)
+        members = {i.filename[:-4]: i for i in zf.infolist() if i.filename.endswith(".npy")}
+    except Exception as e:
+        raise DataError(f"{p}: not a readable .npz file ({_why(e)}): save it with numpy.savez") from None
+    with zf:
+        if key is not None:
+            if key not in members:
+                raise DataError(f"{p}: no array named {key!r} (it has {sorted(members)}): pass one of those names")
+            members = {key: members[key]}
+        if not members:
+            raise DataError(f"{p}: the .npz file holds no arrays: save the time series with numpy.savez")
+        try:
+            arrays = {k: _npz_member(p, zf, i) for k, i in members.items()}
+        except DataError:
+            raise
+        except Exception as e:
+            raise DataError(f"{p}: cannot read its arrays ({_why(e)}): save them with numpy.savez") from None
+    compressed = any(i.compress_type != zipfile.ZIP_STORED for i in members.values())
+    fmt = "npz, " + ("compressed, read into memory" if compressed else "memory-mapped")
+    if len(arrays) == 1:
+        (name, arr), = arrays.items()
+        return (*_split_subjects(arr, p, f"array {name!r}"), fmt)
+    runs, subjects, run_names = [], [], []
+    for name, arr in arrays.items():
+        _check_dtype(arr, p)
+        if arr.ndim == 2:
+            subject_runs = [arr]
+        elif arr.ndim == 3:
+            subject_runs = [arr[i] for i in range(arr.shape[0])]
+        else:
+            raise DataError(f"{p}: subject array {name!r} has shape {arr.shape}: "
+                            f"each subject needs [time, regions] or [runs, time, regions]")
+        runs += subject_runs
+        subjects += [name] * len(subject_runs)
+        run_names += [f"run{i}" for i in range(len(subject_runs))]
+    return runs, subjects, run_names, fmt + f", {len(arrays)} subject arrays"
+
+
+def _read_h5(p: Path, name: str | None):
+    import h5py
+
+    try:
+        f = h5py.File(p, "r")
+    except Exception as e:
+        raise DataError(f"{p}: not a readable HDF5 file ({_why(e)}): check the file or save it with h5py") from None
+    with f:
+        found = []
+        f.visititems(lambda key, obj: found.append(key) if isinstance(obj, h5py.Dataset) else None)
+        if name is not None:
+            if name not in found:
+                raise DataError(f"{p}: no dataset {name!r} (it has {found[:10]}): pass one of those names")
+        elif len(found) == 1:
+            name = found[0]
+        elif any(k.split("/")[-1] == "timeseries" for k in found):
+            name = next(k for k in found if k.split("/")[-1] == "timeseries")
+        else:
+            name = next((k for k in found if f[k].ndim == 3), None)
+            if name is None:
+                raise DataError(f"{p}: cannot tell which of its datasets {found[:10]} holds the time series: "
+                                f"name it 'timeseries' or pass dataset=...")
+        ds = f[name]
+        _check_dtype(ds, p)
+        offset = ds.id.get_offset()
+        if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0:
+            arr = np.memmap(p, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+            fmt = f"HDF5 dataset {name!r}, memory-mapped"
+        else:
+            if ds.ndim not in (2, 3):
+                _split_subjects(ds, p, f"dataset {name!r}")  # raises the dimension error
+            # Chunked or compressed: read one subject at a time into float32.
+            arr = (np.stack([np.asarray(ds[i], np.float32) for i in range(ds.shape[0])]) if ds.ndim == 3
+                   else np.asarray(ds[()], np.float32))
+            fmt = f"HDF5 dataset {name!r}, chunked, read into memory"
+        return (*_split_subjects(arr, p, f"dataset {name!r}"), fmt)
+
+
+# ------------------------------------------------------------------ CIFTI
+
+def _load_cifti(p: Path, want: str):
+    import nibabel as nib
+    from nibabel import cifti2
+
+    try:
+        img = nib.load(p)
+    except Exception as e:
+        raise DataError(f"{p}: not a readable NIfTI/CIFTI file ({_why(e)}): check the file") from None
+    if not isinstance(img, cifti2.Cifti2Image):
+        raise DataError(f"{p}: not a CIFTI-2 file (a plain NIfTI volume?): pass an HCP .{want}.nii file")
+    axes = [img.header.get_axis(i) for i in range(img.ndim)]
+    first = cifti2.SeriesAxis if want == "dtseries" else cifti2.LabelAxis
+    if img.ndim != 2 or not isinstance(axes[0], first) or not isinstance(axes[1], cifti2.BrainModelAxis):
+        kinds = " x ".join(type(a).__name__ for a in axes)
+        raise DataError(f"{p}: a CIFTI file of axes {kinds}, not a {want} (time/labels x grayordinates): "
+                        f"pass a .{want}.nii file")
+    return img, axes
+
+
+def _read_cifti(paths: list[Path], parcellation: Path):
+    from scipy import sparse
+
+    lab_img, (label_axis, lab_models) = _load_cifti(parcellation, "dlabel")
+    codes = np.asarray(lab_img.dataobj[0]).astype(np.int64)
+    table = label_axis.label[0]
+    keys = [k for k in sorted(table) if k != 0 and (codes == k).any()]
+    if not keys:
+        raise DataError(f"{parcellation}: the parcellation labels no grayordinate: pass a .dlabel.nii with parcels")
+    names = [str(table[k][0]) for k in keys]
+    column = {k: j for j, k in enumerate(keys)}
+    rows = np.flatnonzero(np.isin(codes, keys))
+    cols = np.array([column[c] for c in codes[rows]])
+    counts = np.bincount(cols, minlength=len(keys))
+    # Parcel means as one sparse product: W[g, p] = 1/|p| for each grayordinate g in parcel p.
+    weights = sparse.csr_matrix((1.0 / counts[cols], (rows, cols)), shape=(len(codes), len(keys)))
+    stems = [p.name[: -len(".dtseries.nii")] if p.name.lower().endswith(".dtseries.nii") else p.stem for p in paths]
+    subjects = stems if len(set(stems)) == len(stems) else [str(p) for p in paths]
+    runs, tr = [], None
+    for p in paths:
+        img, (series, models) = _load_cifti(p, "dtseries")
+        if models != lab_models:
+            raise DataError(f"{p}: its grayordinates ({_describe(models)}) differ from those of {parcellation} "
+                            f"({_describe(lab_models)}): use a parcellation on the same grayordinates")
+        t = img.shape[0]
+        out = np.empty((t, len(keys)), np.float32)
+        step = max(1, _CHUNK_ELEMENTS // img.shape[1])
+        for a in range(0, t, step):
+            out[a:a + step] = (weights.T @ np.asarray(img.dataobj[a:a + step], np.float64).T).T
+        runs.append(out)
+        if series.unit == "SECOND":
+            tr = float(series.step)
+    return runs, subjects, ["run0"] * len(paths), names, tr
+
+
+def _describe(models) -> str:
+    parts = [f"{name.replace('CIFTI_STRUCTURE_', '').lower()} {len(part)}" for name, _, part in models.iter_structures()]
+    return ", ".join(parts[:4]) + (f", +{len(parts) - 4} structures" if len(parts) > 4 else "")
+
+
+# ------------------------------------------------------------------ checks and the regions table
+
+def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
+    if not runs:
+        raise DataError(f"{where}: the file holds no subjects (a first axis of length 0): save the time series")
+    n = runs[0].shape[1]
+    for r, s, name in zip(runs, subjects, run_names):
+        if r.shape[1] != n:
+            raise DataError(f"{where}: subject {s!r} has {r.shape[1]} regions, others {n}: "
+                            f"give every subject the same regions")
+        if r.shape[0] < 2 or n < 2:
+            raise DataError(f"{where}: subject {s!r} has shape {r.shape} (time x regions): "
+                            f"need at least 2 time points and 2 regions; check the axis order")
+    for r, s, name in zip(runs, subjects, run_names):
+        lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+        step = max(1, _CHUNK_ELEMENTS // n)
+        for a in range(0, r.shape[0], step):
+            x = np.asarray(r[a:a + step])
+            bad = ~np.isfinite(x)
+            if bad.any():
+                t, k = np.argwhere(bad)[0]
+                raise DataError(f"{where}: {x[t, k]} at subject {s!r} {name}, time {a + t}, region {k}: "
+                                f"remove or interpolate the non-finite values")
+            lo, hi = np.minimum(lo, x.min(0)), np.maximum(hi, x.max(0))
+        flat = np.flatnonzero(lo == hi)
+        if flat.size:
+            raise DataError(f"{where}: region {flat[0]} is constant in subject {s!r} {name} "
+                            f"({flat.size} constant regions): drop those regions or that run")
+
+
+def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
+    try:
+        with open(p, newline="") as f:
+            reader = csv.DictReader(f)
+            columns = [c.strip().lower() for c in (reader.fieldnames or [])]
+            rows = [{k.strip().lower(): (v or "").strip() for k, v in row.items() if k is not None}
+                    for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"{p}: cannot read the regions table ({_why(e)}): give a CSV with a header line") from None
+    if "label" not in columns:
+        raise DataError(f"{p}: the regions table has no 'label' column (it has {columns}): "
+                        f"add a header line label[,x,y,z][,network]")
+    xyz = [c for c in "xyz" if c in columns]
+    if xyz and len(xyz) != 3:
+        raise DataError(f"{p}: the regions table has column(s) {xyz} but not all of x, y, z: give all three or none")
+    if len(rows) != n:
+        raise DataError(f"{p}: the regions table has {len(rows)} rows but {where} has {n} regions: "
+                        f"give one row per region")
+    labels = [r["label"] for r in rows]
+    if len(set(labels)) != n or "" in labels:
+        dup = next(l for l in labels if labels.count(l) > 1 or l == "")
+        raise DataError(f"{p}: region label {dup!r} is empty or repeated: give every region its own label")
+    if parcel_names is not None:
+        # CIFTI: match the table to the dlabel's parcels by name.
+        missing = [name for name in parcel_names if name not in set(labels)]
+        if missing:
+            raise DataError(f"{p}: the regions table lacks parcel(s) {missing[:3]} of the parcellation: "
+                            f"use the dlabel's parcel names as labels")
+        position = {l: i for i, l in enumerate(labels)}
+        rows = [rows[position[name]] for name in parcel_names]
+        labels = list(parcel_names)
+    centroids = None
+    if xyz:
+        try:
+            centroids = np.array([[float(r[c]) for c in "xyz"] for r in rows])
+        except ValueError:
+            bad = next(r["label"] for r in rows if not all(_is_float(r[c]) for c in "xyz"))
+            raise DataError(f"{p}: region {bad!r} has a non-numeric x, y or z: give coordinates in mm") from None
+        if not np.isfinite(centroids).all():
+            raise DataError(f"{p}: the x, y, z columns hold NaN or Inf: give finite coordinates in mm")
+    networks, network_names = None, None
+    if "network" in columns:
+        values = [r["network"] for r in rows]
+        if "" in values:
+            raise DataError(f"{p}: region {labels[values.index('')]!r} has no network: fill in every network cell")
+        if all(_is_int(v) for v in values):
+            ids = sorted({int(v) for v in values})
+            network_names = [str(i) for i in ids]
+            networks = np.array([ids.index(int(v)) for v in values])
+        else:
+            network_names = list(dict.fromkeys(values))  # in order of first appearance
+            networks = np.array([network_names.index(v) for v in values])
+    return np.array(labels), centroids, networks, network_names
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+        return True
+    except ValueError:
+        return False
