@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from nibabel import cifti2
 
-from pe_fast.data import DataError, load_user_data
+from pe_fast.data import DataError, correlation_fc, load_user_data
 
 RNG = np.random.default_rng(0)
 SERIES = RNG.normal(size=(3, 50, 6)).astype(np.float32) + 100.0  # subjects x time x regions
@@ -242,3 +242,12 @@ def test_npz_and_h5_selection_problems(tmp_path):
         f["y"] = SERIES[1]
     raises("cannot tell which of its datasets", tmp_path / "two.h5")
     raises("no dataset 'z'", tmp_path / "two.h5", dataset="z")
+
+
+def test_correlation_fc_in_small_chunks_equals_numpy_and_zeroes_a_constant_region():
+    runs = [RNG.normal(size=(23, 5)) * 50 + 1e4, RNG.normal(size=(41, 5))]
+    np.testing.assert_allclose(correlation_fc(runs, chunk_rows=7), pearson_mean(runs), atol=1e-9)
+    flat = runs[1].copy()
+    flat[:, 2] = 3.0
+    fc = correlation_fc([flat], chunk_rows=4)
+    assert fc[2, 2] == 1.0 and not fc[2, [0, 1, 3, 4]].any()

@@ -262,7 +262,7 @@ def load_glasser360_surrogate(subjects: int = 2, runs_per_subject: int = 2, time
                               seed: int = 0, ridge: float = 0.05) -> RegionData:
     """Glasser-360 / CAB-NP with a time series simulated from real HCP FC (deterministic from `seed`).
 
-    Series: `simulate_var1` with covariance `surrogate_covariance(glasser360_fc(), ridge)` and the lag-1
+    Series: `simulate_var1` with Σ = `surrogate_covariance(glasser360_fc(), ridge)` and the lag-1
     autocorrelation `real_bold_lag1()` of the real cubnm BOLD (a documented fallback, with a warning,
     when cubnm is missing). Unit variance per region. `fc` is the projected group FC itself (the
     series' exact correlation is that matrix plus the ridge, renormalised).
@@ -285,7 +285,7 @@ def load_glasser360_surrogate(subjects: int = 2, runs_per_subject: int = 2, time
         labels=labels,
         centroids=centroids,
         networks=networks,
-        network_names=names,
+        network_names=list(names),
         fc=fc,
         coupling=None,
         kind="simulated from real FC",
