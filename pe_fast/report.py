@@ -1,0 +1,726 @@
+"""`python -m pe_fast.report DIR`: tables, figures and a plain summary of a sweep's results folder.
+
+    python -m pe_fast.report runs/lst-20260101-120000
+
+writes DIR/report.md and DIR/figures/*.png. Works on a finished sweep (DIR/results.parquet, curves.parquet,
+pe_tables.npz) and on one still running (the finished packs in DIR/packs/<index>/). Every number in the report is
+computed from those files; nothing is hard-coded. A missing or empty folder stops with one line, exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a window; must precede pyplot
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
+from matplotlib.colors import LogNorm
+from matplotlib.lines import Line2D
+from scipy import stats
+
+from pe_fast.metrics import pe_geometry
+
+BASELINE_PREFIX = "baseline:"  # non-transformer reference rows (fMRI / netsim): test_mse / test_r2 only
+PAPER_RHO = 0.96  # the paper's attention-alignment vs generalisation correlation on the LST (unverified)
+ATTN_COLUMN = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskView:
+    """What the report shows for one task: which results columns, and how they read."""
+    score: str                          # the generalisation metric (alignment plot, statement)
+    generalisation: tuple[str, ...]     # plotted against σ
+    similarity: tuple[str, ...]         # PE vs ground truth, plotted against σ
+    summary: tuple[str, ...]            # the summary table's columns
+    probe: str                          # the attention probe whose mass is the "alignment"
+    fit: str | None                     # the training-fit metric quoted in the statement
+
+
+LST_VIEW = TaskView(
+    score="ood_acc",
+    generalisation=("ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary"),
+    similarity=("pe_rsa", "pe_dist_spearman", "pe_procrustes"),
+    summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
+             "pe_rsa"),
+    probe="same_row_or_col", fit="train_acc")
+BRAIN_VIEW = TaskView(
+    score="test_r2",
+    generalisation=("test_r2", "test_mse"),
+    similarity=("pe_fc_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman", "pe_procrustes"),
+    summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
+    probe="same_network", fit=None)
+VIEWS = {"lst": LST_VIEW, "fmri": BRAIN_VIEW, "netsim": BRAIN_VIEW}
+
+# Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
+FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
+           "attention_over_training", "pe_drift", "learned_pe")
+
+
+class ReportError(Exception):
+    """A results folder the report cannot read: reported as one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class Run:
+    config: dict
+    results: pd.DataFrame
+    curves: pd.DataFrame
+    pe_tables: dict[str, np.ndarray]
+    notes: list[str]  # how the run was read (partial, derived results): shown at the top of report.md
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading a results folder, finished or running
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as error:  # pyarrow raises several types for a truncated or foreign file
+        raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            return {key: data[key] for key in data.files}
+    except Exception as error:
+        raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
+
+
+def _pack_count(config: dict) -> int | None:
+    """How many packs the sweep planned: config["packs"] (a count or a list), else the models' "pack" field."""
+    packs = config.get("packs")
+    if isinstance(packs, int):
+        return packs
+    if isinstance(packs, (list, dict)):
+        return len(packs)
+    models = config.get("models") or []
+    if models and all(isinstance(m, dict) and "pack" in m for m in models):
+        return len({m["pack"] for m in models})
+    return None
+
+
+def _last_evaluation(curves: pd.DataFrame) -> pd.DataFrame:
+    """Each model's final row of curves.parquet: the same columns as results.parquet (bar train_seconds)."""
+    last = curves.groupby("model_id")["step"].transform("max")
+    return curves[curves["step"] == last].drop(columns="step").reset_index(drop=True)
+
+
+def load_run(directory: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
+    """(config, results, curves, pe_tables) of a results folder; see _load for the rules."""
+    run = _load(Path(directory))
+    return run.config, run.results, run.curves, run.pe_tables
+
+
+def _load(directory: Path) -> Run:
+    """Top-level files when the sweep has finished; otherwise the finished packs (DIR/packs/<index>/).
+    Without results.parquet but with curves.parquet, each model's last evaluation stands in for its results."""
+    if not directory.is_dir():
+        raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
+    config = {}
+    if (directory / "config.json").is_file():
+        try:
+            config = json.loads((directory / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ReportError(f"{directory / 'config.json'} is not valid JSON ({error})")
+    notes: list[str] = []
+    top = {name: directory / name for name in ("results.parquet", "curves.parquet", "pe_tables.npz")}
+    if top["results.parquet"].is_file() or top["curves.parquet"].is_file():
+        curves = _read_parquet(top["curves.parquet"]) if top["curves.parquet"].is_file() else pd.DataFrame()
+        if top["results.parquet"].is_file():
+            results = _read_parquet(top["results.parquet"])
+        elif {"model_id", "step"} <= set(curves.columns):
+            results = _last_evaluation(curves)
+            notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
+        else:
+            raise ReportError(f"{directory}: no results.parquet, and curves.parquet lacks model_id / step")
+        pe_tables = _read_npz(top["pe_tables.npz"]) if top["pe_tables.npz"].is_file() else {}
+    else:
+        packs = sorted((p for p in (directory / "packs").glob("*") if (p / "results.parquet").is_file()),
+                       key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+        if not packs:
+            raise ReportError(f"{directory} holds no results yet (no results.parquet, curves.parquet or finished "
+                              f"packs/<index>/results.parquet)")
+        results = pd.concat([_read_parquet(p / "results.parquet") for p in packs], ignore_index=True)
+        curve_parts = [_read_parquet(p / "curves.parquet") for p in packs if (p / "curves.parquet").is_file()]
+        curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame()
+        pe_tables = {}
+        for p in packs:
+            if (p / "pe_tables.npz").is_file():
+                pe_tables.update(_read_npz(p / "pe_tables.npz"))
+        planned, models = _pack_count(config), len(config.get("models") or [])
+        of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
+        of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
+        notes.append(f"partial: {of_packs} ({of_models}) finished; the sweep is still running or was stopped.")
+    missing = [c for c in ("pe", "sigma") if c not in results]
+    if missing or results.empty:
+        raise ReportError(f"{directory}: the results have no rows or lack the columns {missing}; not a pe_fast "
+                          f"results folder")
+    if "model_id" not in results:
+        results = results.assign(model_id=np.arange(len(results)))
+    # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
+    results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
+    if "sigma" in curves:
+        curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
+    return Run(config, results, curves, pe_tables, notes)
+
+
+def task_name(run: Run) -> str:
+    name = (run.config.get("settings") or {}).get("task")
+    if name is None and "task" in run.results:
+        name = str(run.results["task"].iloc[0])
+    if name not in VIEWS:
+        raise ReportError(f"unknown task {name!r} in the results; the report knows {', '.join(VIEWS)}")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Numbers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def is_baseline(pe: pd.Series) -> pd.Series:
+    return pe.astype(str).str.startswith(BASELINE_PREFIX)
+
+
+def grouped(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Mean, sd (population, as summary.txt) and count of a metric per (pe, σ), in the run's order; NaN skipped."""
+    rows = []
+    for (pe, sigma), group in frame.groupby(["pe", "sigma"], dropna=False, sort=False):
+        values = group[metric].to_numpy(dtype=float) if metric in group else np.array([np.nan])
+        values = values[np.isfinite(values)]
+        rows.append(dict(pe=pe, sigma=sigma, mean=values.mean() if len(values) else np.nan,
+                         sd=values.std() if len(values) else np.nan, n=len(values)))
+    return pd.DataFrame(rows, columns=["pe", "sigma", "mean", "sd", "n"])
+
+
+def layer_head_mean(frame: pd.DataFrame, prefix: str, stat: str) -> pd.Series | None:
+    """Mean over layers and heads of the columns {prefix}_l{l}_h{h}_{stat}; None when there are none."""
+    columns = [c for c in frame.columns
+               if (m := ATTN_COLUMN.match(c)) and m["prefix"] == prefix and m["stat"] == stat]
+    return frame[columns].mean(axis=1) if columns else None
+
+
+def probe_names(frame: pd.DataFrame) -> list[str]:
+    """The probes present, read from the attention columns (attn_l0_h0_probe_<name>)."""
+    names = [m["stat"][len("probe_"):] for c in frame.columns
+             if (m := ATTN_COLUMN.match(c)) and m["stat"].startswith("probe_")]
+    return list(dict.fromkeys(names))
+
+
+@dataclasses.dataclass
+class Alignment:
+    x: pd.Series            # per model: attention mass on the probe, mean over layers and heads
+    y: pd.Series            # per model: the generalisation score
+    rho: float
+    n: int
+    source: str             # which columns x averages, for the caption
+
+
+def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
+    """Attention mass on the task's ground-truth probe against generalisation, across all models. The attention
+    is taken on the split the score comes from (ood_attn_* for ood_acc) when recorded, else the training window."""
+    split = view.score.split("_")[0]
+    for prefix in (f"{split}_attn", "attn"):
+        x = layer_head_mean(results, prefix, f"probe_{view.probe}")
+        if x is not None and x.notna().any():
+            break
+    else:
+        return None
+    if view.score not in results:
+        return None
+    y = results[view.score].astype(float)
+    keep = x.notna() & y.notna()
+    x, y = x[keep], y[keep]
+    n = len(x)
+    rho = float(stats.spearmanr(x, y).statistic) if n >= 3 else math.nan
+    return Alignment(x, y, rho, n, f"{prefix}_l*_h*_probe_{view.probe}")
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def sigma_label(sigma: float) -> str:
+    return "" if not np.isfinite(sigma) else f"{sigma:g}"
+
+
+def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
+    """Mean ± sd over seeds per (PE, σ) of the task's main metrics, as a markdown table."""
+    metrics = [m for m in view.summary if m in results and results[m].notna().any()]
+    per_metric = {m: grouped(results, m) for m in metrics}
+    keys = grouped(results, metrics[0] if metrics else "")
+    header = "| PE | σ | models | " + " | ".join(metrics) + " |"
+    lines = [header, "|" + "---|" * (3 + len(metrics))]
+    counts = results.groupby(["pe", "sigma"], dropna=False, sort=False).size()
+    for i, key in keys.iterrows():
+        cells = []
+        for m in metrics:
+            row = per_metric[m].iloc[i]
+            cells.append("–" if row.n == 0 else f"{fmt(row['mean'])} ± {fmt(row['sd'])}")
+        count = int(counts.iloc[i])
+        lines.append(f"| {key.pe} | {sigma_label(key.sigma)} | {count} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def statement(run: Run, view: TaskView) -> str:
+    """One plain paragraph of what the numbers show, every figure computed here from the results."""
+    results = run.results
+    models = results[~is_baseline(results["pe"])]
+    parts = []
+    score = view.score
+    if score not in results:
+        return f"The results hold no {score} column, so there is nothing to compare yet."
+    for pe in dict.fromkeys(models["pe"]):
+        rows = models[models["pe"] == pe]
+        g = grouped(rows, score).dropna(subset=["mean"])
+        if g.empty:
+            continue
+        if g["sigma"].notna().all() and len(g) >= 2:
+            lo, hi = g.loc[g["sigma"].idxmin()], g.loc[g["sigma"].idxmax()]
+            best = g.loc[g["mean"].idxmax()] if not score.endswith("mse") else g.loc[g["mean"].idxmin()]
+            text = (f"{pe} PE: σ={lo.sigma:g} {score} {fmt(lo['mean'])} ± {fmt(lo.sd)} vs σ={hi.sigma:g} "
+                    f"{fmt(hi['mean'])} ± {fmt(hi.sd)} (best mean at σ={best.sigma:g}, {fmt(best['mean'])})")
+            per_model = rows[["sigma", score]].dropna()
+            if per_model["sigma"].nunique() >= 2:
+                rho = stats.spearmanr(per_model["sigma"], per_model[score]).statistic
+                text += f"; Spearman ρ(σ, {score}) = {fmt(rho, 2)} over {len(per_model)} models"
+            if view.fit and view.fit in rows:
+                fit = grouped(rows, view.fit).dropna(subset=["mean"])
+                if len(fit) >= 2:
+                    f_lo, f_hi = fit.loc[fit["sigma"].idxmin()], fit.loc[fit["sigma"].idxmax()]
+                    text += (f"; {view.fit} {fmt(f_lo['mean'])} at σ={f_lo.sigma:g} and {fmt(f_hi['mean'])} "
+                             f"at σ={f_hi.sigma:g}")
+            for metric in view.similarity[:1]:
+                sim = grouped(rows, metric).dropna(subset=["mean"])
+                if len(sim) >= 2:
+                    s_lo, s_hi = sim.loc[sim["sigma"].idxmin()], sim.loc[sim["sigma"].idxmax()]
+                    text += f"; {metric} {fmt(s_lo['mean'])} vs {fmt(s_hi['mean'])}"
+            parts.append(text + ".")
+        else:
+            desc = ", ".join((f"σ={r.sigma:g} " if np.isfinite(r.sigma) else "") + f"{fmt(r.mean)} ± {fmt(r.sd)}"
+                             for r in g.itertuples())
+            parts.append(f"{pe}: {score} {desc}.")
+    baselines = results[is_baseline(results["pe"])]
+    if not baselines.empty:
+        g = grouped(baselines, score).dropna(subset=["mean"])
+        if not g.empty:
+            parts.append("Non-transformer references: " + ", ".join(
+                f"{r.pe} {fmt(r.mean)}" for r in g.itertuples()) + f" ({score}).")
+    return " ".join(parts) if parts else f"No model has a finite {score} yet."
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Styles:
+    """One colour per PE kind (σ-vs-metric plots) and one colour per σ (over-training plots), fixed per run."""
+
+    def __init__(self, results: pd.DataFrame):
+        kinds = list(dict.fromkeys(results["pe"]))
+        palette = plt.get_cmap("tab10").colors
+        self.kind_colour = {k: palette[i % len(palette)] for i, k in enumerate(kinds)}
+        sigmas = results["sigma"].dropna()
+        lo, hi = (sigmas.min(), sigmas.max()) if len(sigmas) else (1.0, 1.0)
+        self.norm = LogNorm(vmin=lo / 1.2 if lo == hi else lo, vmax=hi * 1.2 if lo == hi else hi)
+        self.cmap = plt.get_cmap("viridis")
+        sigma_kinds = [k for k in kinds if results.loc[results["pe"] == k, "sigma"].notna().any()]
+        self.dash = {k: ("-", ":", "-.")[i % 3] for i, k in enumerate(sigma_kinds)}
+        # A legend entry per σ when few; a colour bar when many (a paper sweep has 20).
+        self.colour_bar = sigmas.nunique() > 8
+
+    def by_sigma(self, pe: str, sigma: float) -> dict:
+        if np.isfinite(sigma):
+            label = f"{pe} (colour = σ)" if self.colour_bar else f"{pe} σ={sigma:g}"
+            return dict(color=self.cmap(self.norm(sigma)), linestyle=self.dash.get(pe, "-"), label=label)
+        return dict(color=self.kind_colour[pe], linestyle="--", label=pe)
+
+    def add_colour_bar(self, fig, axes):
+        if self.colour_bar:
+            bar = fig.colorbar(plt.cm.ScalarMappable(norm=self.norm, cmap=self.cmap), ax=axes, aspect=30,
+                               label="σ of the PE's initialisation")
+            set_sigma_ticks(bar.ax.yaxis, self.norm.vmin, self.norm.vmax)
+
+
+def set_sigma_ticks(axis, lo: float, hi: float, values=None):
+    """Plain-number ticks on a log σ axis: the σ values themselves when few, else 1-2-5 steps."""
+    if values is None or not 0 < len(values) <= 8:
+        values = [v * 10.0 ** e for e in range(-3, 3) for v in (1, 2, 5) if lo <= v * 10.0 ** e <= hi]
+    axis.set_ticks(values)
+    axis.set_ticklabels([f"{v:g}" for v in values])
+    axis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def panel_grid(count: int, width: float = 4.6, height: float = 3.6):
+    cols = 2 if count == 4 else min(count, 3)
+    width = 6.4 if count == 1 else width
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows + 0.6), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:count])
+
+
+def figure_legend(fig, axes, extra=()):
+    """One legend below all panels, one entry per label."""
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    handles.update({h.get_label(): h for h in extra})
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=min(4, len(handles)),
+                   frameon=False)
+
+
+def save(fig, path: Path):
+    """Write then rename, so a reader (a browser on a running sweep's report) never sees half a PNG."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight")  # tight: a long title is never clipped
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def metric_vs_sigma(results: pd.DataFrame, metrics: list[str], styles: Styles, title: str, path: Path):
+    """Mean ± sd over seeds of each metric against σ, one line per σ-PE; σ-less PEs as bands (mean ± sd),
+    baselines as dashed reference lines. With no σ at all, a point per PE."""
+    models = results[~is_baseline(results["pe"])]
+    baselines = results[is_baseline(results["pe"])]
+    sigmas = np.sort(models["sigma"].dropna().unique())
+    fig, axes = panel_grid(len(metrics))
+    baseline_style = dict(color="0.35", linestyle=(0, (4, 2)), linewidth=1.2)
+    for ax, metric in zip(axes, metrics):
+        g = grouped(models, metric).dropna(subset=["mean"])
+        if len(sigmas):
+            for pe in dict.fromkeys(g["pe"]):
+                rows = g[g["pe"] == pe].sort_values("sigma")
+                colour = styles.kind_colour[pe]
+                if rows["sigma"].notna().all():
+                    ax.errorbar(rows["sigma"], rows["mean"], yerr=rows["sd"], color=colour, marker="o",
+                                capsize=3, label=f"{pe} (mean ± sd over seeds)")
+                else:
+                    row = rows.iloc[0]
+                    ax.axhspan(row["mean"] - row.sd, row["mean"] + row.sd, color=colour, alpha=0.15)
+                    ax.axhline(row["mean"], color=colour, linestyle="--", label=f"{pe} (no σ; band = ± sd)")
+            ax.set_xscale("log")
+            ax.set_xlabel("σ of the PE's N(0, σ²) initialisation (log scale)")
+            set_sigma_ticks(ax.xaxis, sigmas[0], sigmas[-1], sigmas)
+        else:
+            positions = np.arange(len(g))
+            ax.errorbar(positions, g["mean"], yerr=g["sd"], fmt="o", capsize=4, color="k")
+            ax.set_xticks(positions)
+            ax.set_xticklabels(g["pe"])
+            ax.set_xlim(-0.7, len(g) - 0.3)
+            ax.set_xlabel("PE (no σ in this run; mean ± sd over seeds)")
+        for r in grouped(baselines, metric).dropna(subset=["mean"]).itertuples():
+            ax.axhline(r.mean, **baseline_style)
+            ax.annotate(r.pe, (0.01, r.mean), xycoords=("axes fraction", "data"), fontsize=7, color="0.25",
+                        va="bottom")
+        ax.set_ylabel(metric)
+        ax.set_title(metric)
+        ax.grid(alpha=0.3)
+    extra = [Line2D([], [], **baseline_style, label="non-transformer baseline")] if len(baselines) else []
+    figure_legend(fig, axes, extra)
+    fig.suptitle(title)
+    save(fig, path)
+
+
+def alignment_figure(results: pd.DataFrame, align: Alignment, view: TaskView, styles: Styles, path: Path):
+    fig, ax = plt.subplots(figsize=(7.2, 5.6), layout="constrained")
+    rows = results.loc[align.x.index]
+    for (pe, sigma), idx in rows.groupby(["pe", "sigma"], dropna=False, sort=False).groups.items():
+        style = styles.by_sigma(pe, sigma)
+        ax.scatter(align.x[idx], align.y[idx], color=style["color"], label=style["label"], s=36,
+                   marker="o" if np.isfinite(sigma) else "s", edgecolors="k", linewidths=0.4)
+    ax.set_xlabel(f"attention mass on the {view.probe} probe\n(final, mean over layers and heads: "
+                  f"{align.source})")
+    ax.set_ylabel(view.score)
+    ax.set_title(f"Attention alignment vs {view.score}: Spearman ρ = {fmt(align.rho, 2)} (n = {align.n} models)")
+    ax.grid(alpha=0.3)
+    styles.add_colour_bar(fig, ax)
+    figure_legend(fig, [ax])
+    save(fig, path)
+
+
+def curves_by_sigma(curves: pd.DataFrame, panels: dict[str, pd.Series], styles: Styles, title: str, path: Path,
+                    log_y: bool = False):
+    """Each panel: a per-model series against the step, mean over seeds per (PE, σ), shaded ± sd unless there
+    are so many σ that the bands would hide each other."""
+    fig, axes = panel_grid(len(panels))
+    shade = not styles.colour_bar
+    for ax, (name, series) in zip(axes, panels.items()):
+        frame = curves[["pe", "sigma", "step"]].assign(value=series).dropna(subset=["value"])
+        if log_y:
+            frame = frame[frame["value"] > 0]  # step 0 has drift 0 by definition
+        for (pe, sigma), group in frame.groupby(["pe", "sigma"], dropna=False, sort=False):
+            steps = group.groupby("step")["value"]
+            mean, sd = steps.mean(), steps.std(ddof=0)  # population sd, as in the tables
+            style = styles.by_sigma(pe, sigma)
+            ax.plot(mean.index, mean, **style)
+            if shade:
+                ax.fill_between(mean.index, mean - sd, mean + sd, color=style["color"], alpha=0.15, linewidth=0)
+        if log_y:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("training step")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    styles.add_colour_bar(fig, axes)
+    figure_legend(fig, axes)
+    fig.suptitle(title + ("\n(line = mean over seeds, shade = ± sd)" if shade else "\n(line = mean over seeds)"))
+    save(fig, path)
+
+
+def chosen_models(results: pd.DataFrame, pe_tables: dict) -> list[pd.Series]:
+    """The first-seed learned (else random) PE models at the smallest and the largest σ that have a table."""
+    for kind in ("learned", "random"):
+        rows = results[(results["pe"] == kind) & results["sigma"].notna()]
+        rows = rows[[f"model_{i}" in pe_tables for i in rows["model_id"]]]
+        if len(rows):
+            rows = rows.sort_values(["sigma", "model_id"])
+            small, large = rows.iloc[0], rows[rows["sigma"] == rows["sigma"].max()].iloc[0]
+            return [small] if small.sigma == large.sigma else [small, large]
+    return []
+
+
+def lst_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | None:
+    """PCA (2 components) of the first block's 16 PE vectors next to the true 4×4 grid. Returns why it was not
+    drawn, or None."""
+    chosen = chosen_models(results, pe_tables)
+    if not chosen:
+        return "no pe_tables.npz entry for a learned or random PE model."
+    cells = np.arange(16)
+    grid = np.stack([cells % 4, -(cells // 4)], axis=1).astype(float)  # x = column, y = −row: reads as a grid
+    fig, axes = plt.subplots(1, 1 + len(chosen), figsize=(4.4 * (1 + len(chosen)), 4.6), layout="constrained")
+
+    def draw(ax, points, title):
+        colours = plt.get_cmap("tab10").colors
+        for r in range(4):  # lines join grid neighbours: a lattice shows as a lattice
+            ax.plot(points[r * 4:(r + 1) * 4, 0], points[r * 4:(r + 1) * 4, 1], color=colours[r], linewidth=1)
+            ax.plot(points[r::4, 0], points[r::4, 1], color="0.6", linewidth=0.8, linestyle=":")
+        for i, (x, y) in enumerate(points):
+            ax.scatter(x, y, color=colours[i // 4], s=60, zorder=3, edgecolors="k", linewidths=0.4)
+            ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.grid(alpha=0.3)
+
+    draw(axes[0], grid, "true 4×4 grid (cell index, colour = row)")
+    axes[0].set_xlabel("column")
+    axes[0].set_ylabel("− row")
+    for ax, model in zip(axes[1:], chosen):
+        table = pe_tables[f"model_{int(model.model_id)}"][0]
+        centred = table - table.mean(0)
+        u, s, _ = np.linalg.svd(centred, full_matrices=False)
+        explained = (s[:2] ** 2).sum() / max((s ** 2).sum(), 1e-30)
+        rsa = f", pe_rsa {fmt(model['pe_rsa'], 2)}" if "pe_rsa" in model else ""
+        draw(ax, u[:, :2] * s[:2], f"{model.pe} σ={model.sigma:g}, seed {int(model.seed)}{rsa}\n"
+                                   f"PCA of block-0 PE ({100 * explained:.0f}% of variance)")
+        ax.set_xlabel("PC 1")
+        ax.set_ylabel("PC 2")
+    fig.suptitle("Learned PE geometry (lines: same row solid, same column dotted)")
+    save(fig, path)
+    return None
+
+
+def brain_pe_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, path: Path) -> str | None:
+    """FC and the PE cosine-similarity matrices (small and large σ), ordered by network when the networks are
+    known. Returns why it was not drawn, or None."""
+    chosen = chosen_models(results, pe_tables)
+    if not chosen:
+        return "no pe_tables.npz entry for a learned or random PE model."
+    truth = _read_npz(ground_truth)
+    if "fc" not in truth:
+        return f"{ground_truth.name} has no 'fc' array."
+    networks = truth.get("networks")
+    order = np.argsort(networks, kind="stable") if networks is not None else np.arange(len(truth["fc"]))
+    bounds = (np.flatnonzero(networks[order][1:] != networks[order][:-1]) + 0.5) if networks is not None else []
+    matrices = [("functional connectivity (FC)", truth["fc"])]
+    for model in chosen:
+        similarity = pe_geometry.cosine_similarity_matrix(pe_tables[f"model_{int(model.model_id)}"][0])
+        corr = f", pe_fc_corr {fmt(model['pe_fc_corr'], 2)}" if "pe_fc_corr" in model else ""
+        matrices.append((f"PE cosine similarity, {model.pe} σ={model.sigma:g}{corr}", similarity))
+    axis_label = "token (ordered by network)" if networks is not None else "token (no network labels)"
+    fig, axes = plt.subplots(1, len(matrices), figsize=(4.8 * len(matrices), 4.6), layout="constrained")
+    for ax, (title, matrix) in zip(axes, matrices):
+        ordered = matrix[np.ix_(order, order)]
+        limit = np.nanmax(np.abs(ordered[~np.eye(len(ordered), dtype=bool)])) or 1.0
+        image = ax.imshow(ordered, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
+        for b in bounds:
+            ax.axhline(b, color="k", linewidth=0.6)
+            ax.axvline(b, color="k", linewidth=0.6)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(axis_label)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    axes[0].set_ylabel(axis_label)
+    fig.suptitle("Learned PE similarity vs FC, block-0 PE" + (" (lines: network boundaries)" if len(bounds) else ""))
+    save(fig, path)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# report.md
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def config_markdown(config: dict) -> str:
+    if not config:
+        return "No config.json in the folder."
+    settings = config.get("settings") or {}
+    lines = ["| setting | value |", "|---|---|"]
+    for key, value in settings.items():
+        if isinstance(value, list):
+            value = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        lines.append(f"| {key} | {value} |")
+    for key in ("torch", "time"):
+        if key in config:
+            lines.append(f"| {key} | {config[key]} |")
+    if "models" in config:
+        lines.append(f"| models planned | {len(config['models'])} |")
+    task = config.get("task") or {}
+    for key in ("pool_source", "ood_source", "sizes", "ood_min_distance_achieved", "source", "tokens"):
+        if key in task:
+            value = json.dumps(task[key]) if isinstance(task[key], (dict, list)) else task[key]
+            lines.append(f"| task {key} | {value} |")
+    return "\n".join(lines)
+
+
+def write_report(directory: str | os.PathLike) -> Path:
+    """Write DIR/report.md and DIR/figures/*.png from the results in DIR; return the report's path."""
+    directory = Path(directory)
+    run = _load(directory)
+    task = task_name(run)
+    view = VIEWS[task]
+    results, curves = run.results, run.curves
+    figures_dir = directory / "figures"
+    figures_dir.mkdir(exist_ok=True)
+    styles = Styles(pd.concat([results[["pe", "sigma"]], curves[["pe", "sigma"]]] if not curves.empty
+                              else [results[["pe", "sigma"]]]))
+    drawn: dict[str, str] = {}   # figure name -> caption
+    skipped: list[str] = []
+
+    metrics = [m for m in view.generalisation if m in results and results[m].notna().any()]
+    if metrics:
+        metric_vs_sigma(results, metrics, styles, "Generalisation vs σ (mean ± sd over seeds)",
+                        figures_dir / "generalisation_vs_sigma.png")
+        drawn["generalisation_vs_sigma"] = (f"Generalisation ({', '.join(metrics)}) against σ for each PE kind; "
+                                            "PEs without σ as horizontal bands, baselines as dashed lines.")
+    else:
+        skipped.append(f"generalisation vs σ: none of {', '.join(view.generalisation)} in the results.")
+    similarity = [m for m in view.similarity if m in results and results[m].notna().any()]
+    if similarity:
+        metric_vs_sigma(results[~is_baseline(results["pe"])], similarity, styles,
+                        "Learned PE vs ground truth, by σ (mean ± sd over seeds)",
+                        figures_dir / "pe_similarity_vs_sigma.png")
+        drawn["pe_similarity_vs_sigma"] = (f"PE vs ground-truth similarity ({', '.join(similarity)}) against σ "
+                                           "(pe_procrustes: lower = closer).")
+    else:
+        skipped.append(f"PE similarity vs σ: none of {', '.join(view.similarity)} has values.")
+
+    align = alignment(results, view)
+    if align is not None and align.n:
+        alignment_figure(results, align, view, styles, figures_dir / "alignment_vs_generalisation.png")
+        drawn["alignment_vs_generalisation"] = (f"Each point is one model: final attention mass on the "
+                                                f"{view.probe} probe ({align.source}, mean over layers and heads) "
+                                                f"against {view.score}; Spearman ρ = {fmt(align.rho, 3)}.")
+    else:
+        skipped.append(f"attention alignment: no attention column for the {view.probe} probe, or no {view.score}.")
+
+    attn_panels = {}
+    if not curves.empty:
+        entropy = layer_head_mean(curves, "attn", "entropy")
+        if entropy is not None:
+            attn_panels["attention entropy (nats)"] = entropy
+        for probe in probe_names(curves):
+            series = layer_head_mean(curves, "attn", f"probe_{probe}")
+            attn_panels[f"attention mass on {probe}"] = series
+    if attn_panels:
+        curves_by_sigma(curves, attn_panels, styles, "Attention statistics over training, mean over layers and heads",
+                        figures_dir / "attention_over_training.png")
+        drawn["attention_over_training"] = ("Per-step attention statistics of the training batches (averaged over "
+                                            "each evaluation window, layers and heads) against the step, by σ.")
+    else:
+        skipped.append("attention over training: no curves.parquet or no attn_* columns in it.")
+    if not curves.empty and "pe_drift" in curves and curves["pe_drift"].gt(0).any():
+        curves_by_sigma(curves, {"pe_drift = ‖P_t − P_0‖ / ‖P_0‖ (log scale)": curves["pe_drift"]}, styles,
+                        "How far the learned PE moved from its initial value", figures_dir / "pe_drift.png",
+                        log_y=True)
+        drawn["pe_drift"] = ("Relative distance of the learned PE from its initial value over training, by σ: "
+                             "large = rich learning, small = lazy.")
+    else:
+        skipped.append("PE drift: no pe_drift values in curves.parquet (learned PEs only).")
+
+    pe_path = figures_dir / "learned_pe.png"
+    if task == "lst":
+        not_drawn = lst_pe_figure(results, run.pe_tables, pe_path)
+        caption = "2D PCA of the first block's 16 learned PE vectors (small and large σ) next to the true grid."
+    elif (directory / "ground_truth.npz").is_file():
+        not_drawn = brain_pe_figure(results, run.pe_tables, directory / "ground_truth.npz", pe_path)
+        caption = "Learned PE cosine similarity (small and large σ) next to FC, tokens ordered by network."
+    else:
+        not_drawn, caption = "no ground_truth.npz (fc, networks) in the folder.", ""
+    if not_drawn:
+        skipped.append(f"learned PE: {not_drawn}")
+    else:
+        drawn["learned_pe"] = caption
+
+    for name in FIGURES:  # a figure from an earlier report that this one could not draw would mislead
+        if name not in drawn and (figures_dir / f"{name}.png").exists():
+            (figures_dir / f"{name}.png").unlink()
+
+    lines = [f"# pe_fast report: {directory.resolve().name}", ""]
+    lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
+    baselines = int(is_baseline(results["pe"]).sum())
+    lines += [f"Task **{task}**, {len(results) - baselines} trained models"
+              + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
+              "## What the numbers show", "", statement(run, view), ""]
+    if align is not None:
+        lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "
+                  f"models (alignment = {align.source} averaged over layers and heads; generalisation = "
+                  f"{view.score})" + (f"; the paper reports {PAPER_RHO} on the LST." if task == "lst" else "."), ""]
+    lines += ["## Summary (mean ± sd over seeds)", "", summary_markdown(results, view), "",
+              "sd is the population standard deviation over seeds (as in summary.txt).", "", "## Figures", ""]
+    for name, caption in drawn.items():
+        lines += [f"### {name.replace('_', ' ')}", "", caption, "", f"![{name}](figures/{name}.png)", ""]
+    if skipped:
+        lines += ["Not drawn:", ""] + [f"* {s}" for s in skipped] + [""]
+    lines += ["## Configuration", "", config_markdown(run.config), ""]
+    report = directory / "report.md"
+    tmp = directory / ".report.md.tmp"
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.split("\n\n")[1].strip())
+        return 0
+    if len(argv) != 1:
+        print("error: usage: python -m pe_fast.report DIR (one results folder)", file=sys.stderr)
+        return 2
+    try:
+        report = write_report(argv[0])
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"report written to {report}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The report on synthetic results folders whose numbers the tests compute independently (Spearman ρ with scipy,
+means with numpy), on a running sweep's packs, on the real H100 results in docs/results, and on bad input."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from pe_fast import report
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
+LST_FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
+               "attention_over_training", "pe_drift", "learned_pe")
+RHO_LINE = re.compile(r"Spearman ρ = (-?\d+\.\d+) over (\d+) models")
+
+
+def synthetic_rows(task: str, models: list[dict], layers: int, heads: int, probes: list[str], rng) -> pd.DataFrame:
+    """One final-results row per model, columns named as pe_fast.train writes them; small σ generalises better."""
+    rows = []
+    for m in models:
+        sigma = m["sigma"]
+        quality = 0.7 - 0.2 * np.log10(sigma) if np.isfinite(sigma) else 0.6  # falls with σ
+        row = dict(task=task, **m, steps=100)
+        for l in range(layers):
+            for h in range(heads):
+                for prefix in ("attn", "ood_attn") if task == "lst" else ("attn",):
+                    row[f"{prefix}_l{l}_h{h}_entropy"] = rng.uniform(1, 2.7)
+                    row[f"{prefix}_l{l}_h{h}_max_prob"] = rng.uniform(0.1, 0.9)
+                    row[f"{prefix}_l{l}_h{h}_sum_p2"] = rng.uniform(0.06, 0.5)
+                    for probe in probes:
+                        row[f"{prefix}_l{l}_h{h}_probe_{probe}"] = rng.uniform(0.2, 0.6)
+        if task == "lst":
+            row.update(train_acc=min(1.0, quality + 0.2), test_acc=quality + 0.05, ood_acc=quality + rng.normal(0, .05),
+                       pe_rsa=quality - 0.3 + rng.normal(0, .05), pe_procrustes=rng.uniform(0, 1),
+                       pe_dist_spearman=rng.uniform(-.2, .9))
+            for c, drop in (("binary", 0.0), ("ternary", 0.1), ("quaternary", 0.25)):
+                row[f"ood_acc_{c}"] = row["ood_acc"] - drop
+        else:
+            row.update(test_r2=quality - 0.4 + rng.normal(0, .05), test_mse=1.4 - quality + rng.normal(0, .05),
+                       pe_fc_corr=quality - 0.3, pe_modularity=rng.uniform(0, .4), pe_segregation=rng.uniform(0, 1),
+                       pe_dist_spearman=rng.uniform(-.2, .9), pe_procrustes=rng.uniform(0, 1))
+        row["pe_drift"] = 0.5 / sigma if m["pe"] == "learned" else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def synthetic_curves(results: pd.DataFrame, steps=(0, 50, 100)) -> pd.DataFrame:
+    """The final rows scaled towards chance at earlier steps; no attention window at step 0 (as in train.py)."""
+    parts = []
+    for step in steps:
+        part = results.copy()
+        part.insert(0, "step", step)
+        numeric = [c for c in part.columns if c not in ("task", "pe", "model_id", "sigma", "seed", "steps", "pack",
+                                                          "step")]
+        part[numeric] = part[numeric] * (0.5 + 0.5 * step / steps[-1])
+        if step == 0:
+            part[[c for c in numeric if "attn_" in c]] = np.nan
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def grid(pe_sigmas: dict, seeds: int) -> list[dict]:
+    models = []
+    for pack, (pe, sigmas) in enumerate(pe_sigmas.items()):
+        for sigma in sigmas:
+            for seed in range(seeds):
+                models.append(dict(model_id=len(models), pe=pe, sigma=sigma, seed=100 + seed, pack=pack))
+    return models
+
+
+def write_folder(directory: Path, task: str, models: list[dict], results: pd.DataFrame, tokens: int,
+                 packs_only: list[int] | None = None):
+    """A results folder as the sweep writes it: finished (top-level files) or running (packs/<index>/ only)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"settings": {"task": task, "steps": 100, "sigmas": sorted({m["sigma"] for m in models
+                                                                          if np.isfinite(m["sigma"])})},
+              "models": models}
+    (directory / "config.json").write_text(json.dumps(config))
+    trained = results[~results["pe"].str.startswith("baseline:")]
+    tables = {f"model_{i}": np.random.default_rng(i).normal(size=(2, tokens, 8))
+              for i, pe in zip(trained["model_id"], trained["pe"]) if pe != "none"}
+    if packs_only is None:
+        results.to_parquet(directory / "results.parquet")
+        synthetic_curves(trained).to_parquet(directory / "curves.parquet")
+        np.savez(directory / "pe_tables.npz", **tables)
+        return
+    for pack in packs_only:
+        folder = directory / "packs" / str(pack)
+        folder.mkdir(parents=True)
+        rows = results[results["pack"] == pack]
+        rows.to_parquet(folder / "results.parquet")
+        synthetic_curves(rows).to_parquet(folder / "curves.parquet")
+        np.savez(folder / "pe_tables.npz", **{f"model_{i}": tables[f"model_{i}"] for i in rows["model_id"]
+                                               if f"model_{i}" in tables})
+
+
+def printed_rho(text: str) -> tuple[float, int]:
+    match = RHO_LINE.search(text)
+    assert match, text
+    return float(match[1]), int(match[2])
+
+
+def expected_alignment(results: pd.DataFrame, prefix: str, probe: str, score: str) -> tuple[float, int]:
+    columns = [c for c in results.columns if c.startswith(f"{prefix}_l") and c.endswith(f"_probe_{probe}")]
+    frame = results[columns + [score]].dropna()
+    return stats.spearmanr(frame[columns].mean(axis=1), frame[score]).statistic, len(frame)
+
+
+def mean_sd(values) -> str:
+    values = np.asarray(values, dtype=float)
+    return f"{values.mean():.3f} ± {values.std():.3f}"
+
+
+def assert_figures(directory: Path, names):
+    for name in names:
+        path = directory / "figures" / f"{name}.png"
+        assert path.is_file() and path.stat().st_size > 5000, name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](figures/{name}.png)" in (directory / "report.md").read_text()
+
+
+def test_lst_report_on_a_running_sweep(tmp_path):
+    """Packs only (2 of 3 finished): every LST figure, ρ and means equal to scipy / numpy on the same rows."""
+    rng = np.random.default_rng(0)
+    models = grid({"learned": [0.1, 0.5, 2.0], "sin2d": [np.nan], "none": [np.nan]}, seeds=3)
+    results = synthetic_rows("lst", models, layers=2, heads=2, probes=["same_row", "same_col", "same_row_or_col"],
+                             rng=rng)
+    write_folder(tmp_path, "lst", models, results, tokens=16, packs_only=[0, 1])
+    config, loaded, curves, tables = report.load_run(tmp_path)
+    present = results[results["pack"].isin([0, 1])]
+    assert len(loaded) == len(present) == 12 and set(tables) == {f"model_{i}" for i in present["model_id"]}
+    assert len(curves) == 3 * 12 and len(config["models"]) == len(models) == 15
+
+    path = report.write_report(tmp_path)
+    text = path.read_text()
+    assert "partial: 2 of 3 packs (12 of 15 models)" in text
+    assert_figures(tmp_path, LST_FIGURES)
+    rho, n = printed_rho(text)
+    want, want_n = expected_alignment(present, "ood_attn", "same_row_or_col", "ood_acc")
+    assert n == want_n == 12 and rho == pytest.approx(want, abs=5e-4)
+    small = present[(present["pe"] == "learned") & (present["sigma"] == 0.1)]
+    assert f"| learned | 0.1 | 3 | {mean_sd(small['train_acc'])} |" in text
+    assert f"σ=0.1 ood_acc {mean_sd(small['ood_acc'])}" in text  # the plain statement, from the data
+    assert "none" not in text.split("## Summary")[1].split("## Figures")[0]  # pack 2 (none) not finished
+
+
+def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
+    """20 σ (colour bar), baseline rows in the table, ρ on the same_network probe against test_r2, and the
+    PE-vs-FC figure once ground_truth.npz exists."""
+    rng = np.random.default_rng(1)
+    sigmas = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0]  # more than 8: the colour-bar layout
+    models = grid({"learned": sigmas, "sinnd": [np.nan]}, seeds=2)
+    baselines = [dict(model_id=len(models) + k, pe=f"baseline:{name}", sigma=np.nan, seed=0, pack=-1)
+                 for k, name in enumerate(("mean", "linear"))]
+    trained = synthetic_rows("fmri", models, layers=2, heads=1, probes=["same_network", "near_3d"], rng=rng)
+    base = pd.DataFrame([dict(task="fmri", **b, steps=0, test_mse=1.0 + 0.1 * k, test_r2=0.05 * k)
+                         for k, b in enumerate(baselines)])
+    results = pd.concat([trained, base], ignore_index=True)
+    write_folder(tmp_path, "fmri", models, results, tokens=12)
+    networks = np.repeat([2, 0, 1], 4)
+    fc = np.where(networks[:, None] == networks[None, :], 0.6, -0.1) + np.eye(12) * 0.4
+    labels = np.array([f"region{i}" for i in range(12)])  # the sweep also stores region names
+    np.savez(tmp_path / "ground_truth.npz", fc=fc, networks=networks, labels=labels)
+
+    text = report.write_report(tmp_path).read_text()
+    assert_figures(tmp_path, LST_FIGURES)
+    rho, n = printed_rho(text)
+    want, want_n = expected_alignment(results, "attn", "same_network", "test_r2")
+    assert n == want_n == len(trained) and rho == pytest.approx(want, abs=5e-4)
+    assert "| baseline:mean |  | 1 | 1.000 ± 0.000 | 0.000 ± 0.000 |" in text
+    assert "Non-transformer references: baseline:mean 0.000, baseline:linear 0.050 (test_r2)." in text
+    one = trained[(trained["pe"] == "learned") & (trained["sigma"] == 0.7)]
+    assert f"| learned | 0.7 | 2 | {mean_sd(one['test_mse'])} | {mean_sd(one['test_r2'])} |" in text
+
+
+def test_fmri_without_ground_truth_notes_the_missing_figure(tmp_path, monkeypatch):
+    """The PE-vs-FC figure is skipped with a note, and a stale one from an earlier report is removed."""
+    for slow in ("metric_vs_sigma", "alignment_figure", "curves_by_sigma"):  # only the note is under test here
+        monkeypatch.setattr(report, slow, lambda *args, **kwargs: None)
+    models = grid({"learned": [0.1, 1.0]}, seeds=2)
+    results = synthetic_rows("netsim", models, layers=1, heads=1, probes=["same_network"],
+                             rng=np.random.default_rng(2))
+    write_folder(tmp_path, "netsim", models, results, tokens=12)
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "learned_pe.png").write_bytes(b"stale")
+    text = report.write_report(tmp_path).read_text()
+    assert "no ground_truth.npz" in text and "figures/learned_pe.png" not in text
+    assert not (tmp_path / "figures" / "learned_pe.png").exists()
+
+
+def test_real_h100_results_load_and_align():
+    """The H100 runs in docs/results: real column names; a folder with curves only stands in its last evaluation."""
+    _, results, curves, _ = report.load_run(DOCS / "h100-paper-learned-16k")
+    align = report.alignment(results, report.VIEWS["lst"])
+    want, n = expected_alignment(results, "ood_attn", "same_row_or_col", "ood_acc")
+    assert align.n == n == 6 and align.rho == pytest.approx(want)
+    assert report.probe_names(curves) == ["same_row", "same_col", "same_row_or_col"]
+    _, derived, curves, tables = report.load_run(DOCS / "h100-paper-sin2d-6k")
+    final = curves[curves["step"] == curves["step"].max()].sort_values("model_id")
+    assert len(derived) == 3 and not tables
+    np.testing.assert_array_equal(derived.sort_values("model_id")["ood_acc"], final["ood_acc"])
+
+
+def test_bad_input_stops_with_one_line(tmp_path, capsys):
+    proc = subprocess.run([sys.executable, "-m", "pe_fast.report", str(tmp_path / "missing")], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not a folder" in proc.stderr, proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "results.parquet").write_text("not parquet")
+    for argv, message in (([str(empty)], "no results yet"), ([str(corrupt)], "not a readable parquet"),
+                          ([], "usage")):
+        assert report.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert not (empty / "report.md").exists() and not (empty / "figures").exists()
