@@ -55,7 +55,8 @@ LST_VIEW = TaskView(
 BRAIN_VIEW = TaskView(
     score="test_r2",
     generalisation=("test_r2", "test_mse"),
-    similarity=("pe_fc_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman", "pe_procrustes"),
+    similarity=("pe_fc_corr", "pe_coupling_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman",
+                "pe_procrustes"),
     summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
     probe="same_network", fit=None)
 VIEWS = {"lst": LST_VIEW, "fmri": BRAIN_VIEW, "netsim": BRAIN_VIEW}
