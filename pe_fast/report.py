@@ -307,7 +307,7 @@ def statement(run: Run, view: TaskView) -> str:
                 sim = grouped(rows, metric).dropna(subset=["mean"])
                 if len(sim) >= 2:
                     s_lo, s_hi = sim.loc[sim["sigma"].idxmin()], sim.loc[sim["sigma"].idxmax()]
-                    text += f"; {metric} {fmt(s_lo['mean'])} vs {fmt(s_hi['mean'])}"
+                    text += f"; {metric} {fmt(s_lo['mean'])} at σ={s_lo.sigma:g} and {fmt(s_hi['mean'])} at σ={s_hi.sigma:g}"
             parts.append(text + ".")
         else:
             desc = ", ".join((f"σ={r.sigma:g} " if np.isfinite(r.sigma) else "") + f"{fmt(r.mean)} ± {fmt(r.sd)}"
