@@ -1,6 +1,7 @@
 """Fused operators. `pe_attention` is the one most users want."""
 import importlib.util
 
+import pe_fast.ops.cpp_attention  # noqa: F401  registers the "cpp" backend (CPU) when pe_fast._C is built
 from pe_fast.ops.pe_attention import BACKENDS, pe_attention
 from pe_fast.ops.reference import STAT_NAMES
 

@@ -1,0 +1,108 @@
+// The torch glue of the C++ CPU backend: two ops on the projected qkv, registered as torch.ops.pe_fast_cpp.*
+// (their fake-tensor rules are in pe_fast/ops/cpp_attention.py). The QKV projection and its backward stay
+// batched ATen GEMMs in Python; these ops run kernels/pe_attention.h over every (model, batch, head) problem,
+// spread over ATen's intra-op threads (torch.set_num_threads).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <Python.h>
+#include <torch/library.h>
+
+#include "pe_attention.h"
+
+namespace {
+
+struct Dims {
+  int64_t M, B, N, D, H, dh;
+};
+
+Dims dims_of(const at::Tensor& qkv, int64_t num_heads) {
+  TORCH_CHECK(qkv.dim() == 4 && qkv.size(3) % (3 * num_heads) == 0, "qkv must be [M,B,N,3D] with H | D");
+  const int64_t D = qkv.size(3) / 3;
+  return {qkv.size(0), qkv.size(1), qkv.size(2), D, num_heads, D / num_heads};
+}
+
+template <typename T>
+pe_fast::Problem<T> problem(const T* qkv, const Dims& s, int64_t p) {
+  // problem p = (m·B + b)·H + h: the row order of lse [M,B,H,N]
+  const T* q = qkv + (p / s.H) * s.N * 3 * s.D + (p % s.H) * s.dh;
+  return {q, q + s.D, q + 2 * s.D, 3 * s.D, static_cast<int>(s.N), static_cast<int>(s.dh)};
+}
+
+// qkv [M,B,N,3D] -> out [M,B,N,D], stats [M,H,3+K] float32 (means over batch and rows), lse [M,B,H,N]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv_in, int64_t num_heads,
+                                                                 const std::optional<at::Tensor>& probes_in) {
+  const at::Tensor qkv = qkv_in.contiguous();
+  const Dims s = dims_of(qkv, num_heads);
+  const int64_t K = probes_in.has_value() ? probes_in->size(0) : 0;
+  at::Tensor out = at::empty({s.M, s.B, s.N, s.D}, qkv.options());
+  at::Tensor lse = at::empty({s.M, s.B, s.H, s.N}, qkv.options());
+  at::Tensor sums = at::empty({s.M, s.B, s.H, 3 + K}, qkv.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "pe_fast_cpp::attention_forward", [&] {
+    const at::Tensor probes = K ? probes_in->to(qkv.scalar_type()).contiguous() : at::Tensor();
+    const scalar_t* qkv_p = qkv.const_data_ptr<scalar_t>();
+    const scalar_t* probe_p = K ? probes.const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* out_p = out.mutable_data_ptr<scalar_t>();
+    scalar_t* lse_p = lse.mutable_data_ptr<scalar_t>();
+    double* sums_p = sums.mutable_data_ptr<double>();
+    at::parallel_for(0, s.M * s.B * s.H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scratch;  // one per thread's range of problems
+      for (int64_t p = begin; p < end; ++p)
+        pe_fast::attention_forward(problem(qkv_p, s, p), probe_p, static_cast<int>(K),
+                                   out_p + (p / s.H) * s.N * s.D + (p % s.H) * s.dh, s.D, lse_p + p * s.N,
+                                   sums_p + p * (3 + K), scratch);
+    });
+  });
+  // per-problem sums -> means over batch and rows; summed in a fixed order: deterministic
+  at::Tensor stats = sums.sum({1}).div_(static_cast<double>(s.B * s.N)).to(at::kFloat);
+  return {out, stats, lse};
+}
+
+// dqkv [M,B,N,3D] of the attention, from the forward's qkv, out and lse and the gradient of out
+at::Tensor attention_backward(const at::Tensor& qkv_in, const at::Tensor& grad_out_in, const at::Tensor& out_in,
+                              const at::Tensor& lse_in, int64_t num_heads) {
+  const at::Tensor qkv = qkv_in.contiguous();
+  const Dims s = dims_of(qkv, num_heads);
+  const at::Tensor grad_out = grad_out_in.to(qkv.scalar_type()).contiguous();
+  const at::Tensor out = out_in.to(qkv.scalar_type()).contiguous();
+  const at::Tensor lse = lse_in.to(qkv.scalar_type()).contiguous();
+  at::Tensor dqkv = at::empty_like(qkv);
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "pe_fast_cpp::attention_backward", [&] {
+    const scalar_t* qkv_p = qkv.const_data_ptr<scalar_t>();
+    const scalar_t* grad_p = grad_out.const_data_ptr<scalar_t>();
+    const scalar_t* out_p = out.const_data_ptr<scalar_t>();
+    const scalar_t* lse_p = lse.const_data_ptr<scalar_t>();
+    scalar_t* dqkv_p = dqkv.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, s.M * s.B * s.H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scratch;
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t at_out = (p / s.H) * s.N * s.D + (p % s.H) * s.dh;
+        scalar_t* dq = dqkv_p + (p / s.H) * s.N * 3 * s.D + (p % s.H) * s.dh;
+        pe_fast::attention_backward(problem(qkv_p, s, p), out_p + at_out, grad_p + at_out, s.D, lse_p + p * s.N,
+                                    dq, dq + s.D, dq + 2 * s.D, 3 * s.D, scratch);
+      }
+    });
+  });
+  return dqkv;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pe_fast_cpp, m) {
+  m.def("attention_forward(Tensor qkv, int num_heads, Tensor? probes) -> (Tensor, Tensor, Tensor)");
+  m.def("attention_backward(Tensor qkv, Tensor grad_out, Tensor out, Tensor lse, int num_heads) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(pe_fast_cpp, CPU, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+}
+
+// Importing pe_fast._C loads the library, which registers the ops above; the module itself is empty
+// (plain CPython API instead of pybind11 / torch/extension.h: a build several times faster).
+PyMODINIT_FUNC PyInit__C() {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}

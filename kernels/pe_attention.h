@@ -1,0 +1,299 @@
+// Attention + attention-map statistics of one (model, batch, head) problem, forward and backward.
+//
+// Header-only, no torch, no Python: plain pointers and sizes, templated on float / double. The caller (csrc/)
+// runs one problem per call and spreads the problems over threads; nothing here is shared between calls.
+//
+// Forward: online softmax over key tiles of kKeyTile columns (the N×N map exists only as one row of a tile),
+// with the statistics as extra running sums rescaled like the normaliser l = Σ e, e = exp(s − m):
+//   entropy  = log l − Σ e·(s − m) / l     max prob = 1 / l   (m ends as the row max)
+//   Σ p²     = Σ e² / l²                   probe k  = Σ e·T_k / l
+// The log-sum-exp m + log l of every row is saved; the backward recomputes P from it (flash-attention style).
+// Keys and values are transposed into [dh × N] buffers so that every inner loop runs over keys, contiguously:
+// those are the loops the compiler vectorises (reductions through `omp simd`, enabled by -fopenmp(-simd)).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace pe_fast {
+
+constexpr int kRowBlock = 16;   // query rows that share one pass over a key tile (the tile stays in L1/L2)
+constexpr int kKeyTile = 128;   // keys per tile
+
+template <typename T>
+struct ExpConstants;
+
+template <>
+struct ExpConstants<float> {
+  using Bits = uint32_t;
+  static constexpr float lo = -87.0f, hi = 88.0f;  // 2^n stays a normal number
+  static constexpr float shifter = 12582912.0f;    // 1.5·2^23: adding it rounds to an integer in the low bits
+  static constexpr float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187045e-6f;
+  static constexpr int mantissa_bits = 23, exponent_bias = 127, degree = 7;
+};
+
+template <>
+struct ExpConstants<double> {
+  using Bits = uint64_t;
+  static constexpr double lo = -708.0, hi = 709.0;
+  static constexpr double shifter = 6755399441055744.0;  // 1.5·2^52
+  static constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+  static constexpr int mantissa_bits = 52, exponent_bias = 1023, degree = 13;
+};
+
+// 1 + r/k·(1 + r/(k+1)·(… (1 + r/degree))): e^r by Horner's rule, unrolled at compile time so that the
+// caller's loop body stays straight-line code
+template <typename T, int k, int degree>
+inline T taylor_exp(T r) {
+  if constexpr (k > degree) {
+    return T(1);
+  } else {
+    return T(1) + r * (T(1) / T(k)) * taylor_exp<T, k + 1, degree>(r);
+  }
+}
+
+// exp(x) = 2^n · e^r, |r| ≤ ln2/2, e^r by its Taylor polynomial (error below one ulp of T). std::exp does not
+// vectorise without libmvec and -ffast-math (which would also fold the shifter trick away); this does, given
+// -fno-trapping-math (else gcc keeps the clamping compares as branches: scalar code, about 3× slower).
+// Below `lo` it returns exactly 0, as exp(−inf) must.
+template <typename T>
+inline T fast_exp(T x) {
+  using C = ExpConstants<T>;
+  using Bits = typename C::Bits;
+  const T xc = std::min(std::max(x, C::lo), C::hi);
+  const T t = xc * T(1.4426950408889634) + C::shifter;
+  const T n = t - C::shifter;
+  const T r = (xc - n * C::ln2_hi) - n * C::ln2_lo;
+  const T p = taylor_exp<T, 1, C::degree>(r);
+  Bits bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  bits = (bits + Bits(C::exponent_bias)) << C::mantissa_bits;  // the low bits of t hold n
+  T two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < C::lo ? T(0) : p * two_n;
+}
+
+// One problem's q, k, v: token i's vectors start at q + i·qkv_stride (likewise k, v); head dim dh.
+template <typename T>
+struct Problem {
+  const T* q;
+  const T* k;
+  const T* v;
+  int64_t qkv_stride;
+  int n;
+  int dh;
+};
+
+// dst[d·n + j] = src[j·stride + d]: keys (or values) as [dh × n], for products with a row of queries
+template <typename T>
+inline void transpose_tokens(const T* src, int64_t stride, int n, int dh, T* dst) {
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < dh; ++d) dst[static_cast<int64_t>(d) * n + j] = src[j * stride + d];
+}
+
+// dst[j·dh + d] = src[j·stride + d]: tokens as contiguous [n × dh] rows
+template <typename T>
+inline void gather_tokens(const T* src, int64_t stride, int n, int dh, T* dst) {
+  for (int j = 0; j < n; ++j) std::copy(src + j * stride, src + j * stride + dh, dst + static_cast<int64_t>(j) * dh);
+}
+
+// C[r][j] (+)= Σ_k A(r,k)·B[k][j] for R rows at once, A(r,k) = a[r·a_row + k·a_k]. Columns go in chunks of one
+// AVX2 vector (W lanes) held in R·W running sums: R independent FMA chains per chunk, which the compiler keeps
+// in registers (one chain would wait on the FMA latency).
+template <bool kAccumulate, int R, typename T>
+inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb, T* c,
+                      int64_t ldc) {
+  constexpr int W = 32 / sizeof(T);
+  int j0 = 0;
+  for (; j0 + W <= cols; j0 += W) {
+    T sum[R][W];
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w) sum[r][w] = kAccumulate ? c[r * ldc + j0 + w] : T(0);
+    for (int k = 0; k < depth; ++k) {
+      const T* bk = b + k * ldb + j0;
+      for (int r = 0; r < R; ++r) {
+        const T ar = a[r * a_row + k * a_k];
+#pragma omp simd
+        for (int w = 0; w < W; ++w) sum[r][w] += ar * bk[w];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w) c[r * ldc + j0 + w] = sum[r][w];
+  }
+  for (int j = j0; j < cols; ++j)
+    for (int r = 0; r < R; ++r) {
+      T sum = kAccumulate ? c[r * ldc + j] : T(0);
+      for (int k = 0; k < depth; ++k) sum += a[r * a_row + k * a_k] * b[k * ldb + j];
+      c[r * ldc + j] = sum;
+    }
+}
+
+// C[rows × cols] = A[rows × depth]·B[depth × cols], or += when kAccumulate (A strided as in gemm_rows; B, C
+// row-major)
+template <bool kAccumulate, typename T>
+inline void gemm(int rows, int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb,
+                     T* c, int64_t ldc) {
+  int r = 0;
+  for (; r + 8 <= rows; r += 8) gemm_rows<kAccumulate, 8>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
+  for (; r + 4 <= rows; r += 4) gemm_rows<kAccumulate, 4>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
+  for (; r < rows; ++r) gemm_rows<kAccumulate, 1>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
+}
+
+template <typename T>
+inline T dot(const T* a, const T* b, int len) {
+  T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < len; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// Forward of one problem.
+//   probes: [num_probes, n, n] (nullptr when num_probes == 0); out: token i's head output at out + i·out_stride;
+//   lse: [n]; stat_sums: [3 + num_probes], receives the sums over the n rows of entropy, max prob, Σp², probes;
+//   scratch: grown as needed and reused across calls (one per thread: no allocation per problem).
+template <typename T>
+void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T* out, int64_t out_stride,
+                       T* lse, double* stat_sums, std::vector<T>& scratch) {
+  const int n = pr.n, dh = pr.dh, K = num_probes, tile = std::min(kKeyTile, n);
+  const int64_t plane = static_cast<int64_t>(dh) * n;
+  scratch.resize(std::max(scratch.size(), static_cast<size_t>(2 * plane + kRowBlock * (2 * dh + K + tile))));
+  T* kt = scratch.data();    // [dh × n]
+  T* v = kt + plane;         // [n × dh]
+  T* q = v + plane;          // [rows × dh], scaled by 1/√dh
+  T* acc = q + kRowBlock * dh;     // [rows × dh], Σ e·v
+  T* mass = acc + kRowBlock * dh;  // [rows × K]
+  T* s = mass + kRowBlock * K;     // [rows × tile]: the scores, then e = exp(s − m), of one key tile
+  transpose_tokens(pr.k, pr.qkv_stride, n, dh, kt);
+  gather_tokens(pr.v, pr.qkv_stride, n, dh, v);
+  const T scale = T(1) / std::sqrt(T(dh));
+  T m[kRowBlock], l[kRowBlock], es[kRowBlock], e2[kRowBlock];
+  for (int k = 0; k < 3 + K; ++k) stat_sums[k] = 0.0;
+
+  for (int i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int rows = std::min(kRowBlock, n - i0);
+    for (int r = 0; r < rows; ++r) {
+      for (int d = 0; d < dh; ++d) q[r * dh + d] = pr.q[(i0 + r) * pr.qkv_stride + d] * scale;
+      m[r] = -std::numeric_limits<T>::infinity();
+      l[r] = es[r] = e2[r] = T(0);
+    }
+    std::fill(acc, acc + rows * dh, T(0));
+    std::fill(mass, mass + rows * K, T(0));
+
+    for (int j0 = 0; j0 < n; j0 += tile) {
+      const int cols = std::min(tile, n - j0);
+      gemm<false>(rows, cols, dh, q, dh, 1, kt + j0, n, s, tile);
+      for (int r = 0; r < rows; ++r) {
+        T* sr = s + r * tile;
+        T tile_max = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : tile_max)
+        for (int j = 0; j < cols; ++j) tile_max = std::max(tile_max, sr[j]);
+        const T m_new = std::max(m[r], tile_max);
+        const T alpha = fast_exp(m[r] - m_new);  // 0 on the first tile, where m = −inf
+        const T shift = l[r] > T(0) ? (m[r] - m_new) * l[r] : T(0);
+        T sum_e = T(0), sum_ex = T(0), sum_e2 = T(0);
+#pragma omp simd reduction(+ : sum_e, sum_ex, sum_e2)
+        for (int j = 0; j < cols; ++j) {
+          const T x = sr[j] - m_new;
+          const T e = fast_exp(x);
+          sr[j] = e;
+          sum_e += e;
+          sum_ex += e * x;
+          sum_e2 += e * e;
+        }
+        l[r] = alpha * l[r] + sum_e;
+        es[r] = alpha * (es[r] + shift) + sum_ex;  // Σ e·(s − m) re-based on the new max
+        e2[r] = alpha * alpha * e2[r] + sum_e2;
+        const T* probe_row = probes + static_cast<int64_t>(i0 + r) * n + j0;
+        for (int k = 0; k < K; ++k)
+          mass[r * K + k] = alpha * mass[r * K + k] + dot(sr, probe_row + static_cast<int64_t>(k) * n * n, cols);
+        for (int d = 0; d < dh; ++d) acc[r * dh + d] *= alpha;
+        m[r] = m_new;
+      }
+      gemm<true>(rows, dh, cols, s, tile, 1, v + static_cast<int64_t>(j0) * dh, dh, acc, dh);
+    }
+
+    for (int r = 0; r < rows; ++r) {
+      const T inv_l = T(1) / l[r], log_l = std::log(l[r]);
+      for (int d = 0; d < dh; ++d) out[(i0 + r) * out_stride + d] = acc[r * dh + d] * inv_l;
+      lse[i0 + r] = m[r] + log_l;
+      stat_sums[0] += static_cast<double>(log_l - es[r] * inv_l);
+      stat_sums[1] += static_cast<double>(inv_l);
+      stat_sums[2] += static_cast<double>(e2[r] * inv_l * inv_l);
+      for (int k = 0; k < K; ++k) stat_sums[3 + k] += static_cast<double>(mass[r * K + k] * inv_l);
+    }
+  }
+}
+
+// Backward of one problem, P recomputed from the saved lse.
+//   out, dout: token i's head output and its gradient at out + i·out_stride (likewise dout);
+//   dq, dk, dv: token i's gradients at dq + i·grad_stride (likewise dk, dv); every entry is written;
+//   scratch as in attention_forward.
+// With dS = P ∘ (dP − Δ), Δ_i = Σ_d dO_id·O_id, dP = dO·Vᵀ:  dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·dO.
+template <typename T>
+void attention_backward(const Problem<T>& pr, const T* out, const T* dout, int64_t out_stride, const T* lse,
+                        T* dq, T* dk, T* dv, int64_t grad_stride, std::vector<T>& scratch) {
+  const int n = pr.n, dh = pr.dh, tile = std::min(kKeyTile, n);
+  const int64_t plane = static_cast<int64_t>(dh) * n;
+  scratch.resize(std::max(scratch.size(), static_cast<size_t>(5 * plane + kRowBlock * (3 * dh + 2 * tile))));
+  T* kt = scratch.data();       // [dh × n]
+  T* vt = kt + plane;           // [dh × n]
+  T* k = vt + plane;            // [n × dh]
+  T* dk_acc = k + plane;        // [n × dh]
+  T* dv_acc = dk_acc + plane;   // [n × dh]
+  T* q = dv_acc + plane;        // [rows × dh], scaled: dK = dSᵀ·(scale·Q)
+  T* g = q + kRowBlock * dh;    // [rows × dh], dO
+  T* dq_acc = g + kRowBlock * dh;  // [rows × dh]
+  T* p = dq_acc + kRowBlock * dh;  // [rows × tile]
+  T* ds = p + kRowBlock * tile;    // [rows × tile]: dP, then dS
+  transpose_tokens(pr.k, pr.qkv_stride, n, dh, kt);
+  transpose_tokens(pr.v, pr.qkv_stride, n, dh, vt);
+  gather_tokens(pr.k, pr.qkv_stride, n, dh, k);
+  std::fill(dk_acc, dk_acc + 2 * plane, T(0));
+  const T scale = T(1) / std::sqrt(T(dh));
+  T delta[kRowBlock];
+
+  for (int i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int rows = std::min(kRowBlock, n - i0);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      for (int d = 0; d < dh; ++d) {
+        q[r * dh + d] = pr.q[i * pr.qkv_stride + d] * scale;
+        g[r * dh + d] = dout[i * out_stride + d];
+      }
+      delta[r] = dot(g + r * dh, out + i * out_stride, dh);
+    }
+    std::fill(dq_acc, dq_acc + rows * dh, T(0));
+
+    for (int j0 = 0; j0 < n; j0 += tile) {
+      const int cols = std::min(tile, n - j0);
+      gemm<false>(rows, cols, dh, q, dh, 1, kt + j0, n, p, tile);   // S
+      gemm<false>(rows, cols, dh, g, dh, 1, vt + j0, n, ds, tile);  // dP
+      for (int r = 0; r < rows; ++r) {
+        T* pr_ = p + r * tile;
+        T* dsr = ds + r * tile;
+        const T row_lse = lse[i0 + r], row_delta = delta[r];
+#pragma omp simd
+        for (int j = 0; j < cols; ++j) {
+          pr_[j] = fast_exp(pr_[j] - row_lse);
+          dsr[j] = pr_[j] * (dsr[j] - row_delta);
+        }
+      }
+      const int64_t at = static_cast<int64_t>(j0) * dh;
+      gemm<true>(rows, dh, cols, ds, tile, 1, k + at, dh, dq_acc, dh);    // dQ += dS·K
+      gemm<true>(cols, dh, rows, ds, 1, tile, q, dh, dk_acc + at, dh);    // dK += dSᵀ·Q
+      gemm<true>(cols, dh, rows, p, 1, tile, g, dh, dv_acc + at, dh);     // dV += Pᵀ·dO
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int d = 0; d < dh; ++d) dq[(i0 + r) * grad_stride + d] = dq_acc[r * dh + d] * scale;
+  }
+  for (int j = 0; j < n; ++j) {
+    std::copy(dk_acc + static_cast<int64_t>(j) * dh, dk_acc + static_cast<int64_t>(j + 1) * dh, dk + j * grad_stride);
+    std::copy(dv_acc + static_cast<int64_t>(j) * dh, dv_acc + static_cast<int64_t>(j + 1) * dh, dv + j * grad_stride);
+  }
+}
+
+}  // namespace pe_fast

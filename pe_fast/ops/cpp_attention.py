@@ -1,0 +1,92 @@
+"""The "cpp" backend of `pe_attention`: C++ kernels (kernels/pe_attention.h, glue in csrc/) for CPU tensors.
+
+qkv = (x + pe) @ w + b and the projection's backward stay batched torch GEMMs (`reference.project_qkv`,
+`reference.project_qkv_backward`: MKL). Between them, two ops of the compiled extension pe_fast._C,
+torch.ops.pe_fast_cpp.attention_forward / attention_backward, run every (model, batch, head) problem on
+torch's intra-op threads: online softmax over key tiles with the statistics in the same pass, and a
+flash-attention backward that recomputes P from the saved log-sum-exp. The N×N map is never stored.
+They are ops (with fake-tensor rules below) so that autograd tracing (opcheck, torch.compile) sees an op.
+float32 and float64; RoPE turns q and k with torch around the kernels; a relative-position bias and other
+dtypes run the reference instead (one logged warning per reason).
+
+The extension is built by `pip install` (setup.py). When it is missing, importing this module warns once and
+the "cpp" backend is not registered: CPU tensors run on the reference.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from pe_fast.ops import reference
+from pe_fast.ops.pe_attention import Backend, register_backend
+
+log = logging.getLogger("pe_fast")
+
+DTYPES = (torch.float32, torch.float64)
+
+
+def _reference_reason(x, bias) -> str | None:
+    if bias is not None:
+        return "relative-position bias"
+    if x.dtype not in DTYPES:
+        return f"dtype {x.dtype} (the C++ kernels take float32 and float64)"
+    return None
+
+
+@functools.cache
+def _warn_fallback(reason: str) -> None:
+    log.warning("pe_attention backend 'cpp' runs the reference instead: %s", reason)
+
+
+def _turn_qk(qkv: torch.Tensor, num_heads: int, cos, sin, turn) -> torch.Tensor:
+    """qkv [M,B,N,3D] with q and k turned by `turn` (reference.rotate; reference.unrotate for gradients)."""
+    q, k, v = reference.split_heads(qkv, num_heads)  # [M,B,H,N,dh]
+    turned = torch.stack((turn(q, cos, sin).to(qkv.dtype), turn(k, cos, sin).to(qkv.dtype), v), dim=2)
+    return turned.permute(0, 1, 4, 2, 3, 5).reshape(qkv.shape)  # [M,B,3,H,N,dh] -> [M,B,N,3,H,dh]
+
+
+def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
+    reason = _reference_reason(x, bias)
+    if reason is not None:
+        _warn_fallback(reason)
+        return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
+    qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)  # returned unturned, as the reference saves it
+    turned = qkv if rope_cos is None else _turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+    out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(turned, num_heads, probes)
+    return out, stats, qkv, lse
+
+
+def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
+             out):
+    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O))."""
+    if _reference_reason(x, bias) is not None:
+        return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
+    if rope_cos is not None:
+        qkv = _turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+    dqkv = torch.ops.pe_fast_cpp.attention_backward(qkv, grad_out, out, lse, num_heads)
+    if rope_cos is not None:
+        dqkv = _turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
+    return (*reference.project_qkv_backward(dqkv, x, pe, w_qkv, b_qkv), None)
+
+
+try:
+    import pe_fast._C  # noqa: F401  (loading it registers torch.ops.pe_fast_cpp.*)
+except ImportError as error:
+    log.warning("pe_fast's C++ CPU kernels are not built (%s), so pe_attention runs the slower PyTorch reference "
+                "on CPU. For the fast path, reinstall with a C++ compiler present: pip install torch==2.13.0 "
+                "setuptools ninja && pip install --no-build-isolation -e .", error)
+else:
+    @torch.library.register_fake("pe_fast_cpp::attention_forward")
+    def _(qkv, num_heads, probes):
+        M, B, N, D3 = qkv.shape
+        num_stats = len(reference.STAT_NAMES) + (0 if probes is None else probes.shape[0])
+        return (qkv.new_empty(M, B, N, D3 // 3), qkv.new_empty(M, num_heads, num_stats, dtype=torch.float32),
+                qkv.new_empty(M, B, num_heads, N))
+
+    @torch.library.register_fake("pe_fast_cpp::attention_backward")
+    def _(qkv, grad_out, out, lse, num_heads):
+        return torch.empty_like(qkv)
+
+    register_backend("cpp", Backend(forward, backward, ("cpu",)))

@@ -1,0 +1,44 @@
+"""Packaging metadata lives in pyproject.toml; this file adds the optional C++ CPU kernels, pe_fast._C.
+
+    pip install torch==2.13.0 setuptools ninja && pip install --no-build-isolation -e .
+
+builds kernels/ + csrc/ with torch.utils.cpp_extension (ninja when installed), optimised for the building machine
+(-O3 -march=native). torch must be importable at build time, hence --no-build-isolation: an isolated build
+environment would have no torch (and must not pull an unpinned, multi-GB one). Without torch at build time,
+without a working C++ compiler, or if the build fails for any other reason, pe_fast installs as pure Python and
+runs the reference backend on CPU; `import pe_fast` then warns once and says how to get the fast path.
+"""
+from pathlib import Path
+
+from setuptools import setup
+
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:  # no torch in the build environment: pure-Python install
+    print("pe_fast: torch is not importable at build time; skipping the C++ CPU kernels "
+          "(install torch first, then pip install --no-build-isolation)")
+    setup()
+else:
+    class OptionalBuildExtension(BuildExtension):
+        """A failed compile leaves a working pure-Python install instead of a failed one."""
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as error:  # noqa: BLE001  compiler missing or broken: any failure means no fast path
+                print(f"pe_fast: building the C++ CPU kernels failed ({error}); installing without them")
+
+        def copy_extensions_to_source(self):  # editable installs copy the built library; skip a missing one
+            try:
+                super().copy_extensions_to_source()
+            except Exception as error:  # noqa: BLE001
+                print(f"pe_fast: no C++ CPU kernels to install ({error})")
+
+    setup(
+        ext_modules=[CppExtension(
+            "pe_fast._C", ["csrc/pe_attention_cpu.cpp"], include_dirs=[str(Path(__file__).resolve().parent / "kernels")],
+            # -fopenmp: at::parallel_for and the kernels' `omp simd` loops (torch ships the OpenMP runtime);
+            # -fno-trapping-math: lets fast_exp vectorise (kernels/pe_attention.h)
+            extra_compile_args=["-O3", "-march=native", "-fopenmp", "-fno-trapping-math"], extra_link_args=["-fopenmp"])],
+        cmdclass={"build_ext": OptionalBuildExtension},
+    )

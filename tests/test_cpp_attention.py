@@ -1,0 +1,167 @@
+"""The "cpp" pe_attention backend (C++ kernels, CPU) against the reference (float64 oracle).
+
+Skipped when the extension pe_fast._C is not built (pip install without a compiler); the kernels on their own
+are tested by tests/test_cpp_kernels_ctest.py.
+"""
+import logging
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pe_fast.ops import BACKENDS, pe_attention, reference
+from pe_fast.ops.pe_attention import resolve_backend
+
+pytestmark = pytest.mark.skipif("cpp" not in BACKENDS, reason="pe_fast._C (the C++ CPU kernels) is not built")
+
+
+def make_inputs(M, B, N, D, K, *, with_pe=True, with_bias=True, logit_scale=1.0, seed=0):
+    """float64 inputs and an upstream gradient; probes are 0/1 patterns. logit_scale > 1 gives peaked rows."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+    return {"x": r(M, B, N, D), "pe": r(M, N, D) if with_pe else None,
+            "w": r(M, D, 3 * D) * logit_scale / math.sqrt(D), "b": r(M, 3 * D) if with_bias else None,
+            "probes": (torch.rand(K, N, N, generator=g, dtype=torch.float64) > 0.5).double() if K else None,
+            "grad": r(M, B, N, D)}
+
+
+def run(inputs, heads, dtype, backend, rope=None):
+    """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd."""
+    leaves = {k: inputs[k].detach().to(dtype, copy=True).requires_grad_() for k in ("x", "pe", "w", "b")
+              if inputs[k] is not None}
+    probes = None if inputs["probes"] is None else inputs["probes"].to(dtype)
+    out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
+                              rope=rope, backend=backend)
+    out.backward(inputs["grad"].to(dtype))
+    return {"out": out.detach(), "stats": stats, **{"d" + k: t.grad for k, t in leaves.items()}}
+
+
+def assert_relative(got: dict, expected: dict, tol: float):
+    """max |got − expected| ≤ tol · max |expected|, per output (each statistic column on its own)."""
+    for name, e in expected.items():
+        g, e = got[name].double(), e.double()
+        if name == "stats":
+            g, e = g.flatten(0, 1).T, e.flatten(0, 1).T  # one row per statistic
+        for i, (g_row, e_row) in enumerate(zip(g.reshape(len(g), -1), e.reshape(len(e), -1))):
+            error, scale = (g_row - e_row).abs().max().item(), e_row.abs().max().item()
+            assert error <= tol * scale, f"{name}[{i}]: error {error:.3g}, scale {scale:.3g}"
+
+
+CASES = {  # M, B, N, D, H, K, pe, b_qkv, logit scale
+    "N17-dh24-H2": (2, 3, 17, 48, 2, 2, True, True, 1.0),
+    "N100-dh40-H1-no-bias": (1, 2, 100, 40, 1, 1, True, False, 1.0),
+    "N360-dh16-H4-no-pe": (1, 1, 360, 64, 4, 2, False, True, 1.0),
+    "N16-dh8-H8-no-probes": (2, 2, 16, 64, 8, 0, True, True, 1.0),
+    "N16-dh16-H3": (3, 2, 16, 48, 3, 3, True, True, 1.0),
+    "N130-two-key-tiles-peaked-rows": (1, 2, 130, 24, 1, 1, True, True, 4.0),
+    "N1": (1, 2, 1, 8, 2, 1, True, True, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_matches_reference(case):
+    M, B, N, D, H, K, with_pe, with_bias, logit_scale = case
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, logit_scale=logit_scale)
+    oracle = run(inputs, H, torch.float64, "reference")
+    assert_relative(run(inputs, H, torch.float64, "cpp"), oracle, 1e-10)
+    assert_relative(run(inputs, H, torch.float32, "cpp"), oracle, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saved_qkv_and_lse_match_reference(dtype):
+    from pe_fast.ops import cpp_attention
+    inputs = make_inputs(2, 2, 37, 48, 1)
+    args = [None if inputs[k] is None else inputs[k].to(dtype) for k in ("x", "pe", "w", "b")]
+    _, _, qkv, lse = cpp_attention.forward(*args, 3, inputs["probes"].to(dtype))
+    _, _, qkv_ref, lse_ref = reference.forward(*[a.double() for a in args], 3, inputs["probes"])
+    assert lse.dtype == reference.accumulation_dtype(qkv)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert_relative({"qkv": qkv, "lse": lse}, {"qkv": qkv_ref, "lse": lse_ref}, tol)
+
+
+def test_rope_matches_reference():
+    N = 40
+    inputs = make_inputs(1, 2, N, 48, 1)
+    angles = torch.rand(N, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6
+    oracle = run(inputs, 3, torch.float64, "reference", (angles.cos(), angles.sin()))
+    assert_relative(run(inputs, 3, torch.float64, "cpp", (angles.cos(), angles.sin())), oracle, 1e-10)
+    rope32 = (angles.cos().float(), angles.sin().float())
+    assert_relative(run(inputs, 3, torch.float32, "cpp", rope32), oracle, 1e-5)
+
+
+def test_gradcheck_float64():
+    inputs = make_inputs(2, 2, 5, 8, 2)
+    tensors = [inputs[k].clone().requires_grad_() for k in ("x", "pe", "w", "b")]
+
+    def f(x, pe, w, b):
+        return pe_attention(x, pe, w, b, 2, inputs["probes"], backend="cpp")[0]
+    assert torch.autograd.gradcheck(f, tensors)
+
+
+def test_opcheck():
+    inputs = make_inputs(1, 2, 17, 16, 2)
+    x, pe, w, b = (inputs[k].float().requires_grad_() for k in ("x", "pe", "w", "b"))
+    probes = inputs["probes"].float()
+    torch.library.opcheck(torch.ops.pe_fast.pe_attention.default, (x, pe, w, b, 2, probes, None, None, None, "cpp"))
+    qkv = torch.randn(1, 2, 17, 48)
+    out, _, lse = torch.ops.pe_fast_cpp.attention_forward(qkv, 2, probes)
+    torch.library.opcheck(torch.ops.pe_fast_cpp.attention_forward.default, (qkv, 2, probes))
+    torch.library.opcheck(torch.ops.pe_fast_cpp.attention_backward.default, (qkv, torch.randn_like(out), out, lse, 2))
+
+
+def test_same_result_with_one_and_two_threads():
+    inputs = make_inputs(2, 3, 33, 32, 2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run(inputs, 2, torch.float32, "cpp")
+        torch.set_num_threads(2)
+        two = run(inputs, 2, torch.float32, "cpp")
+    finally:
+        torch.set_num_threads(threads)
+    for name in one:
+        assert torch.equal(one[name], two[name]), name
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter puts triton first on CPU")
+def test_cpp_is_the_cpu_default_and_can_be_overridden(monkeypatch):
+    monkeypatch.delenv("PE_FAST_BACKEND", raising=False)
+    assert resolve_backend(None, torch.device("cpu")) == "cpp"
+    monkeypatch.setenv("PE_FAST_BACKEND", "reference")
+    assert resolve_backend(None, torch.device("cpu")) == "reference"
+    assert resolve_backend("cpp", torch.device("cpu")) == "cpp"
+
+
+def test_bias_and_other_dtypes_run_the_reference_with_one_warning(caplog):
+    inputs = make_inputs(1, 2, 9, 16, 0)
+    x, pe, w, b = (inputs[k] for k in ("x", "pe", "w", "b"))
+    bias = torch.randn(1, 2, 9, 9, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING, logger="pe_fast"):
+        for _ in range(2):
+            got = pe_attention(x, pe, w, b, 2, bias=bias, backend="cpp")
+            half = pe_attention(x.bfloat16(), pe.bfloat16(), w.bfloat16(), b.bfloat16(), 2, backend="cpp")
+    torch.testing.assert_close(got, pe_attention(x, pe, w, b, 2, bias=bias, backend="reference"))
+    torch.testing.assert_close(half, pe_attention(x.bfloat16(), pe.bfloat16(), w.bfloat16(), b.bfloat16(), 2,
+                                                  backend="reference"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "pe_attention backend 'cpp' runs the reference instead: relative-position bias",
+        ("pe_attention backend 'cpp' runs the reference instead: dtype torch.bfloat16 (the C++ kernels take "
+         "float32 and float64)")]
+
+
+def test_without_the_extension_pe_fast_warns_once_and_runs_the_reference():
+    script = ("import sys; sys.modules['pe_fast._C'] = None\n"  # makes `import pe_fast._C` fail
+              "import torch\n"
+              "from pe_fast.ops import BACKENDS, pe_attention\n"
+              "x = torch.randn(1, 2, 5, 8)\n"
+              "out, stats = pe_attention(x, None, torch.randn(1, 8, 24), None, 2)\n"
+              "print(sorted(BACKENDS))\n")
+    child = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert child.returncode == 0, child.stderr
+    assert "cpp" not in child.stdout
+    warnings = [line for line in child.stderr.splitlines() if "C++ CPU kernels are not built" in line]
+    assert len(warnings) == 1 and "pip install" in warnings[0], child.stderr
