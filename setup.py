@@ -1,6 +1,6 @@
 """Packaging metadata lives in pyproject.toml; this file adds the optional C++ CPU kernels, pe_fast._C.
 
-    pip install torch==2.13.0 setuptools ninja && pip install --no-build-isolation -e .
+    pip install torch==2.13.0 "setuptools>=70.1" ninja && pip install --no-build-isolation -e .
 
 builds kernels/ + csrc/ with torch.utils.cpp_extension (ninja when installed), optimised for the building machine
 (-O3 -march=native). torch must be importable at build time, hence --no-build-isolation: an isolated build

@@ -76,7 +76,7 @@ try:
 except ImportError as error:
     log.warning("pe_fast's C++ CPU kernels are not built (%s), so pe_attention runs the slower PyTorch reference "
                 "on CPU. For the fast path, reinstall with a C++ compiler present: pip install torch==2.13.0 "
-                "setuptools ninja && pip install --no-build-isolation -e .", error)
+                "\"setuptools>=70.1\" ninja && pip install --no-build-isolation -e .", error)
 else:
     @torch.library.register_fake("pe_fast_cpp::attention_forward")
     def _(qkv, num_heads, probes):
