@@ -20,19 +20,14 @@ except ImportError:  # no torch in the build environment: pure-Python install
     setup()
 else:
     class OptionalBuildExtension(BuildExtension):
-        """A failed compile leaves a working pure-Python install instead of a failed one."""
+        """A failed build (no compiler, a broken one, ...) leaves a working pure-Python install instead of a failed
+        install: any exception means "no fast path", which pe_fast reports at import."""
 
-        def build_extension(self, ext):
+        def run(self):
             try:
-                super().build_extension(ext)
-            except Exception as error:  # noqa: BLE001  compiler missing or broken: any failure means no fast path
-                print(f"pe_fast: building the C++ CPU kernels failed ({error}); installing without them")
-
-        def copy_extensions_to_source(self):  # editable installs copy the built library; skip a missing one
-            try:
-                super().copy_extensions_to_source()
+                super().run()
             except Exception as error:  # noqa: BLE001
-                print(f"pe_fast: no C++ CPU kernels to install ({error})")
+                print(f"pe_fast: building the C++ CPU kernels failed ({error}); installing without them")
 
     setup(
         ext_modules=[CppExtension(
