@@ -37,7 +37,7 @@ class TrainConfig:
     schedule: str = "constant"
     warmup: int = 0
     eval_every: int = 250
-    eval_train_subset: int = 2048  # intermediate evaluations score this many training items; the last, all
+    eval_items: int = 2048  # intermediate evaluations score at most this many items per split; the last, all
 
 
 @dataclasses.dataclass
@@ -91,10 +91,13 @@ class BatchSampler:
 
 
 @torch.no_grad()
-def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, chunk: int = 1024):
-    """Outputs of every model on the same items [P, N, token_dim] -> ([M, P, out], stats [L,M,H,S])."""
+def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, max_scores: int = 2 ** 25):
+    """Outputs of every model on the same items [P, N, token_dim] -> ([M, P, out], stats [L,M,H,S]).
+    Items go through in chunks of at most max_scores attention scores (M·chunk·N²), to bound the memory of
+    backends that materialise the map."""
     outputs, stats_sum = [], 0.0
-    M = model.num_models
+    M, N = model.num_models, tokens.shape[1]
+    chunk = max(1, max_scores // (M * N * N))
     for start in range(0, len(tokens), chunk):
         part = tokens[start:start + chunk]
         out, stats = model(part.unsqueeze(0).expand(M, *part.shape), probes)
@@ -119,20 +122,19 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
     model = StackedTransformer(model_config, seeds, sigmas, task.coordinates).to(device)
     M = model.num_models
     probes = task.probes.to(device)
-    train = task.splits["train"]
-    x_train, y_train = train.x.to(device), train.y.to(device)
+    batches = task.training_batches(seeds, device)
+    num_train = len(task.splits["train"])
     eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
-    # Intermediate evaluations of the training split score an evenly spaced subset (files are often sorted
-    # by condition, so a prefix would not do); the final evaluation scores every item.
-    eval_items = {name: torch.arange(len(t)) for name, t in eval_tokens.items()}
-    subset = train_config.eval_train_subset
-    if len(x_train) > subset:
-        eval_items["train"] = torch.linspace(0, len(x_train) - 1, subset).round().long()
+    # Intermediate evaluations score an evenly spaced subset of each split (files are often sorted by
+    # condition, so a prefix would not do); the final evaluation scores every item.
+    subset = train_config.eval_items
+    eval_items = {name: torch.linspace(0, len(t) - 1, min(subset, len(t))).round().long()
+                  for name, t in eval_tokens.items()}
     initial_pe = [t.detach().cpu().numpy().copy() for t in model.pe_tables()]
 
     optimizer = make_optimizer(model.parameters(), train_config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, train_config))
-    sampler = BatchSampler(len(x_train), train_config.batch_size, seeds, device)
+    sampler = BatchSampler(num_train, train_config.batch_size, seeds, device)
 
     window = train_config.eval_every
     loss_buffer = torch.zeros(window, M, device=device)
@@ -154,8 +156,8 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
             outputs, stats = predict(model, tokens[items.to(device)], probes)
             for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
                 rows[m].update(scores)
-            if name == "ood":
-                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, "ood_attn")):
+            if name == task.attention_split:
+                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, f"{name}_attn")):
                     rows[m].update(extra)
         model.train()
         tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
@@ -169,9 +171,9 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
     curves.extend(evaluate(0, 0, final=False))
     filled = 0
     for step in range(train_config.steps):
-        index = sampler.next()
-        outputs, stats = model(x_train[index], probes)
-        loss_per_model = task.loss(outputs, y_train[index])
+        inputs, targets = batches(sampler.next())
+        outputs, stats = model(inputs, probes)
+        loss_per_model = task.loss(outputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss_per_model.sum().backward()
         optimizer.step()

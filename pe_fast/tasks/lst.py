@@ -725,6 +725,7 @@ class LSTTask:
     readout_token = NUM_CELLS - 1
     condition_names = CONDITIONS
     probe_names = PROBE_NAMES
+    attention_split = "ood"  # the split whose attention statistics are recorded at each evaluation
     # Pool size when the authors' puzzles are missing (a class attribute so tests can shrink it).
     generated_pool_size = 9000
 
@@ -777,6 +778,12 @@ class LSTTask:
         }
 
     # ---- what training needs from the task: the loss, the scores and the PE's ground truth ----
+
+    def training_batches(self, seeds: list[int], device: torch.device):
+        """A function index [M, B] -> (inputs [M,B,16,5], targets [M,B]) over the training split."""
+        train = self.splits["train"]
+        x, y = train.x.to(device), train.y.to(device)
+        return lambda index: (x[index], y[index])
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of each model, [M]: outputs [M,B,4] logits, targets [M,B] (shape − 1)."""

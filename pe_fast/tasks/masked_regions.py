@@ -1,0 +1,271 @@
+"""Masked-region prediction: the fMRI and network-simulation task (notes/paper.md §3–4).
+
+One token per region (or network node). A sample is one TR of every region (or a window of w TRs); a fraction
+of the tokens is masked and the model predicts their values. Token features are [values · (1 − mask), mask],
+so the stacked input embedding's mask column is a learned mask embedding and a masked token carries no value.
+Loss: MSE on the masked tokens. Each run is z-scored per region; train and test are split by subject (or by run).
+
+Training draws fresh masks every step from each model's own generator (a model trains the same in a pack as
+alone); evaluation uses one fixed mask per item, the same for every model and baseline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+from scipy import stats
+from torch import Tensor
+
+from pe_fast.metrics import modules as module_metrics
+from pe_fast.metrics import pe_geometry
+
+MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
+EVAL_MASK_SEED = 12_345
+SPLITS = ("subject", "run")
+BASELINES = ("baseline:mean", "baseline:linear")
+
+
+@dataclasses.dataclass
+class RegionSplit:
+    values: Tensor  # [S, N, w] z-scored targets of every sample
+    mask: Tensor    # [S, N] bool, the fixed evaluation mask
+    x: Tensor       # [S, N, w + 1] model input under the evaluation mask
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def zscore(run: np.ndarray) -> np.ndarray:
+    """[T, N] -> each region to mean 0, sd 1 over the run (a constant region stays 0)."""
+    run = np.asarray(run, dtype=np.float64)
+    sd = run.std(0)
+    return ((run - run.mean(0)) / np.where(sd > 0, sd, 1.0)).astype(np.float32)
+
+
+def windows(run: np.ndarray, width: int) -> np.ndarray:
+    """[T, N] -> [T − w + 1, N, w]: every window of w consecutive TRs (stride 1)."""
+    T = run.shape[0]
+    if T < width:
+        raise ValueError(f"a run of {T} time points is shorter than the window ({width})")
+    index = np.arange(T - width + 1)[:, None] + np.arange(width)[None, :]
+    return np.ascontiguousarray(run[index].transpose(0, 2, 1))
+
+
+def random_masks(shape: tuple[int, int], count: int, generator: torch.Generator) -> Tensor:
+    """[S, N] bool with exactly `count` masked tokens per row, uniformly at random."""
+    order = torch.rand(shape, generator=generator).argsort(dim=1)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask.scatter_(1, order[:, :count], True)
+    return mask
+
+
+def masked_input(values: Tensor, mask: Tensor) -> Tensor:
+    """[..., N, w] values and [..., N] mask -> [..., N, w + 1] token features."""
+    visible = values * (~mask).unsqueeze(-1).to(values.dtype)
+    return torch.cat([visible, mask.unsqueeze(-1).to(values.dtype)], dim=-1)
+
+
+def split_runs(subjects: list[str], run_names: list[str], by: str) -> tuple[list[int], list[int]]:
+    """Indices of the training and test runs. By subject: the last max(1, S // 4) subjects (in order of first
+    appearance) are the test set. By run: each subject's last run is its test run."""
+    if by not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {by!r}")
+    if by == "subject":
+        order = list(dict.fromkeys(subjects))
+        if len(order) < 2:
+            raise ValueError(f"a split by subject needs at least 2 subjects, the data has {len(order)} "
+                             "(use --split run)")
+        test_subjects = set(order[-max(1, len(order) // 4):])
+        test = [i for i, s in enumerate(subjects) if s in test_subjects]
+    else:
+        last = {s: i for i, s in enumerate(subjects)}
+        if len(last) == len(subjects):
+            raise ValueError("a split by run needs a subject with at least 2 runs (use --split subject)")
+        test = [i for i in last.values() if subjects.count(subjects[i]) > 1]
+    train = [i for i in range(len(subjects)) if i not in test]
+    return train, test
+
+
+def probe_matrices(data, names: list[str]) -> np.ndarray:
+    """Attention probes [K, N, N] with a zero diagonal: a token's attention to itself says nothing about
+    structure. same_network: 1 within a module; near_3d: exp(−d²/2s²), s = the median centroid distance / 2;
+    fc: max(FC, 0); coupling: |G| + |Gᵀ| scaled to max 1."""
+    N = len(data.labels)
+    probes = []
+    for name in names:
+        if name == "same_network":
+            p = (data.networks[:, None] == data.networks[None, :]).astype(np.float64)
+        elif name == "near_3d":
+            d = np.linalg.norm(data.centroids[:, None] - data.centroids[None, :], axis=-1)
+            scale = np.median(d[np.triu_indices(N, 1)]) / 2
+            p = np.exp(-d ** 2 / (2 * scale ** 2))
+        elif name == "fc":
+            p = np.clip(data.fc, 0.0, None)
+        elif name == "coupling":
+            g = np.abs(data.coupling) + np.abs(data.coupling.T)
+            p = g / max(g.max(), 1e-12)
+        else:
+            raise ValueError(f"unknown probe {name!r}")
+        p = np.array(p, dtype=np.float64)
+        np.fill_diagonal(p, 0.0)
+        probes.append(p)
+    return np.stack(probes)
+
+
+class MaskedRegionTask:
+    """Masked-region prediction on a RegionData (pe_fast.data): real fMRI, a surrogate, or a simulated network."""
+
+    readout_token = None  # predict at every token
+    attention_split = "test"  # the split whose attention statistics are recorded at each evaluation
+    num_classes: int      # the output width per token = the window (the name is the model builder's)
+
+    def __init__(self, data, name: str, mask_fraction: float = 0.2, window: int = 1, split: str = "subject",
+                 eval_max_items: int = 4096):
+        if not 0 < mask_fraction < 1:
+            raise ValueError(f"the mask fraction must be in (0, 1), got {mask_fraction}")
+        if window < 1:
+            raise ValueError(f"the window must be at least 1 TR, got {window}")
+        self.name, self.data = name, data
+        N = len(data.labels)
+        self.num_tokens, self.token_dim, self.num_classes = N, window + 1, window
+        self.num_masked = max(1, min(N - 1, round(mask_fraction * N)))
+        train_runs, test_runs = split_runs(list(data.subjects), list(data.run_names), split)
+
+        def samples(run_indices):
+            return np.concatenate([windows(zscore(data.runs[i]), window) for i in run_indices])
+
+        train_values, test_values = samples(train_runs), samples(test_runs)
+        generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
+        self.splits: dict[str, RegionSplit] = {}
+        for split_name, values in (("train", train_values), ("test", test_values)):
+            values = torch.from_numpy(values)
+            mask = random_masks((len(values), N), self.num_masked, generator)
+            self.splits[split_name] = RegionSplit(values, mask, masked_input(values, mask))
+        # The final evaluation scores at most this many evenly spaced test items, so that one evaluation of a
+        # large pack fits in memory and time; the training split's intermediate subset is train.py's.
+        test = self.splits["test"]
+        if len(test) > eval_max_items:
+            keep = torch.linspace(0, len(test) - 1, eval_max_items).round().long()
+            self.splits["test"] = RegionSplit(test.values[keep], test.mask[keep], test.x[keep])
+
+        self.coordinates = data.centroids  # the "sinnd" PE's input: sinusoids of the 3D centroids
+        self.probe_names = [name for name, available in (
+            ("same_network", data.networks is not None), ("near_3d", data.centroids is not None),
+            ("fc", True), ("coupling", data.coupling is not None)) if available]
+        self.probes = torch.tensor(probe_matrices(data, self.probe_names), dtype=torch.float32)
+        # Covariance of the z-scored training TRs: the linear baseline's model.
+        flat = train_values.transpose(0, 2, 1).reshape(-1, N).astype(np.float64)
+        self.train_covariance = np.cov(flat, rowvar=False)
+        self.description = {
+            "task": name, "kind": data.kind, "source": data.source, "regions": N, "window": window,
+            "mask_fraction": mask_fraction, "masked_tokens": self.num_masked, "split": split,
+            "train_runs": [f"{data.subjects[i]}/{data.run_names[i]}" for i in train_runs],
+            "test_runs": [f"{data.subjects[i]}/{data.run_names[i]}" for i in test_runs],
+            "sizes": {k: len(v) for k, v in self.splits.items()}, "probes": self.probe_names,
+        }
+
+    # ---- what training needs from the task ----
+
+    def training_batches(self, seeds: list[int], device: torch.device):
+        """A function index [M, B] -> (inputs [M,B,N,w+1], (values, mask)): each model masks its own batch
+        with its own generator."""
+        values_all = self.splits["train"].values.to(device)
+        generators = [torch.Generator().manual_seed(int(s) + MASK_SEED_OFFSET) for s in seeds]
+
+        def batch(index: Tensor):
+            M, B = index.shape
+            mask = torch.stack([random_masks((B, self.num_tokens), self.num_masked, g) for g in generators])
+            mask = mask.to(device)
+            values = values_all[index]
+            return masked_input(values, mask), (values, mask)
+
+        return batch
+
+    def loss(self, outputs: Tensor, targets: tuple[Tensor, Tensor]) -> Tensor:
+        """Mean squared error over the masked tokens of each model, [M]."""
+        values, mask = targets
+        squared = ((outputs - values) ** 2).mean(-1)  # [M, B, N]
+        weight = mask.to(squared.dtype)
+        return (squared * weight).sum((1, 2)) / weight.sum((1, 2))
+
+    def score(self, outputs: Tensor, split: str, items: Tensor) -> list[dict]:
+        """MSE and R² on the masked tokens. R² = 1 − MSE / mean(target²): each run is z-scored, so the
+        reference predictor is each region's run mean."""
+        part = self.splits[split]
+        values, mask = part.values[items], part.mask[items]
+        weight = mask.to(torch.float64).unsqueeze(-1).expand_as(values)
+        total = weight.sum()
+        reference = ((values.double() ** 2) * weight).sum() / total
+        rows = []
+        for m in range(len(outputs)):
+            mse = float((((outputs[m].double() - values.double()) ** 2) * weight).sum() / total)
+            rows.append({f"{split}_mse": mse, f"{split}_r2": 1.0 - mse / float(reference)})
+        return rows
+
+    def pe_metrics(self, table: np.ndarray) -> dict:
+        """How the PE's token-similarity structure matches the ground truth (notes/paper.md §5.4)."""
+        data = self.data
+        similarity = pe_geometry.cosine_similarity_matrix(table)
+        upper = pe_geometry.upper_triangle(similarity)
+        metrics = {"pe_fc_corr": float(stats.pearsonr(upper, pe_geometry.upper_triangle(data.fc)).statistic)}
+        if data.coupling is not None:
+            symmetric = np.abs(data.coupling) + np.abs(data.coupling.T)
+            metrics["pe_coupling_corr"] = float(
+                stats.pearsonr(upper, pe_geometry.upper_triangle(symmetric)).statistic)
+        if data.networks is not None:
+            metrics["pe_modularity"] = module_metrics.newman_modularity(similarity, data.networks)
+            metrics["pe_segregation"] = module_metrics.segregation(similarity, data.networks)
+        if data.centroids is not None:
+            metrics["pe_dist_spearman"] = pe_geometry.distance_spearman(table, data.centroids)
+            centred = table - table.mean(0)
+            top3 = np.linalg.svd(centred, full_matrices=False)[2][:3]
+            metrics["pe_procrustes"] = pe_geometry.procrustes_disparity(centred @ top3.T, data.centroids)
+        return metrics
+
+    # ---- the references that are not transformers ----
+
+    def baseline_predictions(self, kind: str, split: str) -> Tensor:
+        """Predictions [S, N, w] of a baseline under the split's evaluation masks.
+        baseline:mean: every masked token = the mean of the visible tokens at that TR.
+        baseline:linear: the conditional expectation E[x_masked | x_visible] of a Gaussian with the training
+        TRs' covariance, each TR of a window on its own."""
+        part = self.splits[split]
+        values, mask = part.values.double(), part.mask
+        visible = (~mask).unsqueeze(-1).double()
+        if kind == "baseline:mean":
+            mean = (values * visible).sum(1, keepdim=True) / visible.sum(1, keepdim=True)
+            return mean.expand_as(values).float()
+        if kind != "baseline:linear":
+            raise ValueError(f"unknown baseline {kind!r}")
+        # A tiny ridge keeps Σ_vv invertible when regions are (nearly) collinear.
+        covariance = torch.from_numpy(self.train_covariance)
+        covariance = covariance + 1e-6 * covariance.diagonal().mean() * torch.eye(len(covariance),
+                                                                                  dtype=covariance.dtype)
+        predictions = values.clone()
+        # All rows mask the same number of tokens, so the systems batch: Σ_vv a = x_v, x̂_m = Σ_mv a.
+        for start in range(0, len(values), 256):
+            m = mask[start:start + 256]
+            masked_idx = m.nonzero()[:, 1].view(len(m), -1)
+            visible_idx = (~m).nonzero()[:, 1].view(len(m), -1)
+            s_vv = covariance[visible_idx[:, :, None], visible_idx[:, None, :]]
+            s_mv = covariance[masked_idx[:, :, None], visible_idx[:, None, :]]
+            x_v = torch.gather(values[start:start + 256], 1,
+                               visible_idx.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+            solved = torch.linalg.solve(s_vv, x_v)
+            filled = s_mv @ solved
+            predictions[start:start + 256].scatter_(
+                1, masked_idx.unsqueeze(-1).expand(-1, -1, values.shape[-1]), filled)
+        return predictions.float()
+
+    def baselines(self) -> list[dict]:
+        """One results row per baseline, with the same score columns as the transformers'."""
+        rows = []
+        for kind in BASELINES:
+            row = {"pe": kind, "sigma": math.nan}
+            for split in self.splits:
+                items = torch.arange(len(self.splits[split]))
+                row.update(self.score(self.baseline_predictions(kind, split).unsqueeze(0), split, items)[0])
+            rows.append(row)
+        return rows
