@@ -28,7 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pe_fast.ops import pe_attention, reference
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository, if not installed
+from pe_fast.ops import pe_attention, reference  # noqa: E402
 
 SHAPES = {  # name: (M, B, N, D, H, K probes)
     "lst": (32, 128, 16, 160, 1, 3),
@@ -62,17 +63,29 @@ def unfused(attention):
     return op
 
 
+def compiled_flex_attention():
+    """torch.compile'd FlexAttention, or None where this torch has none. Every (shape, dtype, grad mode) is a
+    recompilation of the same function: past dynamo's recompile limit (8) it would silently run the unfused
+    eager version, so the limit is raised and each case starts from a reset (see `measure`)."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return None
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+    return torch.compile(flex_attention, dynamic=False)
+
+
 def providers():
     found = {
         "triton": lambda *a: pe_attention(*a, backend="triton"),
         "reference": lambda *a: pe_attention(*a, backend="reference"),
         "sdpa+stats": unfused(F.scaled_dot_product_attention),
     }
-    try:
-        from torch.nn.attention.flex_attention import flex_attention
-        found["flex+stats"] = unfused(torch.compile(flex_attention, dynamic=False))
-    except ImportError:
-        pass
+    flex = compiled_flex_attention()
+    if flex is not None:
+        found["flex+stats"] = unfused(flex)
     return found
 
 
@@ -181,8 +194,11 @@ def main(argv=None) -> int:
     # priority order: the fused op and its cheap baselines everywhere first, FlexAttention (compiles) last
     plan = [(s, prec, prov, mode) for prov in ops if prov != "flex+stats" for mode in ("forward", "forward+backward")
             for s in shapes for prec in PRECISIONS]
-    plan += [(s, prec, "flex+stats", mode) for prec in ("bf16", "fp32") for s in shapes
+    plan += [(s, prec, "flex+stats", mode) for prec in ("bf16", "tf32", "fp32") for s in shapes
              for mode in ("forward", "forward+backward") if "flex+stats" in ops]
+    if "flex+stats" not in ops:
+        print("bench_ops.py: torch.nn.attention.flex_attention is not available in this torch; no FlexAttention "
+              "baseline", file=sys.stderr)
     start, results = time.perf_counter(), []
     report = {**device_info(), "shapes": {k: dict(zip("MBNDHK", v)) for k, v in SHAPES.items() if k in shapes},
               "peak_tflops": PEAK_TFLOPS, "peak_bytes_per_s": PEAK_BYTES_PER_S, "results": results}
@@ -202,6 +218,8 @@ def main(argv=None) -> int:
             continue
         M, B, N, D, H, K = SHAPES[name]
         set_tf32(prec == "tf32")
+        if provider == "flex+stats":
+            torch._dynamo.reset()  # a fresh compilation per case (see compiled_flex_attention)
         try:
             ms, ms20, ms80 = measure(ops[provider], SHAPES[name], PRECISIONS[prec], mode)
         except Exception as e:  # e.g. FlexAttention rejecting a shape: record why, go on

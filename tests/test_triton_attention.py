@@ -103,6 +103,36 @@ def test_interpreter_matches_reference_fp32(case):
 
 
 @interpreter
+@pytest.mark.parametrize("N", [16, 40])  # packed, long
+def test_interpreter_tf32_statistics_within_1e4(N, monkeypatch):
+    """PE_FAST_TF32=1: the kernels round every tl.dot operand to TF32 (the interpreter's dot then multiplies
+    exactly those values). Rounded, the statistics stay within design.md's 1e-4 (≈1e-5 measured); truncated,
+    as the tensor cores do to unrounded fp32 registers, the logits shrink by ~1e-3 on average and the averaged
+    entropy / max-prob / Σp² move by ~5e-4 relative (the H100 TF32 failures). Outputs and gradients carry
+    TF32's own ~1e-3 error, as in any TF32 matmul."""
+    inputs = make_inputs(1, 4, N, 160, 3)
+    oracle = run(inputs, 1, torch.float64, "reference")
+    monkeypatch.setenv("PE_FAST_TF32", "1")
+    got = run(inputs, 1, torch.float32, "triton")
+    assert_relative({"stats": got["stats"]}, {"stats": oracle["stats"]}, 1e-4)
+    assert_relative(got, oracle, 4e-3)
+
+
+@interpreter
+def test_interpreter_batched_backward_matches_loop():
+    """autograd.grad(is_grads_batched=True) vmaps the backward: the triton backward op's vmap rule."""
+    inputs = make_inputs(1, 2, 8, 16, 1)
+    leaves = [inputs[k].float().requires_grad_() for k in ("x", "pe", "w", "b")]
+    out, _ = pe_attention(*leaves, 1, inputs["probes"].float(), backend="triton")
+    grads = torch.stack([inputs["grad"].float(), -2 * inputs["grad"].float()])
+    got = torch.autograd.grad(out, leaves, grads, is_grads_batched=True, retain_graph=True)
+    for v in range(2):
+        expected = torch.autograd.grad(out, leaves, grads[v], retain_graph=True)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g[v], e, rtol=1e-5, atol=1e-5)
+
+
+@interpreter
 @pytest.mark.parametrize("N", [17, 40])  # packed, long
 def test_interpreter_rope_matches_reference_fp32(N):
     inputs = make_inputs(1, 2, N, 48, 1)
@@ -198,10 +228,15 @@ def test_cuda_bf16_within_twice_the_reference_error(case):
 @cuda
 @pytest.mark.parametrize("case", ["lst-N16-dh160", "N100-dh16-H4", "fmri-N360-dh16-H4"])
 def test_cuda_tf32_within_twice_the_reference_error(case, monkeypatch):
+    """Flash rule against the reference's own TF32 run, and design.md §3's 1e-4 relative for the statistics
+    (means over many rows: TF32's rounding errors average out, a bias would not; the kernels round their
+    operands to TF32 like cuBLAS instead of letting the tensor cores truncate them). Elementwise outputs and
+    gradients carry TF32's ~1e-3 error, the reference's too, so 1e-4 is not attainable for them."""
     M, B, N, D, H, K, with_pe, with_bias = CUDA_CASES[case]
     inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
     oracle = run(inputs, H, torch.float64, "reference")
     monkeypatch.setenv("PE_FAST_TF32", "1")
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # the reference's matmuls in TF32 too
-    assert_flash_rule(run(inputs, H, torch.float32, "triton"), run(inputs, H, torch.float32, "reference"), oracle,
-                      eps=2.0 ** -10)  # TF32 keeps 10 mantissa bits
+    got = run(inputs, H, torch.float32, "triton")
+    assert_flash_rule(got, run(inputs, H, torch.float32, "reference"), oracle, eps=2.0 ** -10)  # 10 mantissa bits
+    assert_relative({"stats": got["stats"]}, {"stats": oracle["stats"]}, 1e-4)

@@ -1,6 +1,6 @@
 """`pe_attention`: PE addition + multi-head attention + attention-map statistics, for a pack of M models.
 
-One `torch.library` custom op (schema, fake tensor, autograd) whose body dispatches to a backend. A backend is
+One `torch.library` custom op (schema, fake tensor, autograd, vmap) whose body dispatches to a backend. A backend is
 a pair of functions with the signatures of `reference.forward` and `reference.backward`, registered in
 BACKENDS with the devices it runs on; the plain-PyTorch reference runs everywhere and is the oracle.
 """
@@ -64,7 +64,7 @@ def _(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend)
     M, B, N, D = x.shape
     num_stats = len(reference.STAT_NAMES) + (0 if probes is None else probes.shape[0])
     return (x.new_empty(M, B, N, D), x.new_empty(M, num_heads, num_stats, dtype=torch.float32),
-            x.new_empty(M, B, N, 3 * D), x.new_empty(M, B, num_heads, N, dtype=torch.float32))
+            x.new_empty(M, B, N, 3 * D), x.new_empty(M, B, num_heads, N, dtype=reference.accumulation_dtype(x)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -83,6 +83,39 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
 
 
 _pe_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fold_into_model_axis(info, in_dims, args, per_model, op):
+    """A vmap rule for an op whose tensors in positions `per_model` all lead with the model axis M: the
+    vmapped dim (size V) becomes part of M (V·M models; an unbatched per-model tensor is expanded), one call
+    covers everything, and each output [V·M, ...] is split back into [V, M, ...] (out_dims 0). A batched
+    tensor outside `per_model` (shared by all models, e.g. probes or RoPE tables) cannot be folded: then the
+    op runs once per vmapped index and the outputs are stacked."""
+    V = info.batch_size
+    batched = [i for i, d in enumerate(in_dims) if d is not None]
+    if any(i not in per_model for i in batched):
+        results = [op(*(a if d is None else a.select(d, v) for a, d in zip(args, in_dims))) for v in range(V)]
+        if isinstance(results[0], Tensor):
+            return torch.stack(results), 0
+        return tuple(torch.stack(outs) for outs in zip(*results)), (0,) * len(results[0])
+
+    def fold(arg, dim, i):
+        if i not in per_model or arg is None:
+            return arg
+        arg = arg.movedim(dim, 0) if dim is not None else arg.expand(V, *arg.shape)
+        return arg.reshape(V * arg.shape[1], *arg.shape[2:])
+
+    outs = op(*(fold(a, d, i) for i, (a, d) in enumerate(zip(args, in_dims))))
+    if isinstance(outs, Tensor):
+        return outs.unflatten(0, (V, -1)), 0
+    return tuple(o.unflatten(0, (V, -1)) for o in outs), (0,) * len(outs)
+
+
+@_pe_attention.register_vmap
+def _(info, in_dims, x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend):
+    # x, pe, w_qkv, b_qkv and bias lead with M; probes and the RoPE tables are shared by the models
+    args = (x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend)
+    return fold_into_model_axis(info, in_dims, args, (0, 1, 2, 3, 8), _pe_attention)
 
 
 def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:

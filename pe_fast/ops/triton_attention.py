@@ -17,12 +17,13 @@ Two tilings, picked per kernel by `kernel_config`:
 Backward (flash-attention 2, P recomputed from the saved lse): long path: a preprocess kernel
 Δ = rowsum(dO·O), then one kernel whose programs compute dk, dv of their key block (loop over query blocks)
 and dq of their query block (loop over key blocks): no atomics, deterministic. Packed path: one kernel, no
-preprocess: the tile holds whole rows, so Δ = Σ_j p·dp, and dq, dk, dv come out of one pass. These launches
-are an op of their own (pe_fast::triton_attention_backward) so that autograd tracing sees an op, not kernels.
-The parameter gradients are then torch GEMMs, as in `reference.backward`.
+preprocess: the tile holds whole rows, so Δ = Σ_j p·dp, and dq, dk, dv come out of one pass. These
+launches are an op of their own (pe_fast::triton_attention_backward, with a vmap rule) so that autograd
+tracing sees an op, not kernels. The parameter gradients are then torch GEMMs, as in `reference.backward`.
 
 fp32 matmuls run in IEEE fp32 (matches the reference to ~1e-6); PE_FAST_TF32=1 switches them to TF32 tensor
-cores. bf16 inputs use bf16 tensor-core matmuls with fp32 accumulation; softmax and statistics are fp32.
+cores, with every operand rounded to TF32 first (`_tc`: the tensor cores would truncate it, which biases the
+averaged statistics). bf16 inputs use bf16 tensor-core matmuls with fp32 accumulation; softmax and statistics are fp32.
 RoPE turns q and k with torch before the kernel (and the gradients after). A relative-position bias, other
 dtypes and head dims > 256 run the reference instead (one logged warning per reason).
 N, H and D are compile-time constants (one compilation per model shape; batch sizes share it). Block sizes
@@ -42,13 +43,25 @@ import triton
 import triton.language as tl
 
 from pe_fast.ops import reference
-from pe_fast.ops.pe_attention import Backend, register_backend
+from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
 
 log = logging.getLogger("pe_fast")
 
 PACK_MAX_N = 32  # sequences up to this length are packed several to a tile
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tc(x, PRECISION: tl.constexpr):
+    """A tl.dot operand as the tensor cores will read it. TF32: rounded to nearest (ties away), because the
+    MMA instructions read an fp32 register as TF32 by dropping its 13 low bits, which truncates toward zero:
+    every product shrinks by ~1e-3 on average, a bias that the averaged statistics do not average away
+    (cuBLAS, the reference's TF32 path, rounds). Integer bit arithmetic, so the interpreter runs it too."""
+    if PRECISION == "tf32":
+        bits = x.to(tl.int32, bitcast=True)
+        x = ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+    return x
 
 
 @triton.jit(do_not_specialize=["num_problems", "B"])
@@ -79,7 +92,7 @@ def _pe_attention_fwd_kernel(
     d = tl.arange(0, HEAD_PAD)
     d_ok = d < head_dim
     q_row = (mb_q * N + tok_q) * (3 * D) + head_q * head_dim
-    q = tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_ok[:, None] & d_ok[None, :], other=0.0)
+    q = _tc(tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_ok[:, None] & d_ok[None, :], other=0.0), PRECISION)
 
     # m starts finite so that padding rows of a packed tile (no valid key) stay free of inf − inf = NaN.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -105,7 +118,7 @@ def _pe_attention_fwd_kernel(
         kt = tl.load(qkv_ptr + D + k_row[None, :] + d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
         v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
 
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # finite everywhere (masked loads are 0)
+        s = tl.dot(q, _tc(kt, PRECISION), input_precision=PRECISION) * qk_scale  # finite (masked loads are 0)
         s_valid = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s_valid, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -119,7 +132,8 @@ def _pe_attention_fwd_kernel(
                 probe = tl.load(probe_ptr + k * N * N + tok_q[:, None] * N + tok_k[None, :], mask=valid, other=0.0)
                 tile_mass += tl.where(probe_col[None, :] == k, tl.sum(e * probe, 1)[:, None], 0.0)
             mass = mass * alpha[:, None] + tile_mass
-        acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(_tc(e, PRECISION).to(v.dtype), _tc(v, PRECISION),
+                                            input_precision=PRECISION)
         m_i = m_new
 
     l_i = tl.where(q_ok, l_i, 1.0)
@@ -182,8 +196,8 @@ def _pe_attention_bwd_kernel(
         k_ok = tok_k < N
     k_row = ((prob_k // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
     kv_mask = k_ok[:, None] & d_ok[None, :]
-    k = tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    k = _tc(tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
+    v = _tc(tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
     dk = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
     dv = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
     for start in range(0, BLOCK if PACKED else N, BLOCK):  # packed: the queries are the same tile
@@ -202,8 +216,8 @@ def _pe_attention_bwd_kernel(
         q_row = (mb_q * N + tok_q) * (3 * D) + (prob_q % H) * head_dim
         o_row = (mb_q * N + tok_q) * D + (prob_q % H) * head_dim
         q_mask = q_ok[:, None] & d_ok[None, :]
-        q = tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0)
-        do = tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0)
+        q = _tc(tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
+        do = _tc(tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
         lse2 = tl.load(lse_ptr + prob_q.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0) * 1.4426950408889634
         # transposed tiles [keys, queries]
         st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
@@ -214,7 +228,8 @@ def _pe_attention_bwd_kernel(
         else:
             delta = tl.load(delta_ptr + prob_q.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0)
         dst = pt * (dpt - delta[None, :])
-        dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
+        dv += tl.dot(_tc(pt, PRECISION).to(do.dtype), do, input_precision=PRECISION)
+        dst = _tc(dst, PRECISION)
         dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
         if PACKED:  # every key of these queries is in the tile: dq is complete too
             dq = tl.dot(tl.trans(dst).to(k.dtype), k, input_precision=PRECISION) * sm_scale
@@ -230,8 +245,8 @@ def _pe_attention_bwd_kernel(
         q_row = ((prob // H).to(tl.int64) * N + tok_q) * (3 * D) + (prob % H) * head_dim
         o_row = ((prob // H).to(tl.int64) * N + tok_q) * D + (prob % H) * head_dim
         q_mask = q_ok[:, None] & d_ok[None, :]
-        q = tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0)
-        do = tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0)
+        q = _tc(tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
+        do = _tc(tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
         lse2 = tl.load(lse_ptr + prob.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + prob.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0)
         dq = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
@@ -240,12 +255,12 @@ def _pe_attention_bwd_kernel(
             k_ok = tok_k < N
             k_row = ((prob // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob % H) * head_dim
             kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            k = _tc(tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
+            v = _tc(tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             p = tl.exp2(tl.where(q_ok[:, None] & k_ok[None, :], s - lse2[:, None], float("-inf")))
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            dq += tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, input_precision=PRECISION)
+            dq += tl.dot(_tc(p * (dp - delta[:, None]), PRECISION).to(k.dtype), k, input_precision=PRECISION)
         tl.store(dqkv_ptr + q_row[:, None] + d[None, :], (dq * sm_scale).to(dqkv_ptr.dtype.element_ty), mask=q_mask)
 
 
@@ -381,6 +396,14 @@ def attention_backward(qkv: torch.Tensor, grad_out: torch.Tensor, out: torch.Ten
 @attention_backward.register_fake
 def _(qkv, grad_out, out, lse, num_heads):
     return torch.empty_like(qkv)
+
+
+@attention_backward.register_vmap
+def _(info, in_dims, qkv, grad_out, out, lse, num_heads):
+    # every tensor argument leads with the model axis: vmapped dims fold into it (a vmapped backward, e.g.
+    # autograd.grad(is_grads_batched=True))
+    return fold_into_model_axis(info, in_dims, (qkv, grad_out, out, lse, num_heads), (0, 1, 2, 3),
+                                attention_backward)
 
 
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,

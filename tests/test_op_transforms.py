@@ -1,0 +1,131 @@
+"""pe_attention under torch's transforms: torch.func.vmap (the op's vmap rule folds the vmapped dim into the
+model axis, or loops when a tensor shared by all models is vmapped), gradients through vmap, a vmapped
+backward (autograd.grad with is_grads_batched), torch.library.opcheck, and torch.compile(fullgraph=True)
+forward and backward.
+
+The oracle is a Python loop over the vmapped dim calling the op on each slice. CPU: the reference backend.
+CUDA (skipped without a GPU): the same tests on the triton backend, whose backward is an op with its own rule.
+"""
+import math
+import os
+
+import pytest
+import torch
+from torch.func import vmap
+
+from pe_fast.ops import pe_attention
+
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+TARGETS = [pytest.param(("cpu", "reference", torch.float64), id="cpu-reference")]
+if CUDA:
+    TARGETS.append(pytest.param(("cuda", "triton", torch.float32), id="cuda-triton"))
+V, M, B, N, D, H, K = 3, 2, 2, 16, 32, 2, 2  # V: the vmapped dim
+
+
+def make(target, seed=0):
+    device, _, dtype = target
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype)  # noqa: E731
+    return dict(x=r(V, M, B, N, D), pe=r(V, M, N, D), w=r(V, M, D, 3 * D) / math.sqrt(D), b=r(V, M, 3 * D),
+                probes=(torch.rand(V, K, N, N, generator=g) > 0.5).to(device, dtype), grad=r(V, M, B, N, D))
+
+
+def tolerance(target):
+    return dict(rtol=1e-9, atol=1e-9) if target[2] == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+
+
+def op(target):
+    backend = target[1]
+    return lambda x, pe, w, b, probes: pe_attention(x, pe, w, b, H, probes, backend=backend)
+
+
+# which of (x, pe, w, b, probes) carry the vmapped dim; the others are the slice 0 shared by every index
+IN_DIMS = {
+    "per-model-tensors": (0, 0, 0, 0, None),
+    "x-only-shared-weights": (0, None, None, None, None),
+    "weights-only": (None, 0, 0, 0, None),
+    "probes-too-loop-fallback": (0, 0, 0, 0, 0),
+}
+
+
+def arguments(t, in_dims):
+    return [t[k] if d is not None else t[k][0] for k, d in zip(("x", "pe", "w", "b", "probes"), in_dims)]
+
+
+def loop(fn, args, in_dims):
+    results = [fn(*(a if d is None else a[v] for a, d in zip(args, in_dims))) for v in range(V)]
+    return tuple(torch.stack(r) for r in zip(*results))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("in_dims", IN_DIMS.values(), ids=IN_DIMS.keys())
+def test_vmap_matches_a_loop(target, in_dims):
+    t = make(target)
+    args = arguments(t, in_dims)
+    got = vmap(op(target), in_dims=in_dims)(*args)
+    expected = loop(op(target), args, in_dims)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, **tolerance(target))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("in_dims", [IN_DIMS["per-model-tensors"], IN_DIMS["x-only-shared-weights"]],
+                         ids=["per-model-tensors", "x-only-shared-weights"])
+def test_gradients_through_vmap_match_a_loop(target, in_dims):
+    t = make(target)
+
+    def grads(run):
+        leaves = [a.detach().clone().requires_grad_() for a in arguments(t, in_dims)[:4]]
+        out, _ = run(*leaves, t["probes"][0])
+        out.backward(t["grad"])
+        return [leaf.grad for leaf in leaves]
+
+    got = grads(lambda *a: vmap(op(target), in_dims=in_dims)(*a))
+    expected = grads(lambda *a: loop(op(target), a, in_dims))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, **tolerance(target))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_batched_backward_matches_a_loop(target):
+    """autograd.grad(is_grads_batched=True) vmaps the op's backward over V upstream gradients (on triton, the
+    backward op's own vmap rule). (torch.func.grad itself does not apply: torch's custom_op autograd is an
+    autograd.Function without setup_context, which functorch rejects.)"""
+    t = make(target)
+    leaves = [t[k][0].detach().clone().requires_grad_() for k in ("x", "pe", "w", "b")]
+    out, _ = op(target)(*leaves, t["probes"][0])
+    got = torch.autograd.grad(out, leaves, t["grad"], is_grads_batched=True, retain_graph=True)
+    expected = [torch.autograd.grad(out, leaves, t["grad"][v], retain_graph=True) for v in range(V)]
+    for i, g in enumerate(got):
+        torch.testing.assert_close(g, torch.stack([e[i] for e in expected]), **tolerance(target))
+
+
+def test_opcheck_reference():
+    t = make(TARGETS[0].values[0])
+    x, pe, w, b = (t[k][0].requires_grad_() for k in ("x", "pe", "w", "b"))
+    torch.library.opcheck(torch.ops.pe_fast.pe_attention.default,
+                          (x, pe, w, b, H, t["probes"][0], None, None, None, "reference"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_compile_fullgraph_forward_and_backward(target, monkeypatch):
+    # inductor's on-disk caches key on the traced graph, not on the op's fake implementation: a stale entry
+    # could hide a fake/real mismatch (one was found this way: the lse dtype of float64 inputs)
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+    torch._dynamo.reset()
+    t = make(target)
+    args = [t[k][0] for k in ("x", "pe", "w", "b")]
+
+    def step(x, pe, w, b, probes, g):
+        out, stats = op(target)(x, pe, w, b, probes)
+        return (out * g).sum(), stats
+
+    def run(fn):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        loss, stats = fn(*leaves, t["probes"][0], t["grad"][0])
+        loss.backward()
+        return [loss.detach(), stats] + [leaf.grad for leaf in leaves]
+
+    compiled = run(torch.compile(step, fullgraph=True, dynamic=False))
+    for c, e in zip(compiled, run(step)):
+        torch.testing.assert_close(c, e, **tolerance(target))
