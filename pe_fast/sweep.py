@@ -2,19 +2,22 @@
 
     python -m pe_fast.sweep --task lst --pe learned,sin2d,none --sigmas 0.1,0.2,2.0 --seeds 3 --steps 2000 --out DIR
 
-DIR gets config.json, results.parquet (one row per model), curves.parquet (one row per model and evaluation),
-pe_tables.npz (each model's final PE tables). A user mistake stops with one line and exit code 2, before
-anything is written.
+DIR gets config.json at the start, packs/<index>/ as each pack finishes, and at the end results.parquet (one row
+per model), curves.parquet (one row per model and evaluation), pe_tables.npz (each model's final PE tables),
+summary.txt and report.md (pe_fast.run_folder describes the layout). Each pack checkpoints its training state, so
+a killed sweep continues with `--resume --out DIR` and ends with the results an uninterrupted run would have.
+`--executor ray` trains the packs as Ray tasks, on this machine or a cluster. A user mistake stops with one line
+and exit code 2, before anything is written.
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,8 +25,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pe_fast import memory, run_folder
 from pe_fast.models import PE_KINDS, ModelConfig
-from pe_fast.train import OPTIMIZERS, SCHEDULES, TrainConfig, train_pack
+from pe_fast.train import OPTIMIZERS, SCHEDULES, PackTrainer, TrainConfig
 
 # The authors' 15 LST seeds (notes/paper.md §2.6); --seeds N takes the first N, further ones count on from 1.
 AUTHOR_SEEDS = (2235, 6312, 6068, 9742, 8880, 2197, 669, 6256, 3309, 2541, 8643, 7785, 195, 6914, 29)
@@ -69,8 +73,12 @@ PRESETS = {
     },
 }
 DEFAULTS = dict(task="fmri", mlp_width=None, weight_decay=0.0, momentum=0.0, pe_at="every", device="auto",
-                threads=None, backend=None, max_pack=64, eval_items=2048, atlas="schaefer100", data=None, regions=None,
-                parcellation=None, mask_fraction=0.2, window=1, split="subject")
+                threads=None, backend=None, max_pack=None, eval_items=2048, atlas="schaefer100", data=None,
+                regions=None, parcellation=None, mask_fraction=0.2, window=1, split="subject", checkpoint_every=None,
+                executor="local", ray_address=None)
+EXECUTORS = ("local", "ray")
+# What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
+RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report")
 
 
 class UsageError(Exception):
@@ -126,7 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
     p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
-    p.add_argument("--max-pack", type=int, help="at most this many models trained together")
+    p.add_argument("--max-pack", type=int,
+                   help="models trained together (default: as many as fit in half the free memory)")
+    p.add_argument("--checkpoint-every", type=int,
+                   help="save each pack's training state every this many steps (default: every evaluation)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted sweep in --out with its own settings")
+    p.add_argument("--executor", choices=EXECUTORS,
+                   help="local (default): packs one after the other here; ray: packs as Ray tasks")
+    p.add_argument("--ray-address",
+                   help="--executor ray: the cluster to join (e.g. auto); default: a local Ray instance")
+    p.add_argument("--no-report", action="store_true",
+                   help="skip report.md and the figures at the end (python -m pe_fast.report DIR writes them)")
     return p
 
 
@@ -159,7 +178,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     s["sigmas"] = parse_list(str(s["sigmas"]), float, "--sigmas")
     if any(not (math.isfinite(v) and v > 0) for v in s["sigmas"]):
         raise UsageError(f"--sigmas: every σ must be a positive number, got {s['sigmas']}")
-    positive = ["seeds", "steps", "batch_size", "width", "depth", "heads", "eval_every", "eval_items", "max_pack"]
+    positive = ["seeds", "steps", "batch_size", "width", "depth", "heads", "eval_every", "eval_items", "max_pack",
+                "checkpoint_every"]
     for name in positive:
         if s[name] is not None and s[name] <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {s[name]}")
@@ -173,10 +193,7 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         s["mlp_width"] = 4 * s["width"]
     if s["threads"] is not None and s["threads"] <= 0:
         raise UsageError(f"--threads must be positive, got {s['threads']}")
-    if s["device"] == "auto":
-        s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()):
-        raise UsageError(f"--device {s['device']!r} is not available here (cpu{', cuda' if torch.cuda.is_available() else ''})")
+    check_runtime(s)
     if not 0 < s["mask_fraction"] < 1:
         raise UsageError(f"--mask-fraction must be between 0 and 1, got {s['mask_fraction']}")
     if s["window"] < 1:
@@ -200,8 +217,69 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         from pe_fast.ops.pe_attention import BACKENDS
         if s["backend"] not in BACKENDS:
             raise UsageError(f"--backend: unknown {s['backend']!r}; available: {', '.join(BACKENDS)}")
-        os.environ["PE_FAST_BACKEND"] = s["backend"]
+    if s["ray_address"] and s["executor"] != "ray":
+        raise UsageError("--ray-address applies to --executor ray only")
+    for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
+        if s.get(path_flag):  # absolute, so that a resume from elsewhere or a Ray worker finds them
+            s[path_flag] = str(Path(s[path_flag]).resolve())
     return s
+
+
+def check_runtime(s: dict):
+    """The settings that may differ on --resume: device, executor."""
+    if s["device"] == "auto":
+        s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    on_ray = s["executor"] == "ray"
+    if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()
+                                              and not on_ray):  # a Ray cluster's workers may have the GPUs
+        raise UsageError(f"--device {s['device']!r} is not available here (cpu{', cuda' if torch.cuda.is_available() else ''})")
+    if on_ray and importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray, which is not installed: pip install 'pe_fast[ray]' "
+                         "(or pip install 'ray>=2.9')")
+
+
+def resume_settings(args: argparse.Namespace) -> dict:
+    """--resume: the settings of DIR/config.json; only the flags of RESUME_FLAGS may be given."""
+    if not args.out:
+        raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
+    changed = [name for name, value in vars(args).items()
+               if name not in RESUME_FLAGS and value is not None and value is not False]
+    if changed:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+        raise UsageError(f"--resume takes the experiment's settings from {args.out}/config.json; {flags} cannot "
+                         f"change (allowed: --threads, --device, --executor, --ray-address, --checkpoint-every)")
+    path = Path(args.out) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        s = dict(config["settings"])
+        s["packs"] = config["packs"]
+    except FileNotFoundError:
+        raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
+    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report"):
+        if getattr(args, name) not in (None, False):
+            s[name] = getattr(args, name)
+    s.setdefault("executor", "local")
+    s.setdefault("ray_address", None)
+    s.setdefault("checkpoint_every", None)
+    if s["threads"] is not None and s["threads"] <= 0:
+        raise UsageError(f"--threads must be positive, got {s['threads']}")
+    if s["checkpoint_every"] is not None and s["checkpoint_every"] <= 0:
+        raise UsageError(f"--checkpoint-every must be positive, got {s['checkpoint_every']}")
+    if s["ray_address"] and s["executor"] != "ray":
+        raise UsageError("--ray-address applies to --executor ray only")
+    s["out"] = args.out
+    check_runtime(s)
+    return s
+
+
+def apply_runtime(s: dict):
+    """Process-wide settings, in the sweep's process and in every Ray worker: threads and backend."""
+    if s["threads"]:
+        torch.set_num_threads(s["threads"])
+    if s["backend"] is not None:
+        os.environ["PE_FAST_BACKEND"] = s["backend"]
 
 
 def model_seeds(count: int) -> list[int]:
@@ -260,35 +338,70 @@ def load_region_data(s: dict):
     return brain_atlas.load_schaefer100_hcp()
 
 
-class Progress:
-    """One line on stderr: packs and models done, model-steps per second, ETA. Redrawn at most once a second."""
+def choose_pack_size(s: dict, task) -> int:
+    """--max-pack if given, else as many models as fit in half the device's free memory (pe_fast.memory)."""
+    if s["max_pack"]:
+        return s["max_pack"]
+    device = torch.device(s["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return 64  # a Ray cluster's GPU, not visible from here: a pack size that fits any current GPU
+    from pe_fast.ops.pe_attention import resolve_backend
+    config = model_config(s, task, s["pe"][0])
+    per_model = memory.bytes_per_model(config, s["batch_size"], s["optimizer"],
+                                       resolve_backend(s["backend"], device), task.coordinates)
+    return memory.pack_size(per_model, memory.free_bytes(device))
 
-    def __init__(self, packs: list[list[dict]], steps: int):
-        self.total = sum(len(p) for p in packs) * steps
+
+class Progress:
+    """One line on stderr: packs and models done, model-steps per second, ETA. Redrawn at most once a second
+    (every 30 s when stderr is not a terminal). The rate counts the steps trained by this process only (not the
+    packs a resumed sweep found finished or checkpointed), so the ETA holds for resumes and for Ray."""
+
+    def __init__(self, packs: list[list[dict]], steps: int, finished: set[int]):
         self.num_packs, self.num_models, self.steps = len(packs), sum(len(p) for p in packs), steps
-        self.done_before, self.models_done, self.pack = 0, 0, 0
-        self.start, self.last_draw = time.perf_counter(), 0.0  # started once the task's data is loaded
+        self.total = self.num_models * steps
+        self.packs_done = len(finished)
+        self.models_done = sum(len(packs[i]) for i in finished)
+        self.trained = 0  # model-steps trained by this process in finished packs
+        self.pack, self.size, self.first_step, self.step = None, 0, None, 0  # the pack training here, if any
+        self.start, self.last_draw = time.perf_counter(), 0.0
         self.tty = sys.stderr.isatty()
 
     def start_pack(self, index: int, size: int):
-        self.pack, self.size = index, size
+        self.pack, self.size, self.first_step, self.step = index, size, None, 0
 
     def update(self, step: int, force: bool = False):
+        """The running pack has done `step` steps (the first call after a resume tells where it started)."""
+        if self.first_step is None:
+            self.first_step = step - 1
+        self.step = step
+        self.draw(force)
+
+    def finish_pack(self, size: int, trained_steps: int):
+        self.packs_done += 1
+        self.models_done += size
+        self.trained += size * trained_steps
+        self.pack = None
+        self.draw(force=True)
+
+    def draw(self, force: bool = False):
         now = time.perf_counter()
         if not force and now - self.last_draw < (1.0 if self.tty else 30.0):
             return
         self.last_draw = now
-        done = self.done_before + step * self.size
-        rate = done / max(now - self.start, 1e-9)
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
-        line = (f"pack {self.pack + 1}/{self.num_packs}  models done {self.models_done}/{self.num_models}  "
-                f"step {step}/{self.steps}  {rate:,.0f} model-steps/s  ETA {eta / 60:.1f} min")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+        running = self.size * (self.step - self.first_step) if self.pack is not None and self.first_step is not None \
+            else 0
+        rate = (self.trained + running) / max(now - self.start, 1e-9)
+        done = self.models_done * self.steps + (self.size * self.step if self.pack is not None else 0)
+        eta = f"{(self.total - done) / rate / 60:.1f} min" if rate > 0 else "?"
+        line = (f"packs {self.packs_done}/{self.num_packs}  models {self.models_done}/{self.num_models}  "
+                f"{rate:,.0f} model-steps/s  ETA {eta}")
+        if self.pack is not None:
+            line += f"  (pack {self.pack}: step {self.step}/{self.steps})"
+        print(("\r" + line + "\033[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
+              flush=True)
 
-    def finish_pack(self):
-        self.models_done += self.size
-        self.update(self.steps, force=True)
-        self.done_before += self.steps * self.size
+    def close(self):
         if self.tty:
             print(file=sys.stderr)
 
@@ -312,74 +425,176 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def model_config(s: dict, task, kind: str) -> ModelConfig:
+    return ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
+                       width=s["width"], depth=s["depth"], heads=s["heads"], mlp_width=s["mlp_width"], pe=kind,
+                       pe_at=s["pe_at"], readout_token=task.readout_token)
+
+
+def train_config(s: dict) -> TrainConfig:
+    return TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], optimizer=s["optimizer"],
+                       weight_decay=s["weight_decay"], momentum=s["momentum"], schedule=s["schedule"],
+                       warmup=s["warmup"], eval_every=s["eval_every"], eval_items=s["eval_items"])
+
+
+def train_and_store_pack(s: dict, index: int, pack: list[dict], out: Path, task,
+                         on_step=None) -> dict:
+    """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
+    DIR/packs/<index>/. The unit of work of both executors. Returns {index, models, trained_steps}."""
+    trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s), [m["seed"] for m in pack],
+                          [1.0 if math.isnan(m["sigma"]) else m["sigma"] for m in pack], torch.device(s["device"]))
+    state = run_folder.load_checkpoint(out, index)
+    if state is not None:
+        trainer.load_state_dict(state)
+    first_step = trainer.step
+    result = trainer.run(on_step, checkpoint=lambda: run_folder.save_checkpoint(out, index, trainer.state_dict()),
+                         checkpoint_every=s["checkpoint_every"])
+    final_rows, curve_rows, pe_tables = [], [], {}
+    for local, model in enumerate(pack):
+        identity = dict(task=s["task"], **model, steps=s["steps"], pack=index)
+        final_rows.append({**identity, **{k: v for k, v in result.final[local].items() if k not in ("model", "step")},
+                           "train_seconds": result.seconds / len(pack)})
+        curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}
+                          for row in result.curves if row["model"] == local)
+        if local in result.pe_tables:
+            pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
+    run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables)
+    return {"index": index, "models": len(pack), "trained_steps": s["steps"] - first_step}
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_task(settings_json: str):
+    return load_task(json.loads(settings_json))
+
+
+def ray_pack_task(s: dict, index: int, pack: list[dict], out: str) -> dict:
+    """The body of one Ray task: a worker loads the task (once per worker process) and trains one pack."""
+    apply_runtime(s)
+    task = _cached_task(json.dumps(s, sort_keys=True, default=str))
+    return train_and_store_pack(s, index, pack, Path(out), task)
+
+
+def run_local(s: dict, todo: list[int], packs: list[list[dict]], out: Path, task, progress: Progress):
+    for index in todo:
+        progress.start_pack(index, len(packs[index]))
+        done = train_and_store_pack(s, index, packs[index], out, task, on_step=progress.update)
+        progress.finish_pack(done["models"], done["trained_steps"])
+
+
+def run_ray(s: dict, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
+    """Each pack is one Ray task with its CPUs (--threads, default 1) or one GPU; the workers write the pack
+    folders themselves (on a cluster, --out must be a folder every node sees). Tasks are gathered as they end."""
+    import ray
+    if not ray.is_initialized():
+        ray.init(address=s["ray_address"], include_dashboard=False, log_to_driver=False)
+    gpus = 1 if s["device"] == "cuda" else 0
+    remote = ray.remote(num_cpus=s["threads"] or 1, num_gpus=gpus, max_retries=0)(ray_pack_task)
+    settings = {**s, "threads": s["threads"] or 1}
+    pending = [remote.remote(settings, index, packs[index], str(out.resolve())) for index in todo]
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        done = ray.get(ready[0])
+        progress.finish_pack(done["models"], done["trained_steps"])
+
+
+def pack_models(s: dict, models: list[dict]) -> list[list[dict]]:
+    """The packs as config.json lists them (by model_id), or a new split for a new sweep."""
+    if "packs" in s:
+        return [[models[i] for i in ids] for ids in s["packs"]]
+    return split_into_packs(models, s["max_pack"])
+
+
+def start_folder(s: dict, out: Path, task, models: list[dict], packs: list[list[dict]]):
+    """config.json (and the ground truth of region tasks) at the start, so that the report can read a sweep
+    while it runs and --resume can continue it."""
+    pack_of = {m["model_id"]: index for index, pack in enumerate(packs) for m in pack}
+    settings = {k: v for k, v in s.items() if k != "packs"}
+    config = {"settings": settings, "task": task.description, "torch": torch.__version__,
+              "models": [{**m, "pack": pack_of[m["model_id"]]} for m in models],
+              "packs": [[m["model_id"] for m in pack] for pack in packs],
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    run_folder.write_json(out / "config.json", config)
+    if hasattr(task, "baselines"):
+        data = task.data
+        ground_truth = {"fc": data.fc, "labels": np.asarray(data.labels, dtype=str)}
+        for name in ("networks", "centroids", "coupling"):
+            if getattr(data, name) is not None:
+                ground_truth[name] = getattr(data, name)
+        run_folder.write_atomic(out / "ground_truth.npz", lambda tmp: save_npz(tmp, ground_truth))
+
+
+def save_npz(path: Path, arrays: dict):
+    with open(path, "wb") as file:  # a file object: np.savez would add ".npz" to the temporary name
+        np.savez_compressed(file, **arrays)
+
+
+def finish_folder(s: dict, out: Path, task, models: list[dict], num_packs: int) -> pd.DataFrame:
+    """Every pack together in the top-level files; results.parquet last (its presence means finished)."""
+    results, curves, pe_tables = run_folder.read_packs(out, num_packs)
+    if hasattr(task, "baselines"):
+        rows = [dict(task=s["task"], model_id=len(models) + i, seed=math.nan, steps=0, pack=-1, **row)
+                for i, row in enumerate(task.baselines())]
+        results = pd.concat([results, pd.DataFrame(rows)], ignore_index=True)
+    run_folder.write_atomic(out / "pe_tables.npz", lambda tmp: save_npz(tmp, pe_tables))
+    run_folder.write_atomic(out / "curves.parquet", lambda tmp: curves.to_parquet(tmp, index=False))
+    table = summary_table(results)
+    run_folder.write_atomic(out / "summary.txt", lambda tmp: tmp.write_text(table.to_string(index=False) + "\n"))
+    run_folder.write_atomic(out / "results.parquet", lambda tmp: results.to_parquet(tmp, index=False))
+    return table
+
+
 def run(s: dict) -> Path:
+    resume = "packs" in s
     out = Path(s["out"]) if s.get("out") else Path("runs") / f"{s['task']}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder")
-    if s["threads"]:
-        torch.set_num_threads(s["threads"])
+    holder = run_folder.lock_holder(out) if out.is_dir() else None
+    if holder is not None:
+        raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
+                         f"wait for it or stop it")
+    if not resume and out.exists() and any(out.iterdir()):
+        hint = f"; to continue it: --resume --out {out}" if (out / "config.json").is_file() else ""
+        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
+    if resume and (out / "results.parquet").is_file():
+        print(f"{out} is finished; nothing to resume", file=sys.stderr)
+        return out
+    apply_runtime(s)
     task = load_task(s)
     models = expand_grid(s)
-    packs = split_into_packs(models, s["max_pack"])
-    device = torch.device(s["device"])
-    train_config = TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], optimizer=s["optimizer"],
-                               weight_decay=s["weight_decay"], momentum=s["momentum"], schedule=s["schedule"],
-                               warmup=s["warmup"], eval_every=s["eval_every"], eval_items=s["eval_items"])
-    print(f"pe_fast sweep: task {s['task']}, {len(models)} models in {len(packs)} packs, {s['steps']} steps each, "
-          f"on {device} ({torch.get_num_threads()} threads)", file=sys.stderr)
-
-    # Results are assembled in a temporary folder beside the target and renamed into place at the end, so a
-    # failed or killed run never leaves a half-written results folder.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    if not resume:
+        how = "--max-pack" if s["max_pack"] else f"fits half the free memory of {s['device']}"
+        s["max_pack"] = choose_pack_size(s, task)
+        print(f"pe_fast sweep: pack size {s['max_pack']} ({how})", file=sys.stderr)
+    packs = pack_models(s, models)
+    s["packs"] = [[m["model_id"] for m in pack] for pack in packs]
     try:
-        final_rows, curve_rows, pe_tables = [], [], {}
-        progress = Progress(packs, s["steps"])
-        for index, pack in enumerate(packs):
-            progress.start_pack(index, len(pack))
-            kind = pack[0]["pe"]
-            config = ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
-                                 width=s["width"], depth=s["depth"], heads=s["heads"], mlp_width=s["mlp_width"],
-                                 pe=kind, pe_at=s["pe_at"], readout_token=task.readout_token)
-            result = train_pack(task, config, train_config, [m["seed"] for m in pack],
-                                [1.0 if math.isnan(m["sigma"]) else m["sigma"] for m in pack], device,
-                                on_step=progress.update)
-            progress.finish_pack()
-            for local, model in enumerate(pack):
-                identity = dict(task=s["task"], **model, steps=s["steps"], pack=index)
-                final_rows.append({**identity, **{k: v for k, v in result.final[local].items()
-                                                   if k not in ("model", "step")},
-                                   "train_seconds": result.seconds / len(pack)})
-                curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}
-                                  for row in result.curves if row["model"] == local)
-                if local in result.pe_tables:
-                    pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
-        if hasattr(task, "baselines"):
-            for row in task.baselines():
-                final_rows.append(dict(task=s["task"], model_id=len(models) + len(final_rows), seed=math.nan,
-                                       steps=0, pack=-1, **row))
-            data = task.data
-            ground_truth = {"fc": data.fc, "labels": np.asarray(data.labels, dtype=str)}
-            for name in ("networks", "centroids", "coupling"):
-                if getattr(data, name) is not None:
-                    ground_truth[name] = getattr(data, name)
-            np.savez_compressed(staging / "ground_truth.npz", **ground_truth)
-        results = pd.DataFrame(final_rows)
-        results.to_parquet(staging / "results.parquet", index=False)
-        pd.DataFrame(curve_rows).to_parquet(staging / "curves.parquet", index=False)
-        np.savez_compressed(staging / "pe_tables.npz", **pe_tables)
-        config = {"settings": s, "task": task.description, "torch": torch.__version__,
-                  "models": models, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        table = summary_table(results)
-        (staging / "summary.txt").write_text(table.to_string(index=False) + "\n")
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        run_folder.acquire_lock(out, notice=lambda line: print(f"note: {line}", file=sys.stderr))
+    except run_folder.FolderLocked as error:
+        raise UsageError(str(error))
+    try:
+        if not resume:
+            start_folder(s, out, task, models, packs)
+        run_folder.remove_partials(out)
+        finished = run_folder.finished_packs(out)
+        todo = [i for i in range(len(packs)) if i not in finished]
+        print(f"pe_fast sweep: task {s['task']}, {len(models)} models in {len(packs)} packs "
+              f"({len(finished)} finished before), {s['steps']} steps each, on {s['device']} "
+              f"({s['executor']}, {s['threads'] or torch.get_num_threads()} threads)", file=sys.stderr)
+        progress = Progress(packs, s["steps"], finished)
+        if s["executor"] == "ray":
+            run_ray(s, todo, packs, out, progress)
+        else:
+            run_local(s, todo, packs, out, task, progress)
+        progress.close()
+        table = finish_folder(s, out, task, models, len(packs))
+    finally:
+        run_folder.release_lock(out)
     print(table.to_string(index=False))
+    if not s.get("no_report"):
+        try:
+            from pe_fast.report import write_report
+            write_report(out)
+        except Exception as error:  # the results are safe; the report can be rerun with python -m pe_fast.report
+            print(f"warning: the report failed ({type(error).__name__}: {error}); the results are complete; "
+                  f"rerun: python -m pe_fast.report {out}", file=sys.stderr)
     print(f"results written to {out}", file=sys.stderr)
     return out
 
@@ -388,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with one line on an unknown flag
     try:
-        run(resolve_settings(args))
+        run(resume_settings(args) if args.resume else resolve_settings(args))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

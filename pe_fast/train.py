@@ -89,6 +89,17 @@ class BatchSampler:
         self.position += 1
         return self.epoch[:, start:start + self.batch_size]
 
+    def state_dict(self) -> dict:
+        return {"generators": [g.get_state() for g in self.generators], "position": self.position,
+                "epoch": self.epoch.cpu() if hasattr(self, "epoch") else None}
+
+    def load_state_dict(self, state: dict):
+        for generator, saved in zip(self.generators, state["generators"], strict=True):
+            generator.set_state(saved)
+        self.position = state["position"]
+        if state["epoch"] is not None:
+            self.epoch = state["epoch"].to(self.device)
+
 
 @torch.no_grad()
 def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, max_scores: int = 2 ** 25):
@@ -114,46 +125,88 @@ def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
              for l in range(L) for h in range(H) for s in range(S)} for m in range(M)]
 
 
-def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
-               sigmas: list[float], device: torch.device,
-               on_step: Callable[[int], None] | None = None) -> PackResult:
-    """Train one pack; return each model's final metrics, its curves and its learned PE tables."""
-    start_time = time.perf_counter()
-    model = StackedTransformer(model_config, seeds, sigmas, task.coordinates).to(device)
-    M = model.num_models
-    probes = task.probes.to(device)
-    batches = task.training_batches(seeds, device)
-    num_train = len(task.splits["train"])
-    eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
-    # Intermediate evaluations score an evenly spaced subset of each split (files are often sorted by
-    # condition, so a prefix would not do); the final evaluation scores every item.
-    subset = train_config.eval_items
-    eval_items = {name: torch.linspace(0, len(t) - 1, min(subset, len(t))).round().long()
-                  for name, t in eval_tokens.items()}
-    initial_pe = [t.detach().cpu().numpy().copy() for t in model.pe_tables()]
+class PackTrainer:
+    """The training of one pack, resumable: state_dict() holds everything the rest of the run depends on
+    (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
+    curves so far, the initial PE), so that run() after load_state_dict() continues exactly where it stopped."""
 
-    optimizer = make_optimizer(model.parameters(), train_config)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, train_config))
-    sampler = BatchSampler(num_train, train_config.batch_size, seeds, device)
+    def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
+                 sigmas: list[float], device: torch.device):
+        self.task, self.model_config, self.config, self.device = task, model_config, train_config, device
+        self.model = StackedTransformer(model_config, seeds, sigmas, task.coordinates).to(device)
+        self.M = M = self.model.num_models
+        self.probes = task.probes.to(device)
+        self.batches = task.training_batches(seeds, device)
+        self.eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
+        # Intermediate evaluations score an evenly spaced subset of each split (files are often sorted by
+        # condition, so a prefix would not do); the final evaluation scores every item.
+        subset = train_config.eval_items
+        self.eval_items = {name: torch.linspace(0, len(t) - 1, min(subset, len(t))).round().long()
+                           for name, t in self.eval_tokens.items()}
+        self.initial_pe = [t.detach().cpu().numpy().copy() for t in self.model.pe_tables()]
 
-    window = train_config.eval_every
-    loss_buffer = torch.zeros(window, M, device=device)
-    stats_buffer = None  # [window, L, M, H, S], allocated once the stats' shape is known
-    curves: list[dict] = []
+        self.optimizer = make_optimizer(self.model.parameters(), train_config)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, train_config))
+        self.sampler = BatchSampler(len(task.splits["train"]), train_config.batch_size, seeds, device)
 
-    def evaluate(step: int, filled: int, final: bool) -> list[dict]:
+        # The current evaluation window: per-step losses and attention statistics, kept on the device.
+        self.loss_buffer = torch.zeros(train_config.eval_every, M, device=device)
+        self.stats_buffer = None  # [window, L, M, H, S], allocated once the stats' shape is known
+        self.filled = 0
+        self.step = 0  # steps done
+        self.curves: list[dict] = []
+        self.seconds = 0.0  # training time so far, over all the processes that trained this pack
+
+    def run(self, on_step: Callable[[int], None] | None = None,
+            checkpoint: Callable[[], None] | None = None, checkpoint_every: int | None = None) -> PackResult:
+        """Train from the current step to the last; call on_step(steps done) after every step and checkpoint()
+        every checkpoint_every steps (default: after every evaluation) before the last."""
+        config = self.config
+        checkpoint_every = checkpoint_every or config.eval_every
+        started = time.perf_counter() - self.seconds
+        if self.step == 0 and not self.curves:
+            self.curves.extend(self.evaluate(0, final=False))
+        while self.step < config.steps:
+            self.train_step()
+            if self.filled == config.eval_every or self.step == config.steps:
+                self.curves.extend(self.evaluate(self.step, final=self.step == config.steps))
+                self.filled = 0
+            self.seconds = time.perf_counter() - started
+            if on_step is not None:
+                on_step(self.step)
+            if checkpoint is not None and self.step % checkpoint_every == 0 and self.step < config.steps:
+                checkpoint()
+        return self.result()
+
+    def train_step(self):
+        inputs, targets = self.batches(self.sampler.next())
+        outputs, stats = self.model(inputs, self.probes)
+        loss_per_model = self.task.loss(outputs, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_per_model.sum().backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.stats_buffer is None:
+            self.stats_buffer = torch.zeros(self.config.eval_every, *stats.shape, device=self.device)
+        self.loss_buffer[self.filled] = loss_per_model.detach()
+        self.stats_buffer[self.filled] = stats
+        self.filled += 1
+        self.step += 1
+
+    def evaluate(self, step: int, final: bool) -> list[dict]:
         """Score every split; one host sync. Returns one row per model."""
-        rows = [{"model": m, "step": step, "lr": optimizer.param_groups[0]["lr"]} for m in range(M)]
+        task, model, M, filled = self.task, self.model, self.M, self.filled
+        rows = [{"model": m, "step": step, "lr": self.optimizer.param_groups[0]["lr"]} for m in range(M)]
         if filled:
-            window_loss = loss_buffer[:filled].mean(0).cpu().numpy()
-            window_stats = stats_buffer[:filled].mean(0).cpu().numpy()
+            window_loss = self.loss_buffer[:filled].mean(0).cpu().numpy()
+            window_stats = self.stats_buffer[:filled].mean(0).cpu().numpy()
             for m, extra in enumerate(stat_columns(window_stats, task.probe_names, "attn")):
                 rows[m]["train_loss"] = float(window_loss[m])
                 rows[m].update(extra)
         model.eval()
-        for name, tokens in eval_tokens.items():
-            items = eval_items[name] if not final else torch.arange(len(tokens))
-            outputs, stats = predict(model, tokens[items.to(device)], probes)
+        for name, tokens in self.eval_tokens.items():
+            items = self.eval_items[name] if not final else torch.arange(len(tokens))
+            outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
             for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
                 rows[m].update(scores)
             if name == task.attention_split:
@@ -163,35 +216,42 @@ def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds
         tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
         for m in range(M):
             rows[m].update(task.pe_metrics(tables[0][m]) if tables else {})
-            if tables and model_config.pe == "learned":
+            if tables and self.model_config.pe == "learned":
                 rows[m]["pe_drift"] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
-                                                                 np.stack([t[m] for t in initial_pe]))
+                                                                 np.stack([t[m] for t in self.initial_pe]))
         return rows
 
-    curves.extend(evaluate(0, 0, final=False))
-    filled = 0
-    for step in range(train_config.steps):
-        inputs, targets = batches(sampler.next())
-        outputs, stats = model(inputs, probes)
-        loss_per_model = task.loss(outputs, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss_per_model.sum().backward()
-        optimizer.step()
-        scheduler.step()
-        if stats_buffer is None:
-            stats_buffer = torch.zeros(window, *stats.shape, device=device)
-        loss_buffer[filled] = loss_per_model.detach()
-        stats_buffer[filled] = stats
-        filled += 1
-        done = step + 1
-        if filled == window or done == train_config.steps:
-            curves.extend(evaluate(done, filled, final=done == train_config.steps))
-            filled = 0
-        if on_step is not None:
-            on_step(done)
+    def result(self) -> PackResult:
+        M = self.M
+        final_rows = [dict(row) for row in self.curves[-M:]]
+        tables = [t.detach().cpu().numpy() for t in self.model.pe_tables()]
+        pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
+        return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, seconds=self.seconds)
 
-    final_rows = [dict(row) for row in curves[-M:]]
-    tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
-    pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
-    return PackResult(final=final_rows, curves=curves, pe_tables=pe_tables,
-                      seconds=time.perf_counter() - start_time)
+    def state_dict(self) -> dict:
+        batches = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+                "batches": batches, "loss_buffer": self.loss_buffer, "stats_buffer": self.stats_buffer,
+                "filled": self.filled, "curves": self.curves, "initial_pe": self.initial_pe,
+                "seconds": self.seconds, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict):
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        if state["batches"] is not None:
+            self.batches.load_state_dict(state["batches"])
+        self.loss_buffer = state["loss_buffer"].to(self.device)
+        self.stats_buffer = None if state["stats_buffer"] is None else state["stats_buffer"].to(self.device)
+        self.step, self.filled, self.seconds = state["step"], state["filled"], state["seconds"]
+        self.curves, self.initial_pe = list(state["curves"]), list(state["initial_pe"])
+        torch.set_rng_state(state["torch_rng"])
+
+
+def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
+               sigmas: list[float], device: torch.device,
+               on_step: Callable[[int], None] | None = None) -> PackResult:
+    """Train one pack; return each model's final metrics, its curves and its learned PE tables."""
+    return PackTrainer(task, model_config, train_config, seeds, sigmas, device).run(on_step)

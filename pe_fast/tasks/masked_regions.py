@@ -168,20 +168,10 @@ class MaskedRegionTask:
 
     # ---- what training needs from the task ----
 
-    def training_batches(self, seeds: list[int], device: torch.device):
-        """A function index [M, B] -> (inputs [M,B,N,w+1], (values, mask)): each model masks its own batch
+    def training_batches(self, seeds: list[int], device: torch.device) -> "MaskedBatches":
+        """A callable index [M, B] -> (inputs [M,B,N,w+1], (values, mask)): each model masks its own batch
         with its own generator."""
-        values_all = self.splits["train"].values.to(device)
-        generators = [torch.Generator().manual_seed(int(s) + MASK_SEED_OFFSET) for s in seeds]
-
-        def batch(index: Tensor):
-            M, B = index.shape
-            mask = torch.stack([random_masks((B, self.num_tokens), self.num_masked, g) for g in generators])
-            mask = mask.to(device)
-            values = values_all[index]
-            return masked_input(values, mask), (values, mask)
-
-        return batch
+        return MaskedBatches(self.splits["train"].values.to(device), self.num_masked, seeds, device)
 
     def loss(self, outputs: Tensor, targets: tuple[Tensor, Tensor]) -> Tensor:
         """Mean squared error over the masked tokens of each model, [M]."""
@@ -269,3 +259,26 @@ class MaskedRegionTask:
                 row.update(self.score(self.baseline_predictions(kind, split).unsqueeze(0), split, items)[0])
             rows.append(row)
         return rows
+
+
+class MaskedBatches:
+    """Training batches of the masked-region task: each model draws its masks from its own generator, whose
+    state is part of a training checkpoint (state_dict / load_state_dict)."""
+
+    def __init__(self, values: Tensor, num_masked: int, seeds: list[int], device: torch.device):
+        self.values, self.num_masked, self.device = values, num_masked, device
+        self.generators = [torch.Generator().manual_seed(int(s) + MASK_SEED_OFFSET) for s in seeds]
+
+    def __call__(self, index: Tensor):
+        M, B = index.shape
+        N = self.values.shape[1]
+        mask = torch.stack([random_masks((B, N), self.num_masked, g) for g in self.generators]).to(self.device)
+        values = self.values[index]
+        return masked_input(values, mask), (values, mask)
+
+    def state_dict(self) -> dict:
+        return {"generators": [g.get_state() for g in self.generators]}
+
+    def load_state_dict(self, state: dict):
+        for generator, saved in zip(self.generators, state["generators"], strict=True):
+            generator.set_state(saved)

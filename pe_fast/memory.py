@@ -1,0 +1,65 @@
+"""How many models fit in one pack: an estimate of the bytes one model needs while it trains, and the memory
+free on the device.
+
+The estimate counts, per model (float32):
+  * the weights, their gradients and the optimizer's state (Adam: 2 tensors per weight; SGD with momentum: 1);
+  * the activations saved for the backward pass, per block: about 14 tensors of [B, N, width] (embedding
+    input, PE sum, q/k/v, attention output, projections, the LayerNorms' inputs and outputs) and 2 of
+    [B, N, mlp_width] (the MLP's hidden layer before and after GELU), plus the log-sum-exp [B, H, N];
+  * the attention map of one block while it is computed: the reference backend materialises [B, H, N, N] about
+    five times (logits, log-probabilities, probabilities; in the backward the probabilities, their gradient and
+    the logits' gradient); the fused backends keep it on chip.
+Measured against real forward/backward passes in tests/test_sweep_scale.py.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+BYTES = 4  # float32
+ACTIVATIONS_PER_BLOCK = 14  # [B, N, width] tensors saved per block
+MLP_ACTIVATIONS_PER_BLOCK = 2  # [B, N, mlp_width]
+ATTENTION_MAP_COPIES = 5  # [B, H, N, N] tensors alive at once in the reference backend's forward or backward
+OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
+DEFAULT_FRACTION = 0.5  # a pack may use this fraction of the free memory
+
+
+def parameter_count(model_config, coordinates=None) -> int:
+    """Parameters of one model of this architecture (counted on a real 1-model instance; cheap)."""
+    from pe_fast.models import StackedTransformer
+    model = StackedTransformer(model_config, [0], [1.0], coordinates)
+    return sum(p.numel() for p in model.parameters())
+
+
+def bytes_per_model(model_config, batch_size: int, optimizer: str = "adam", backend: str = "reference",
+                    coordinates=None) -> int:
+    """Estimated peak bytes one model of the pack adds during a training step."""
+    c = model_config
+    params = parameter_count(c, coordinates)
+    weights = params * BYTES * (2 + OPTIMIZER_STATES.get(optimizer, 2))  # weight + gradient + optimizer state
+    B, N, D = batch_size, c.num_tokens, c.width
+    per_block = (ACTIVATIONS_PER_BLOCK * B * N * D + MLP_ACTIVATIONS_PER_BLOCK * B * N * c.mlp_width
+                 + B * c.heads * N) * BYTES
+    inputs = B * N * c.token_dim * BYTES
+    attention_map = ATTENTION_MAP_COPIES * B * c.heads * N * N * BYTES if backend == "reference" else 0
+    return weights + c.depth * per_block + inputs + attention_map
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free GPU memory (torch.cuda.mem_get_info), or MemAvailable from /proc/meminfo on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def pack_size(per_model: int, free: int, fraction: float = DEFAULT_FRACTION) -> int:
+    """The most models whose estimated memory fits in `fraction` of the free memory (at least 1)."""
+    return max(1, int(fraction * free) // max(1, per_model))

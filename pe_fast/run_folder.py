@@ -1,0 +1,197 @@
+"""The results folder of a sweep, written so that a kill at any moment (SIGKILL included) loses at most the steps
+since a pack's last checkpoint, and never leaves a half-written file where a reader would take it for a whole one.
+
+    DIR/.lock                      pid, host and start time of the sweep writing DIR (one writer at a time)
+    DIR/config.json                settings, task, models and packs: written at the start
+    DIR/ground_truth.npz           region tasks: FC, networks, centroids, coupling (written at the start)
+    DIR/packs/<i>.checkpoint.pt    the training state of pack i while it trains (removed when it is done)
+    DIR/packs/<i>/                 a finished pack: results.parquet, curves.parquet, pe_tables.npz
+    DIR/results.parquet ...        at the end: every pack together, and summary.txt (results.parquet last,
+                                   so its presence means the sweep finished)
+
+Every file is written to a temporary name beside its target, flushed to disk, and renamed over the target
+(os.replace, atomic on POSIX); a finished pack's folder is assembled as a temporary folder and renamed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+LOCK = ".lock"
+PARTIAL = ".partial-"  # the infix of temporary files and folders
+
+
+class FolderLocked(Exception):
+    """Another live sweep writes this folder."""
+
+
+# ---- one writer ----------------------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def read_lock(out: Path) -> dict | None:
+    try:
+        return json.loads((out / LOCK).read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}  # a lock being written this instant, or a damaged one: treat as held by an unknown writer
+
+
+def lock_holder(out: Path) -> dict | None:
+    """The lock's contents if a live sweep (or one on another host) holds DIR/.lock; None if free or stale."""
+    holder = read_lock(out)
+    if holder is None:
+        return None
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
+            and not _alive(holder["pid"]):
+        return None
+    return holder
+
+
+def describe(holder: dict) -> str:
+    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
+            if holder else "an unreadable lock")
+
+
+def acquire_lock(out: Path, notice: Callable[[str], None]) -> Path:
+    """Create DIR/.lock atomically (O_CREAT | O_EXCL). A lock left by a dead process on this host is taken over
+    (notice says so); one held by a live process, or by another host, raises FolderLocked."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    content = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = read_lock(out)
+            if lock_holder(out) is not None or holder is None:
+                raise FolderLocked(f"{out} is being written by another sweep ({describe(holder or {})}); "
+                                   f"wait for it or stop it (if it is gone, delete {path})")
+            notice(f"taking over the stale lock of {describe(holder)}, which is no longer running")
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        return path
+    raise FolderLocked(f"{out}: another sweep took the lock at the same moment; try again")
+
+
+def release_lock(out: Path):
+    holder = read_lock(out)
+    if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        (out / LOCK).unlink(missing_ok=True)
+
+
+# ---- atomic writes -------------------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]):
+    """write(tmp) writes the file's content to tmp; then tmp is flushed to disk and renamed over path."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as file:
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict):
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str)))
+
+
+def remove_partials(out: Path):
+    """Temporary files and folders of a writer that was killed mid-write."""
+    for folder in (out, out / "packs"):
+        if folder.is_dir():
+            for leftover in folder.glob(f".*{PARTIAL}*"):
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+
+# ---- packs and checkpoints -----------------------------------------------------------------------------------
+
+
+def pack_folder(out: Path, index: int) -> Path:
+    return out / "packs" / str(index)
+
+
+def checkpoint_path(out: Path, index: int) -> Path:
+    return out / "packs" / f"{index}.checkpoint.pt"
+
+
+def finished_packs(out: Path) -> set[int]:
+    folder = out / "packs"
+    return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / "results.parquet").is_file()} \
+        if folder.is_dir() else set()
+
+
+def save_checkpoint(out: Path, index: int, state: dict):
+    path = checkpoint_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(out: Path, index: int) -> dict | None:
+    path = checkpoint_path(out, index)
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,
+               pe_tables: dict[str, np.ndarray]):
+    """DIR/packs/<index>/ appears whole or not at all; the pack's checkpoint is removed after."""
+    (out / "packs").mkdir(parents=True, exist_ok=True)
+    # Assembled beside packs/, not in it: a reader of packs/*/ (the report) must never see a partial pack.
+    tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
+    try:
+        results.to_parquet(tmp / "results.parquet", index=False)
+        curves.to_parquet(tmp / "curves.parquet", index=False)
+        np.savez_compressed(tmp / "pe_tables.npz", **pe_tables)
+        for file in tmp.iterdir():
+            with open(file, "rb+") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, pack_folder(out, index))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    checkpoint_path(out, index).unlink(missing_ok=True)
+
+
+def read_packs(out: Path, count: int) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
+    """Every pack's results, curves and PE tables, in pack order."""
+    results, curves, pe_tables = [], [], {}
+    for index in range(count):
+        folder = pack_folder(out, index)
+        results.append(pd.read_parquet(folder / "results.parquet"))
+        curves.append(pd.read_parquet(folder / "curves.parquet"))
+        with np.load(folder / "pe_tables.npz") as tables:
+            pe_tables.update({key: tables[key] for key in tables.files})
+    return pd.concat(results, ignore_index=True), pd.concat(curves, ignore_index=True), pe_tables

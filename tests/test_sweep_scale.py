@@ -1,0 +1,221 @@
+"""Sweeps at scale: a real sweep killed (SIGKILL) twice and resumed ends with exactly the results of an
+uninterrupted run; one writer per folder (a live lock refuses, a stale one is taken over); the pack size from
+the memory estimate (checked against the tensors a real training step keeps); the Ray executor gives the local
+executor's results."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pe_fast import memory, run_folder, sweep
+from pe_fast.models import ModelConfig
+from pe_fast.train import make_optimizer, TrainConfig
+
+# A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
+NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
+          "--width", "16", "--depth", "1", "--batch-size", "16", "--seeds", "2", "--pe", "learned",
+          "--sigmas", "0.1,1,2", "--max-pack", "2", "--steps", "80", "--eval-every", "40",
+          "--checkpoint-every", "10", "--threads", "1", "--no-report"]
+TIMING = ["train_seconds"]
+
+
+def start_sweep(*args):
+    return subprocess.Popen([sys.executable, "-m", "pe_fast.sweep", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run, in this process (saves a Python start-up)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep.main([*NETSIM, "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def assert_same_results(run, reference):
+    for name in ("results.parquet", "curves.parquet"):
+        got, want = pd.read_parquet(run / name), pd.read_parquet(reference / name)
+        pd.testing.assert_frame_equal(got.drop(columns=TIMING, errors="ignore"),
+                                      want.drop(columns=TIMING, errors="ignore"), check_exact=True)
+    with np.load(run / "pe_tables.npz") as got, np.load(reference / "pe_tables.npz") as want:
+        assert sorted(got.files) == sorted(want.files) and len(got.files) == 6
+        for key in want.files:
+            np.testing.assert_array_equal(got[key], want[key])
+
+
+def wait_for(condition, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the sweep ended early: {proc.communicate()[1]}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def checkpoints(out):
+    return {p.name: p.stat().st_mtime_ns for p in (out / "packs").glob("*.checkpoint.pt")} \
+        if (out / "packs").is_dir() else {}
+
+
+def progress_marks(out):
+    """Checkpoints (name, time) and finished packs: changes whenever the sweep saves anything."""
+    return set(checkpoints(out).items()) | run_folder.finished_packs(out)
+
+
+def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, capsys):
+    rng = random.Random()
+    out = tmp_path / "run"
+    first = start_sweep(*NETSIM, "--out", str(out))
+    wait_for(lambda: checkpoints(out), first)
+    # While it runs, a second sweep on the folder is refused, naming the writer.
+    for args in (["--resume", "--out", str(out)], [*NETSIM, "--out", str(out)]):
+        assert sweep.main(args) == 2
+        err = capsys.readouterr().err
+        assert f"pid {first.pid}" in err and len(err.strip().splitlines()) == 1, err
+    time.sleep(rng.uniform(0, 1.0))
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert first.returncode == -signal.SIGKILL
+
+    second = start_sweep("--resume", "--out", str(out), "--threads", "1")
+    seen = progress_marks(out)
+    wait_for(lambda: progress_marks(out) - seen, second)  # it has saved something of its own
+    time.sleep(rng.uniform(0, 0.5))
+    second.send_signal(signal.SIGKILL)
+    _, err = second.communicate()
+    assert second.returncode == -signal.SIGKILL
+    assert f"taking over the stale lock of pid {first.pid}" in err
+
+    # The last resume runs to the end in this process (one Python start-up less).
+    threads = torch.get_num_threads()
+    try:
+        assert sweep.main(["--resume", "--out", str(out), "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert f"taking over the stale lock of pid {second.pid}" in err
+    assert "packs 3/3  models 6/6" in err  # the progress line counts the packs finished before the resume
+    assert_same_results(out, reference)
+    assert not (out / ".lock").exists() and not checkpoints(out)
+    leftovers = [p for folder in (out, out / "packs") for p in folder.iterdir() if run_folder.PARTIAL in p.name]
+    assert not leftovers
+    config = json.loads((out / "config.json").read_text())
+    assert config["packs"] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_resume_refuses_changed_settings_and_missing_folder(tmp_path, reference, capsys):
+    assert sweep.main(["--resume", "--out", str(reference), "--steps", "50"]) == 2
+    assert "--steps cannot change" in capsys.readouterr().err
+    assert sweep.main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
+    assert "config.json does not exist" in capsys.readouterr().err
+    assert sweep.main(["--resume", "--out", str(reference)]) == 0  # finished: nothing to do
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_lock_refuses_live_writer_and_takes_over_stale_one(tmp_path):
+    out = tmp_path / "run"
+    notices = []
+    run_folder.acquire_lock(out, notices.append)
+    held = json.loads((out / ".lock").read_text())
+    assert held["pid"] == os.getpid() and held["host"] and held["started"]
+    with pytest.raises(run_folder.FolderLocked, match=f"pid {os.getpid()}"):
+        run_folder.acquire_lock(out, notices.append)
+    # A lock left by a process that has exited is stale.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / ".lock").write_text(json.dumps({**held, "pid": dead.pid}))
+    run_folder.acquire_lock(out, notices.append)
+    assert len(notices) == 1 and f"pid {dead.pid}" in notices[0]
+    assert json.loads((out / ".lock").read_text())["pid"] == os.getpid()
+    run_folder.release_lock(out)
+    assert not (out / ".lock").exists()
+
+
+def test_executor_ray_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
+    real = sweep.importlib.util.find_spec
+    monkeypatch.setattr(sweep.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    out = tmp_path / "run"
+    assert sweep.main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install" in err[0] and "ray" in err[0]
+    assert not out.exists()
+
+
+def test_ray_executor_equals_local(tmp_path, reference):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        out = tmp_path / "run"
+        assert sweep.main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 0
+    finally:
+        ray.shutdown()
+    assert_same_results(out, reference)
+
+
+# ---- packs by memory ---------------------------------------------------------------------------------------
+
+
+def measured_training_bytes(config: ModelConfig, batch_size: int) -> int:
+    """Bytes of one model's training step, summed from the real tensors: weights, gradients and Adam state
+    after a step, plus every distinct tensor the forward pass saves for the backward."""
+    from pe_fast.models import StackedTransformer
+    model = StackedTransformer(config, [0], [0.5])
+    optimizer = make_optimizer(model.parameters(), TrainConfig(steps=1, optimizer="adam"))
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    tokens = torch.randn(1, batch_size, config.num_tokens, config.token_dim)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outputs, _ = model(tokens)
+    outputs.square().mean().backward()
+    optimizer.step()
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    weights = [*model.parameters(), *(p.grad for p in model.parameters()), *state]
+    return sum(t.numel() * t.element_size() for t in weights) + sum(saved.values())
+
+
+def test_memory_estimate_is_monotone_and_near_a_measured_step():
+    base = dict(num_tokens=24, token_dim=3, out_dim=2, width=32, depth=2, heads=2, mlp_width=128)
+    config = ModelConfig(**base)
+    estimate = memory.bytes_per_model(config, 16, "adam", backend="cpp")
+    measured = measured_training_bytes(config, 16)
+    assert measured / 2 <= estimate <= 2 * measured, (estimate, measured)
+    bigger = [ModelConfig(**{**base, "width": 64}), ModelConfig(**{**base, "depth": 3}),
+              ModelConfig(**{**base, "num_tokens": 48}), ModelConfig(**{**base, "mlp_width": 256})]
+    for other in bigger:
+        assert memory.bytes_per_model(other, 16, "adam") > memory.bytes_per_model(config, 16, "adam")
+    assert memory.bytes_per_model(config, 32, "adam") > memory.bytes_per_model(config, 16, "adam")
+    # The reference backend materialises the attention map: [B, H, N, N] floats, several times.
+    assert memory.bytes_per_model(config, 16, "adam", backend="reference") - estimate >= 16 * 2 * 24 * 24 * 4
+    assert memory.pack_size(1000, 10_000) == 5 and memory.pack_size(1000, 10) == 1
+    assert memory.free_bytes(torch.device("cpu")) > 0
+
+
+def test_pack_size_follows_free_memory_and_packs_split_by_pe(monkeypatch):
+    args = sweep.build_parser().parse_args(NETSIM[:NETSIM.index("--max-pack")] + ["--pe", "learned,none"])
+    s = sweep.resolve_settings(args)
+    task = sweep.load_task(s)
+    from pe_fast.ops.pe_attention import resolve_backend
+    per_model = memory.bytes_per_model(sweep.model_config(s, task, "learned"), s["batch_size"], s["optimizer"],
+                                       resolve_backend(None, torch.device("cpu")))
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2 * 4 * per_model + 1)  # half of it: 4 models
+    assert sweep.choose_pack_size(s, task) == 4
+    packs = sweep.split_into_packs(sweep.expand_grid(s), 4)
+    assert [[m["pe"] for m in p] for p in packs] == [["learned"] * 4, ["learned"] * 2, ["none"] * 2]
+    assert sweep.choose_pack_size({**s, "max_pack": 3}, task) == 3
+
