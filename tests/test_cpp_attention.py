@@ -112,6 +112,25 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.pe_fast_cpp.attention_backward.default, (qkv, torch.randn_like(out), out, lse, 2))
 
 
+def test_vmap_and_batched_backward_match_a_loop():
+    V = 3
+    inputs = make_inputs(V * 2, 2, 17, 32, 1)
+    x, pe, w, b = (inputs[k].unflatten(0, (V, 2)) for k in ("x", "pe", "w", "b"))
+    op = lambda x, pe, w, b: pe_attention(x, pe, w, b, 2, inputs["probes"], backend="cpp")
+    got = torch.func.vmap(op)(x, pe, w, b)
+    for v in range(V):
+        for g, e in zip(got, op(x[v], pe[v], w[v], b[v])):
+            torch.testing.assert_close(g[v], e, rtol=1e-12, atol=1e-12)
+    # autograd.grad(is_grads_batched=True) vmaps the backward, pe_fast_cpp::attention_backward included
+    leaves = [t[0].clone().requires_grad_() for t in (x, pe, w, b)]
+    out, _ = op(*leaves)
+    grads = inputs["grad"].unflatten(0, (V, 2))
+    got = torch.autograd.grad(out, leaves, grads, is_grads_batched=True, retain_graph=True)
+    expected = [torch.autograd.grad(out, leaves, grads[v], retain_graph=True) for v in range(V)]
+    for i, g in enumerate(got):
+        torch.testing.assert_close(g, torch.stack([e[i] for e in expected]), rtol=1e-12, atol=1e-12)
+
+
 def test_same_result_with_one_and_two_threads():
     inputs = make_inputs(2, 3, 33, 32, 2)
     threads = torch.get_num_threads()

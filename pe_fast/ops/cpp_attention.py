@@ -5,7 +5,8 @@ qkv = (x + pe) @ w + b and the projection's backward stay batched torch GEMMs (`
 torch.ops.pe_fast_cpp.attention_forward / attention_backward, run every (model, batch, head) problem on
 torch's intra-op threads: online softmax over key tiles with the statistics in the same pass, and a
 flash-attention backward that recomputes P from the saved log-sum-exp. The N×N map is never stored.
-They are ops (with fake-tensor rules below) so that autograd tracing (opcheck, torch.compile) sees an op.
+They are ops (with fake-tensor rules below, and a vmap rule for the backward) so that autograd tracing
+(opcheck, torch.compile) sees an op and a batched backward (autograd.grad(is_grads_batched=True)) works.
 float32 and float64; RoPE turns q and k with torch around the kernels; a relative-position bias and other
 dtypes run the reference instead (one logged warning per reason).
 
@@ -20,7 +21,7 @@ import logging
 import torch
 
 from pe_fast.ops import reference
-from pe_fast.ops.pe_attention import Backend, register_backend
+from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
 
 log = logging.getLogger("pe_fast")
 
@@ -88,5 +89,11 @@ else:
     @torch.library.register_fake("pe_fast_cpp::attention_backward")
     def _(qkv, grad_out, out, lse, num_heads):
         return torch.empty_like(qkv)
+
+    @torch.library.register_vmap("pe_fast_cpp::attention_backward")
+    def _(info, in_dims, qkv, grad_out, out, lse, num_heads):
+        # every tensor argument leads with the model axis: vmapped dims fold into it (a batched backward)
+        return fold_into_model_axis(info, in_dims, (qkv, grad_out, out, lse, num_heads), (0, 1, 2, 3),
+                                    torch.ops.pe_fast_cpp.attention_backward)
 
     register_backend("cpp", Backend(forward, backward, ("cpu",)))
