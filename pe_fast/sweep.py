@@ -364,7 +364,7 @@ class Progress:
         self.models_done = sum(len(packs[i]) for i in finished)
         self.trained = 0  # model-steps trained by this process in finished packs
         self.pack, self.size, self.first_step, self.step = None, 0, None, 0  # the pack training here, if any
-        self.start, self.last_draw = time.perf_counter(), 0.0
+        self.start = self.last_draw = time.perf_counter()  # no rate before a second of work
         self.tty = sys.stderr.isatty()
 
     def start_pack(self, index: int, size: int):
@@ -546,6 +546,7 @@ def finish_folder(s: dict, out: Path, task, models: list[dict], num_packs: int) 
 def run(s: dict) -> Path:
     resume = "packs" in s
     out = Path(s["out"]) if s.get("out") else Path("runs") / f"{s['task']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    s["out"] = str(out)
     holder = run_folder.lock_holder(out) if out.is_dir() else None
     if holder is not None:
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
@@ -602,11 +603,18 @@ def run(s: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with one line on an unknown flag
+    settings = {}
     try:
-        run(resume_settings(args) if args.resume else resolve_settings(args))
+        settings = resume_settings(args) if args.resume else resolve_settings(args)
+        run(settings)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        out = settings.get("out") or "DIR"
+        print(f"\ninterrupted; the finished packs and checkpoints are kept: continue with "
+              f"python -m pe_fast.sweep --resume --out {out}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -3,7 +3,9 @@
 A pack is M models of one architecture trained together: one forward pass, one loss (the sum of the models'
 losses, so each model receives exactly its own gradient), one optimizer over stacked tensors (elementwise, so
 it is M independent optimizers). Each model draws its own batches from its own seeded generator. Per-step
-attention statistics stay on the device in a buffer that is copied out once per evaluation.
+attention statistics stay on the device in a buffer that is copied out once per evaluation. PackTrainer's
+state_dict() is everything the rest of the run depends on, so a pack resumed from a checkpoint ends exactly as an
+uninterrupted one.
 """
 from __future__ import annotations
 
