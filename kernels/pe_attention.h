@@ -1,15 +1,16 @@
 // Attention + attention-map statistics of one (model, batch, head) problem, forward and backward.
 //
 // Header-only, no torch, no Python: plain pointers and sizes, templated on float / double. The caller (csrc/)
-// runs one problem per call and spreads the problems over threads; nothing here is shared between calls.
+// runs one problem per call and spreads the problems over threads, one scratch buffer per thread.
 //
-// Forward: online softmax over key tiles of kKeyTile columns (the N×N map exists only as one row of a tile),
-// with the statistics as extra running sums rescaled like the normaliser l = Σ e, e = exp(s − m):
+// Forward: online softmax over key tiles (the N×N map exists only as one [kRowBlock × kKeyTile] tile), with the
+// statistics as extra running sums rescaled like the normaliser l = Σ e, e = exp(s − m):
 //   entropy  = log l − Σ e·(s − m) / l     max prob = 1 / l   (m ends as the row max)
 //   Σ p²     = Σ e² / l²                   probe k  = Σ e·T_k / l
 // The log-sum-exp m + log l of every row is saved; the backward recomputes P from it (flash-attention style).
-// Keys and values are transposed into [dh × N] buffers so that every inner loop runs over keys, contiguously:
-// those are the loops the compiler vectorises (reductions through `omp simd`, enabled by -fopenmp(-simd)).
+// The tile products are small register-blocked GEMMs (`gemm`) whose vector loop runs along contiguous rows:
+// keys are copied transposed to [dh × N] for Q·Kᵀ, values as [N × dh] for P·V. Built with -O3 -march=native
+// -fopenmp(-simd) -fno-trapping-math, gcc vectorises every inner loop (see fast_exp for the last flag).
 #pragma once
 
 #include <algorithm>
@@ -136,7 +137,7 @@ inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_
 // row-major)
 template <bool kAccumulate, typename T>
 inline void gemm(int rows, int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb,
-                     T* c, int64_t ldc) {
+                 T* c, int64_t ldc) {
   int r = 0;
   for (; r + 8 <= rows; r += 8) gemm_rows<kAccumulate, 8>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
   for (; r + 4 <= rows; r += 4) gemm_rows<kAccumulate, 4>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
