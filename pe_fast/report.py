@@ -685,7 +685,10 @@ def write_report(directory: str | os.PathLike) -> Path:
     lines = [f"# pe_fast report: {directory.resolve().name}", ""]
     lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
     baselines = int(is_baseline(results["pe"]).sum())
-    lines += [f"Task **{task}**, {len(results) - baselines} trained models"
+    kinds = results["data_kind"].dropna() if "data_kind" in results else pd.Series(dtype=str)
+    data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
+    lines += [f"Task **{task}**" + (f" on data: **{data_kind}**" if data_kind else "")
+              + f", {len(results) - baselines} trained models"
               + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
               "## What the numbers show", "", statement(run, view), ""]
     if align is not None:

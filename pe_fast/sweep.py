@@ -535,6 +535,8 @@ def finish_folder(s: dict, out: Path, task, models: list[dict], num_packs: int) 
         rows = [dict(task=s["task"], model_id=len(models) + i, seed=math.nan, steps=0, pack=-1, **row)
                 for i, row in enumerate(task.baselines())]
         results = pd.concat([results, pd.DataFrame(rows)], ignore_index=True)
+        # Whether the series are real fMRI, simulated from real FC, or a simulated network: never mix them up.
+        results.insert(1, "data_kind", task.data.kind)
     run_folder.write_atomic(out / "pe_tables.npz", lambda tmp: save_npz(tmp, pe_tables))
     run_folder.write_atomic(out / "curves.parquet", lambda tmp: curves.to_parquet(tmp, index=False))
     table = summary_table(results)
@@ -576,6 +578,8 @@ def run(s: dict) -> Path:
         run_folder.remove_partials(out)
         finished = run_folder.finished_packs(out)
         todo = [i for i in range(len(packs)) if i not in finished]
+        if hasattr(task, "data"):
+            print(f"data: {task.data.kind}: {task.data.source}", file=sys.stderr)
         print(f"pe_fast sweep: task {s['task']}, {len(models)} models in {len(packs)} packs "
               f"({len(finished)} finished before), {s['steps']} steps each, on {s['device']} "
               f"({s['executor']}, {s['threads'] or torch.get_num_threads()} threads)", file=sys.stderr)
