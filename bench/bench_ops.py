@@ -8,6 +8,8 @@ Providers, each computing out AND the statistics from x, pe, w_qkv, b_qkv, probe
   sdpa+stats   QKV GEMM, F.scaled_dot_product_attention for out, then a separate pass computing the
                statistics from a materialised softmax map (what one would write without pe_fast)
   flex+stats   the same with FlexAttention (torch.compile'd) instead of SDPA, where it runs
+  sdpa         QKV GEMM + F.scaled_dot_product_attention WITHOUT the statistics (issue 3's speed bar: the fused
+               op with statistics should beat plain SDPA without them); its stats are a zero placeholder
 Shapes: LST (M·B 4096, N 16, d 160, H 1), fMRI (M·B 256, N 360, d 64, H 4), mid (M·B 1024, N 100, d 64, H 4).
 Precisions: fp32 (IEEE), tf32 (PE_FAST_TF32=1 and torch's allow_tf32), bf16. Modes: forward (no autograd) and
 forward+backward. Time: triton.testing.do_bench (CUDA events, L2 flushed), median and 20/80 % quantiles.
@@ -50,13 +52,15 @@ def map_statistics(q, k, probes, M):
     return reference.attention_statistics(log_p.exp().view(shape), log_p.view(shape), probes)
 
 
-def unfused(attention):
-    """An op made of the QKV GEMM, `attention(q, k, v)` for out, and the statistics pass."""
+def unfused(attention, with_statistics: bool = True):
+    """An op made of the QKV GEMM, `attention(q, k, v)` for out, and (if asked) the statistics pass."""
     def op(x, pe, w, b, heads, probes):
         M, B, N, D = x.shape
         qkv = reference.project_qkv(x, pe, w, b)
         q, k, v = (t.flatten(0, 1) for t in reference.split_heads(qkv, heads))  # [M·B, H, N, dh]
         out = attention(q, k, v).transpose(1, 2).reshape(M, B, N, D)
+        if not with_statistics:
+            return out, None
         with torch.no_grad():
             stats = map_statistics(q, k, probes, M)
         return out, stats
@@ -82,6 +86,7 @@ def providers():
         "triton": lambda *a: pe_attention(*a, backend="triton"),
         "reference": lambda *a: pe_attention(*a, backend="reference"),
         "sdpa+stats": unfused(F.scaled_dot_product_attention),
+        "sdpa": unfused(F.scaled_dot_product_attention, with_statistics=False),
     }
     flex = compiled_flex_attention()
     if flex is not None:
