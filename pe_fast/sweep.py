@@ -46,12 +46,12 @@ TASK_DEFAULTS = {
     "lst": dict(pe="learned,sin2d,none", sigmas="0.1,0.2,2.0", seeds=3, steps=2000, width=64, depth=4, heads=1,
                 batch_size=128, lr=1e-3, optimizer="adamw", schedule="constant", warmup=0, eval_every=250),
     # Real HCP BOLD, Schaefer-100; sized to finish in about 10 minutes on 2 CPU cores (docs/reproduction.md).
-    "fmri": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=400, width=32, depth=2,
+    "fmri": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2,
                  heads=1, mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine", warmup=50,
-                 eval_every=100, eval_items=512),
-    "netsim": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=400, width=32, depth=2,
+                 eval_every=200, eval_items=512),
+    "netsim": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2,
                    heads=1, mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine",
-                   warmup=50, eval_every=100, eval_items=512),
+                   warmup=50, eval_every=200, eval_items=512),
 }
 PRESETS = {
     "lst": {
