@@ -41,20 +41,14 @@ def _warn_fallback(reason: str) -> None:
     log.warning("pe_attention backend 'cpp' runs the reference instead: %s", reason)
 
 
-def _turn_qk(qkv: torch.Tensor, num_heads: int, cos, sin, turn) -> torch.Tensor:
-    """qkv [M,B,N,3D] with q and k turned by `turn` (reference.rotate; reference.unrotate for gradients)."""
-    q, k, v = reference.split_heads(qkv, num_heads)  # [M,B,H,N,dh]
-    turned = torch.stack((turn(q, cos, sin).to(qkv.dtype), turn(k, cos, sin).to(qkv.dtype), v), dim=2)
-    return turned.permute(0, 1, 4, 2, 3, 5).reshape(qkv.shape)  # [M,B,3,H,N,dh] -> [M,B,N,3,H,dh]
-
-
 def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
     reason = _reference_reason(x, bias)
     if reason is not None:
         _warn_fallback(reason)
         return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
     qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)  # returned unturned, as the reference saves it
-    turned = qkv if rope_cos is None else _turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+    turned = qkv if rope_cos is None else reference.turn_qk(qkv, num_heads, rope_cos, rope_sin,
+                                                            reference.rotate)
     out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(turned, num_heads, probes)
     return out, stats, qkv, lse
 
@@ -65,10 +59,10 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     if _reference_reason(x, bias) is not None:
         return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
     if rope_cos is not None:
-        qkv = _turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+        qkv = reference.turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
     dqkv = torch.ops.pe_fast_cpp.attention_backward(qkv, grad_out, out, lse, num_heads)
     if rope_cos is not None:
-        dqkv = _turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
+        dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
     return (*reference.project_qkv_backward(dqkv, x, pe, w_qkv, b_qkv), None)
 
 

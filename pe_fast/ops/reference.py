@@ -45,6 +45,14 @@ def unrotate(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotate(t, cos, -sin)
 
 
+def turn_qk(qkv: Tensor, num_heads: int, cos: Tensor, sin: Tensor, turn) -> Tensor:
+    """qkv [M,B,N,3D] with q and k turned by `turn` (rotate; unrotate for gradients), in qkv's layout: for
+    kernels that take the packed projection and apply RoPE outside."""
+    q, k, v = split_heads(qkv, num_heads)  # [M,B,H,N,dh]
+    turned = torch.stack((turn(q, cos, sin).to(qkv.dtype), turn(k, cos, sin).to(qkv.dtype), v), dim=2)
+    return turned.permute(0, 1, 4, 2, 3, 5).reshape(qkv.shape)  # [M,B,3,H,N,dh] -> [M,B,N,3,H,dh]
+
+
 def accumulation_dtype(t: Tensor) -> torch.dtype:
     """Softmax normalisers are kept in float32 at least (float64 stays float64)."""
     return torch.promote_types(t.dtype, torch.float32)
