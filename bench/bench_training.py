@@ -1,12 +1,14 @@
 """Training throughput of a stacked pack vs the same models trained one after another (issue: foundation §10).
 
-    python bench/bench_training.py [--models 16] [--repeats 5] [--out bench/results/training_cpu.json]
+    python bench/bench_training.py [--models 16] [--repeats 7] [--out bench/results/training_cpu.json]
 
 For each LST shape (16 tokens of 5 features, 4 layers, 1 head, MLP 4·d) it times full training steps
 (forward, backward, AdamW) of (a) one StackedTransformer holding M models and (b) M single-model
 StackedTransformers stepped one after another, in the same process, and reports model-steps/s, the speed-up,
 and the achieved GFLOP/s (matmul FLOPs of forward + backward = 3 × forward) against this machine's
-large-matmul GFLOP/s (2048³ fp32 matmul) measured in the same run (8192³ on a GPU). Medians over --repeats. `--device cuda` runs it on a GPU.
+large-matmul GFLOP/s (2048³ fp32 matmul; 8192³ on a GPU). The stacked step, the one-by-one loop and the large
+matmul are timed in turn within each of --repeats rounds; ratios are per round, then the median. Like the sweep,
+it first sets pe_fast.memory.keep_freed_memory (--default-malloc does not). `--device cuda` runs it on a GPU.
 """
 from __future__ import annotations
 
@@ -21,17 +23,21 @@ from pathlib import Path
 
 import torch
 
+from pe_fast.memory import keep_freed_memory
 from pe_fast.models import ModelConfig, StackedTransformer
 
 N_TOKENS, TOKEN_DIM, CLASSES = 16, 5, 4
 
 
 def step_flops(width: int, depth: int, batch: int, mlp: int) -> float:
-    """Matmul FLOPs of one model's training step (forward ×3 for forward + backward)."""
+    """Matmul FLOPs one model executes in a training step (forward ×3 for forward + backward). Every block
+    projects q, k, v and attends at all N tokens; the output projection and the MLP run at all tokens except in
+    the last block, which computes the readout token only (StackedTransformer with readout_token)."""
     tokens = batch * N_TOKENS
-    per_layer = 2 * tokens * width * 3 * width + 4 * batch * N_TOKENS ** 2 * width \
-        + 2 * tokens * width * width + 4 * tokens * width * mlp
-    forward = depth * per_layer + 2 * tokens * TOKEN_DIM * width + 2 * batch * width * CLASSES
+    attention = 2 * tokens * width * 3 * width + 4 * batch * N_TOKENS ** 2 * width
+    per_token_rest = 2 * width * width + 4 * width * mlp  # output projection + MLP, per token
+    forward = (depth * attention + ((depth - 1) * tokens + batch) * per_token_rest
+               + 2 * tokens * TOKEN_DIM * width + 2 * batch * width * CLASSES)
     return 3.0 * forward
 
 
@@ -40,23 +46,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn, repeats: int, inner: int, device: torch.device) -> float:
-    fn()  # warm-up (and, on a GPU, kernel compilation)
+def seconds(fn, inner: int, device: torch.device) -> float:
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
     synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) / inner)
-    return statistics.median(times)
+    return (time.perf_counter() - start) / inner
 
 
-def large_matmul_gflops(repeats: int, device: torch.device) -> float:
+def large_matmul(device: torch.device):
+    """One large fp32 matmul (2048³ on the CPU, 8192³ on a GPU) and its FLOPs."""
     size = 2048 if device.type == "cpu" else 8192
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    return 2 * size ** 3 / median_seconds(lambda: a @ b, repeats, 5, device) / 1e9
+    return (lambda: a @ b), 2 * size ** 3
 
 
 def training_step(model: StackedTransformer, optimizer, tokens, targets):
@@ -84,44 +86,65 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, d
         for m, (model, opt) in enumerate(zip(alone, alone_opts)):
             training_step(model, opt, tokens[m:m + 1], targets[m:m + 1])
 
-    stacked_s = median_seconds(lambda: training_step(pack, pack_opt, tokens, targets), repeats, 3, device)
-    loop_s = median_seconds(one_by_one, repeats, 1, device)
+    def stacked():
+        training_step(pack, pack_opt, tokens, targets)
+
+    matmul, matmul_flops = large_matmul(device)
+    for fn in (stacked, one_by_one, matmul):  # warm-up (and, on a GPU, kernel compilation)
+        fn()
+    # The three are timed in turn within every repeat, so that a slow spell of a shared machine hits all three
+    # alike; ratios are taken per repeat, then the median.
+    stacked_s, loop_s, matmul_gflops = [], [], []
+    for _ in range(repeats):
+        stacked_s.append(seconds(stacked, 1, device))
+        loop_s.append(seconds(one_by_one, 1, device))
+        matmul_gflops.append(matmul_flops / seconds(matmul, 3, device) / 1e9)
     flops = step_flops(width, depth, batch, 4 * width) * models
+    med = statistics.median
     return {"width": width, "batch": batch, "models": models, "depth": depth,
-            "stacked_step_ms": stacked_s * 1e3, "one_by_one_step_ms": loop_s * 1e3,
-            "stacked_model_steps_per_s": models / stacked_s, "one_by_one_model_steps_per_s": models / loop_s,
-            "speedup": loop_s / stacked_s,
-            "stacked_gflops": flops / stacked_s / 1e9, "one_by_one_gflops": flops / loop_s / 1e9}
+            "stacked_step_ms": med(stacked_s) * 1e3, "one_by_one_step_ms": med(loop_s) * 1e3,
+            "stacked_model_steps_per_s": models / med(stacked_s), "one_by_one_model_steps_per_s": models / med(loop_s),
+            "speedup": med([l / s for l, s in zip(loop_s, stacked_s)]),
+            "stacked_gflops": flops / med(stacked_s) / 1e9, "one_by_one_gflops": flops / med(loop_s) / 1e9,
+            "large_matmul_gflops": med(matmul_gflops),
+            "stacked_fraction_of_large_matmul": med([flops / s / 1e9 / p for s, p in zip(stacked_s, matmul_gflops)]),
+            "one_by_one_fraction_of_large_matmul": med([flops / s / 1e9 / p for s, p in zip(loop_s, matmul_gflops)]),
+            "stacked_all_ms": [t * 1e3 for t in stacked_s], "one_by_one_all_ms": [t * 1e3 for t in loop_s],
+            "large_matmul_all_gflops": matmul_gflops}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", type=int, default=16)
+    p.add_argument("--models", type=int, default=16, help="models per pack, where a shape does not say")
     p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--shapes", default="64x32,64x128,160x32,160x128", help="width x batch, comma-separated")
+    p.add_argument("--shapes", default="64x32,64x32x64,64x128,160x32,160x128",
+                   help="WIDTHxBATCH or WIDTHxBATCHxMODELS, comma-separated")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's malloc as it is (the sweep sets pe_fast.memory.keep_freed_memory)")
     p.add_argument("--out", default="bench/results/training_cpu.json")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    kept = False if args.default_malloc else keep_freed_memory()
     device = torch.device(args.device)
-    peak = large_matmul_gflops(args.repeats, device)
     rows = []
-    for width, batch in (tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")):
-        row = bench_shape(width, batch, args.models, args.depth, args.repeats, device)
-        row["stacked_fraction_of_large_matmul"] = row["stacked_gflops"] / peak
-        row["one_by_one_fraction_of_large_matmul"] = row["one_by_one_gflops"] / peak
+    for shape in args.shapes.split(","):
+        width, batch, *models = (int(v) for v in shape.split("x"))
+        models = models[0] if models else args.models
+        row = bench_shape(width, batch, models, args.depth, args.repeats, device)
         rows.append(row)
-        print(f"d={width:4d} batch={batch:4d} M={args.models}: stacked {row['stacked_model_steps_per_s']:8.1f} "
+        print(f"d={width:4d} batch={batch:4d} M={models:3d}: stacked {row['stacked_model_steps_per_s']:8.1f} "
               f"model-steps/s, one by one {row['one_by_one_model_steps_per_s']:8.1f} ({row['speedup']:.2f}×); "
               f"{row['stacked_gflops']:.1f} GFLOP/s = {100 * row['stacked_fraction_of_large_matmul']:.0f} % "
-              f"of large matmul ({peak:.1f})", flush=True)
+              f"of large matmul ({row['large_matmul_gflops']:.1f})", flush=True)
     result = {"benchmark": "training_step", "machine": platform.processor() or platform.machine(),
               "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "backend": os.environ.get("PE_FAST_BACKEND", "default"), "large_matmul_gflops": peak, "repeats": args.repeats, "rows": rows,
+              "backend": os.environ.get("PE_FAST_BACKEND", "default"), "keep_freed_memory": kept,
+              "load_average_at_start": os.getloadavg(), "repeats": args.repeats, "rows": rows,
               "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

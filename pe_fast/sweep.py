@@ -275,7 +275,8 @@ def resume_settings(args: argparse.Namespace) -> dict:
 
 
 def apply_runtime(s: dict):
-    """Process-wide settings, in the sweep's process and in every Ray worker: threads and backend."""
+    """Process-wide settings, in the sweep's process and in every Ray worker: threads, backend, malloc."""
+    memory.keep_freed_memory()
     if s["threads"]:
         torch.set_num_threads(s["threads"])
     if s["backend"] is not None:
