@@ -25,6 +25,7 @@ import torch
 
 from pe_fast.memory import keep_freed_memory
 from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.train import TrainConfig, make_optimizer
 
 N_TOKENS, TOKEN_DIM, CLASSES = 16, 5, 4
 
@@ -78,9 +79,10 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, d
     targets = torch.randint(0, CLASSES, (models, batch), device=device)
 
     pack = StackedTransformer(config, seeds, [0.2] * models).to(device)
-    pack_opt = torch.optim.AdamW(pack.parameters(), lr=1e-4)
+    optimizer = TrainConfig(steps=1, lr=1e-4, optimizer="adamw")  # the sweep's optimizer
+    pack_opt = make_optimizer(pack.parameters(), optimizer)
     alone = [StackedTransformer(config, [s], [0.2]).to(device) for s in seeds]
-    alone_opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in alone]
+    alone_opts = [make_optimizer(m.parameters(), optimizer) for m in alone]
 
     def one_by_one():
         for m, (model, opt) in enumerate(zip(alone, alone_opts)):

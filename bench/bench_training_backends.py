@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pe_fast.memory import keep_freed_memory
 from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.train import TrainConfig, make_optimizer
 
 SHAPES = {  # name: (N, token_dim, out_dim, readout_token, width, heads, models, batch)
     "lst": (16, 5, 4, 15, 64, 1, 16, 128),
@@ -40,7 +42,7 @@ def make_step(name: str, depth: int):
     config = ModelConfig(num_tokens=N, token_dim=token_dim, out_dim=out_dim, width=width, depth=depth, heads=heads,
                          mlp_width=4 * width, pe="learned", readout_token=readout)
     model = StackedTransformer(config, list(range(M)), [0.2] * M)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = make_optimizer(model.parameters(), TrainConfig(steps=1, lr=1e-4, optimizer="adamw"))
     g = torch.Generator().manual_seed(0)
     tokens = torch.randn(M, B, N, token_dim, generator=g)
     targets = torch.randint(0, out_dim, (M, B), generator=g) if readout is not None else \
@@ -69,6 +71,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the sweep does
     backends = args.backends.split(",")
     rows = []
     for name in args.shapes.split(","):

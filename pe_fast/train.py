@@ -52,10 +52,12 @@ class PackResult:
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    # fused: one multi-tensor kernel per step instead of about ten ops per parameter tensor: about 10 % of a
+    # training step at d = 64 on the CPU (bench/bench_training.py)
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     raise ValueError(f"unknown optimizer {config.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")

@@ -4,12 +4,14 @@ import pytest
 import torch
 
 from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.train import TrainConfig, make_optimizer
 
 GRID = np.stack(np.divmod(np.arange(16), 4), axis=1).astype(float)
 
 
 def train(model, inputs, targets, steps=20):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    # the sweep's optimizer (fused AdamW: one multi-tensor update for the whole pack)
+    optimizer = make_optimizer(model.parameters(), TrainConfig(steps, lr=1e-3, optimizer="adamw", weight_decay=0.01))
     for _ in range(steps):
         outputs, _ = model(inputs)
         loss = torch.nn.functional.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none")

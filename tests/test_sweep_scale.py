@@ -219,3 +219,29 @@ def test_pack_size_follows_free_memory_and_packs_split_by_pe(monkeypatch):
     assert [[m["pe"] for m in p] for p in packs] == [["learned"] * 4, ["learned"] * 2, ["none"] * 2]
     assert sweep.choose_pack_size({**s, "max_pack": 3}, task) == 3
 
+
+
+FAULTS_OF_REPEATED_BIG_TENSORS = """
+import resource, sys, torch
+from pe_fast import memory
+if sys.argv[1] == "keep":
+    assert memory.keep_freed_memory()
+for _ in range(12):  # 64 MiB, allocated and freed: glibc's heap settles after a few rounds
+    torch.ones(16 * 2 ** 20)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    torch.ones(16 * 2 ** 20)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_keep_freed_memory_stops_page_faults_on_reused_blocks():
+    """A training step frees and reallocates the same big blocks: with keep_freed_memory the heap reuses them
+    (after warming up); by default each 64 MiB tensor is a fresh mmap that faults in 16,384 pages again."""
+    def faults(mode):
+        run = subprocess.run([sys.executable, "-c", FAULTS_OF_REPEATED_BIG_TENSORS, mode], capture_output=True,
+                             text=True, check=True)
+        return int(run.stdout.split()[-1])
+    assert faults("default") > 5 * 10_000
+    assert faults("keep") < 1_000
