@@ -20,9 +20,10 @@ from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
+# Long enough (160 steps a pack) that the kills below land before the end.
 NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
           "--width", "16", "--depth", "1", "--batch-size", "16", "--seeds", "2", "--pe", "learned",
-          "--sigmas", "0.1,1,2", "--max-pack", "2", "--steps", "80", "--eval-every", "40",
+          "--sigmas", "0.1,1,2", "--max-pack", "2", "--steps", "160", "--eval-every", "80",
           "--checkpoint-every", "10", "--threads", "1", "--no-report"]
 TIMING = ["train_seconds"]
 
@@ -83,7 +84,7 @@ def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, caps
         assert sweep.main(args) == 2
         err = capsys.readouterr().err
         assert f"pid {first.pid}" in err and len(err.strip().splitlines()) == 1, err
-    time.sleep(rng.uniform(0, 1.0))
+    time.sleep(rng.uniform(0, 0.5))
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert first.returncode == -signal.SIGKILL
@@ -91,7 +92,7 @@ def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, caps
     second = start_sweep("--resume", "--out", str(out), "--threads", "1")
     seen = progress_marks(out)
     wait_for(lambda: progress_marks(out) - seen, second)  # it has saved something of its own
-    time.sleep(rng.uniform(0, 0.5))
+    time.sleep(rng.uniform(0, 0.1))
     second.send_signal(signal.SIGKILL)
     _, err = second.communicate()
     assert second.returncode == -signal.SIGKILL
