@@ -55,7 +55,7 @@ TASK_DEFAULTS = {
 }
 PRESETS = {
     "lst": {
-        # Fits 2 CPU cores in about 15 minutes and shows the paper's effect (docs/reproduction.md).
+        # Fits 2 CPU cores in about 10 minutes and shows the paper's effect (docs/reproduction.md).
         "cpu": dict(pe="learned,sin2d", sigmas="0.2,2.0", seeds=3, steps=6000, width=32, depth=4, heads=1,
                     mlp_width=128, batch_size=64, lr=2e-3, schedule="cosine", warmup=200, eval_every=1000),
         # The authors' configuration (notes/paper.md §2.4–2.6): 4000 epochs of 63 steps; meant for a GPU.
