@@ -23,21 +23,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_training import CLASSES, N_TOKENS, TOKEN_DIM, training_step  # noqa: E402
+from bench_training import SWEEP_OPTIMIZER, lst_model, random_batch, training_step  # noqa: E402
 
 import pe_fast.models.layers as layers  # noqa: E402
 import pe_fast.models.transformer as transformer  # noqa: E402
 from pe_fast.memory import keep_freed_memory  # noqa: E402
-from pe_fast.models import ModelConfig, StackedTransformer  # noqa: E402
-from pe_fast.train import TrainConfig, make_optimizer  # noqa: E402
+from pe_fast.ops import reference  # noqa: E402
+from pe_fast.train import make_optimizer  # noqa: E402
 
 
 def values_only(h, pe, w_qkv, b_qkv, num_heads, probes=None, rope=None, bias=None):
     """The QKV projection of pe_attention without the attention: returns v."""
-    x = h + pe[:, None]
-    M, B, N, D = x.shape
-    qkv = torch.baddbmm(b_qkv[:, None], x.reshape(M, B * N, D), w_qkv)
-    return qkv[..., 2 * D:].reshape(M, B, N, D), torch.zeros(M, num_heads, 3)
+    qkv = reference.project_qkv(h, pe, w_qkv, b_qkv)
+    D = h.shape[-1]
+    return qkv[..., 2 * D:], torch.zeros(h.shape[0], num_heads, 3)
 
 
 def replace(module, name, value):
@@ -63,12 +62,10 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/step_breakdown_cpu.json")
     args = p.parse_args()
     keep_freed_memory()
-    config = ModelConfig(num_tokens=N_TOKENS, token_dim=TOKEN_DIM, out_dim=CLASSES, width=args.width, depth=4,
-                         heads=1, mlp_width=4 * args.width, pe="learned", readout_token=N_TOKENS - 1)
-    tokens = torch.randn(args.models, args.batch, N_TOKENS, TOKEN_DIM)
-    targets = torch.randint(0, CLASSES, (args.models, args.batch))
-    pack = StackedTransformer(config, list(range(args.models)), [0.2] * args.models)
-    optimizer = make_optimizer(pack.parameters(), TrainConfig(steps=1, lr=1e-4, optimizer="adamw"))
+    cpu = torch.device("cpu")
+    tokens, targets = random_batch(args.models, args.batch, cpu)
+    pack = lst_model(args.width, 4, list(range(args.models)), cpu)
+    optimizer = make_optimizer(pack.parameters(), SWEEP_OPTIMIZER)
     times = {name: [] for name in VARIANTS}
     for round_ in range(args.repeats + 2):  # two warm-up rounds
         for name, apply in VARIANTS.items():

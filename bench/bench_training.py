@@ -71,18 +71,29 @@ def training_step(model: StackedTransformer, optimizer, tokens, targets):
     optimizer.step()
 
 
-def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, device: torch.device) -> dict:
+SWEEP_OPTIMIZER = TrainConfig(steps=1, lr=1e-4, optimizer="adamw")  # make_optimizer: the sweep's (fused) AdamW
+
+
+def lst_model(width: int, depth: int, seeds: list[int], device: torch.device) -> StackedTransformer:
+    """The LST-shaped pack every benchmark here times: 1 head, MLP 4·d, learned PE, readout at the last token."""
     config = ModelConfig(num_tokens=N_TOKENS, token_dim=TOKEN_DIM, out_dim=CLASSES, width=width, depth=depth,
                          heads=1, mlp_width=4 * width, pe="learned", readout_token=N_TOKENS - 1)
-    seeds = list(range(models))
-    tokens = torch.randn(models, batch, N_TOKENS, TOKEN_DIM, device=device)
-    targets = torch.randint(0, CLASSES, (models, batch), device=device)
+    return StackedTransformer(config, seeds, [0.2] * len(seeds)).to(device)
 
-    pack = StackedTransformer(config, seeds, [0.2] * models).to(device)
-    optimizer = TrainConfig(steps=1, lr=1e-4, optimizer="adamw")  # the sweep's optimizer
-    pack_opt = make_optimizer(pack.parameters(), optimizer)
-    alone = [StackedTransformer(config, [s], [0.2]).to(device) for s in seeds]
-    alone_opts = [make_optimizer(m.parameters(), optimizer) for m in alone]
+
+def random_batch(models: int, batch: int, device: torch.device):
+    """Random tokens [M,B,N,token_dim] and class targets [M,B]."""
+    return (torch.randn(models, batch, N_TOKENS, TOKEN_DIM, device=device),
+            torch.randint(0, CLASSES, (models, batch), device=device))
+
+
+def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, device: torch.device) -> dict:
+    seeds = list(range(models))
+    tokens, targets = random_batch(models, batch, device)
+    pack = lst_model(width, depth, seeds, device)
+    pack_opt = make_optimizer(pack.parameters(), SWEEP_OPTIMIZER)
+    alone = [lst_model(width, depth, [s], device) for s in seeds]
+    alone_opts = [make_optimizer(m.parameters(), SWEEP_OPTIMIZER) for m in alone]
 
     def one_by_one():
         for m, (model, opt) in enumerate(zip(alone, alone_opts)):
