@@ -1,7 +1,8 @@
 // The torch glue of the C++ CPU backend: two ops on the projected qkv, registered as torch.ops.pe_fast_cpp.*
 // (their fake-tensor rules are in pe_fast/ops/cpp_attention.py). The QKV projection and its backward stay
 // batched ATen GEMMs in Python; these ops run kernels/pe_attention.h over every (model, batch, head) problem,
-// spread over ATen's intra-op threads (torch.set_num_threads).
+// spread over ATen's intra-op threads (torch.set_num_threads). q, k, v are qkv [M,B,N,3D] plus, when given,
+// the per-model addend [M,N,3D] (pe·W + b, pe_fast/ops/projection.py), added as the kernels load them.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -25,17 +26,35 @@ Dims dims_of(const at::Tensor& qkv, int64_t num_heads) {
 }
 
 template <typename T>
-pe_fast::Problem<T> problem(const T* qkv, const Dims& s, int64_t p) {
+pe_fast::Problem<T> problem(const T* qkv, const T* addend, const Dims& s, int64_t p) {
   // problem p = (m·B + b)·H + h: the row order of lse [M,B,H,N]
   const T* q = qkv + (p / s.H) * s.N * 3 * s.D + (p % s.H) * s.dh;
-  return {q, q + s.D, q + 2 * s.D, 3 * s.D, static_cast<int>(s.N), static_cast<int>(s.dh)};
+  pe_fast::Problem<T> pr{q, q + s.D, q + 2 * s.D, 3 * s.D, static_cast<int>(s.N), static_cast<int>(s.dh)};
+  if (addend != nullptr) {
+    pr.add_q = addend + (p / s.H / s.B) * s.N * 3 * s.D + (p % s.H) * s.dh;
+    pr.add_k = pr.add_q + s.D;
+    pr.add_v = pr.add_q + 2 * s.D;
+    pr.add_stride = 3 * s.D;
+  }
+  return pr;
 }
 
-// qkv [M,B,N,3D] -> out [M,B,N,D], stats [M,H,3+K] float32 (means over batch and rows), lse [M,B,H,N]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv_in, int64_t num_heads,
+// the addend as a contiguous [M,N,3D] tensor of qkv's dtype, or an undefined tensor
+at::Tensor addend_of(const std::optional<at::Tensor>& addend, const at::Tensor& qkv, const Dims& s) {
+  if (!addend.has_value()) return at::Tensor();
+  TORCH_CHECK(addend->dim() == 3 && addend->size(0) == s.M && addend->size(1) == s.N && addend->size(2) == 3 * s.D,
+              "addend must be [M,N,3D] like qkv [M,B,N,3D]");
+  return addend->to(qkv.scalar_type()).contiguous();
+}
+
+// qkv [M,B,N,3D] (+ addend [M,N,3D]) -> out [M,B,N,D], stats [M,H,3+K] float32 (means over batch and rows), lse [M,B,H,N]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv_in,
+                                                                 const std::optional<at::Tensor>& addend_in,
+                                                                 int64_t num_heads,
                                                                  const std::optional<at::Tensor>& probes_in) {
   const at::Tensor qkv = qkv_in.contiguous();
   const Dims s = dims_of(qkv, num_heads);
+  const at::Tensor addend = addend_of(addend_in, qkv, s);
   const int64_t K = probes_in.has_value() ? probes_in->size(0) : 0;
   at::Tensor out = at::empty({s.M, s.B, s.N, s.D}, qkv.options());
   at::Tensor lse = at::empty({s.M, s.B, s.H, s.N}, qkv.options());
@@ -43,6 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "pe_fast_cpp::attention_forward", [&] {
     const at::Tensor probes = K ? probes_in->to(qkv.scalar_type()).contiguous() : at::Tensor();
     const scalar_t* qkv_p = qkv.const_data_ptr<scalar_t>();
+    const scalar_t* add_p = addend.defined() ? addend.const_data_ptr<scalar_t>() : nullptr;
     const scalar_t* probe_p = K ? probes.const_data_ptr<scalar_t>() : nullptr;
     scalar_t* out_p = out.mutable_data_ptr<scalar_t>();
     scalar_t* lse_p = lse.mutable_data_ptr<scalar_t>();
@@ -50,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
     at::parallel_for(0, s.M * s.B * s.H, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scratch;  // one per thread's range of problems
       for (int64_t p = begin; p < end; ++p)
-        pe_fast::attention_forward(problem(qkv_p, s, p), probe_p, static_cast<int>(K),
+        pe_fast::attention_forward(problem(qkv_p, add_p, s, p), probe_p, static_cast<int>(K),
                                    out_p + (p / s.H) * s.N * s.D + (p % s.H) * s.dh, s.D, lse_p + p * s.N,
                                    sums_p + p * (3 + K), scratch);
     });
@@ -60,17 +80,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   return {out, stats, lse};
 }
 
-// dqkv [M,B,N,3D] of the attention, from the forward's qkv, out and lse and the gradient of out
-at::Tensor attention_backward(const at::Tensor& qkv_in, const at::Tensor& grad_out_in, const at::Tensor& out_in,
-                              const at::Tensor& lse_in, int64_t num_heads) {
+// dqkv [M,B,N,3D] of the attention (q, k, v's gradient: xw's, and the addend's before its sum over B), from
+// the forward's qkv, addend, out and lse and the gradient of out
+at::Tensor attention_backward(const at::Tensor& qkv_in, const std::optional<at::Tensor>& addend_in,
+                              const at::Tensor& grad_out_in, const at::Tensor& out_in, const at::Tensor& lse_in,
+                              int64_t num_heads) {
   const at::Tensor qkv = qkv_in.contiguous();
   const Dims s = dims_of(qkv, num_heads);
+  const at::Tensor addend = addend_of(addend_in, qkv, s);
   const at::Tensor grad_out = grad_out_in.to(qkv.scalar_type()).contiguous();
   const at::Tensor out = out_in.to(qkv.scalar_type()).contiguous();
   const at::Tensor lse = lse_in.to(qkv.scalar_type()).contiguous();
   at::Tensor dqkv = at::empty_like(qkv);
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "pe_fast_cpp::attention_backward", [&] {
     const scalar_t* qkv_p = qkv.const_data_ptr<scalar_t>();
+    const scalar_t* add_p = addend.defined() ? addend.const_data_ptr<scalar_t>() : nullptr;
     const scalar_t* grad_p = grad_out.const_data_ptr<scalar_t>();
     const scalar_t* out_p = out.const_data_ptr<scalar_t>();
     const scalar_t* lse_p = lse.const_data_ptr<scalar_t>();
@@ -80,7 +104,7 @@ at::Tensor attention_backward(const at::Tensor& qkv_in, const at::Tensor& grad_o
       for (int64_t p = begin; p < end; ++p) {
         const int64_t at_out = (p / s.H) * s.N * s.D + (p % s.H) * s.dh;
         scalar_t* dq = dqkv_p + (p / s.H) * s.N * 3 * s.D + (p % s.H) * s.dh;
-        pe_fast::attention_backward(problem(qkv_p, s, p), out_p + at_out, grad_p + at_out, s.D, lse_p + p * s.N,
+        pe_fast::attention_backward(problem(qkv_p, add_p, s, p), out_p + at_out, grad_p + at_out, s.D, lse_p + p * s.N,
                                     dq, dq + s.D, dq + 2 * s.D, 3 * s.D, scratch);
       }
     });
@@ -91,8 +115,9 @@ at::Tensor attention_backward(const at::Tensor& qkv_in, const at::Tensor& grad_o
 }  // namespace
 
 TORCH_LIBRARY(pe_fast_cpp, m) {
-  m.def("attention_forward(Tensor qkv, int num_heads, Tensor? probes) -> (Tensor, Tensor, Tensor)");
-  m.def("attention_backward(Tensor qkv, Tensor grad_out, Tensor out, Tensor lse, int num_heads) -> Tensor");
+  m.def("attention_forward(Tensor qkv, Tensor? addend, int num_heads, Tensor? probes) -> (Tensor, Tensor, Tensor)");
+  m.def("attention_backward(Tensor qkv, Tensor? addend, Tensor grad_out, Tensor out, Tensor lse, int num_heads) "
+        "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pe_fast_cpp, CPU, m) {

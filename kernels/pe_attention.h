@@ -79,6 +79,9 @@ inline T fast_exp(T x) {
 }
 
 // One problem's q, k, v: token i's vectors start at q + i·qkv_stride (likewise k, v); head dim dh.
+// Optionally a per-token addend in the same layout (token i's at add_q + i·add_stride, likewise add_k, add_v;
+// nullptr: none), added as the operands are loaded: the caller passes x·W and (pe·W + b) apart, which saves
+// it the passes over the activations that adding them would cost (pe_fast/ops/projection.py).
 template <typename T>
 struct Problem {
   const T* q;
@@ -87,32 +90,49 @@ struct Problem {
   int64_t qkv_stride;
   int n;
   int dh;
+  const T* add_q = nullptr;
+  const T* add_k = nullptr;
+  const T* add_v = nullptr;
+  int64_t add_stride = 0;
 };
+
+// dst[d·dst_step] = (src[d] + add[d])·scale for d < dh; add == nullptr: nothing added. The branch sits outside
+// the loops, so each stays one vectorisable loop.
+template <typename T>
+inline void load_row(const T* __restrict__ src, const T* __restrict__ add, T scale, int dh, T* __restrict__ dst,
+                     int64_t dst_step) {
+  if (add != nullptr) {
+#pragma omp simd
+    for (int d = 0; d < dh; ++d) dst[d * dst_step] = (src[d] + add[d]) * scale;
+  } else {
+#pragma omp simd
+    for (int d = 0; d < dh; ++d) dst[d * dst_step] = src[d] * scale;
+  }
+}
 
 // Copies one problem's q, k and v out of the packed [n × 3D] projection in a single pass over its tokens, in
 // memory order: the qkv tensor is far larger than the caches, and three strided passes (one per operand) read
 // memory at about half the speed of one sequential pass (measured on the 2-core CI machine).
-//   q_rows [n × dh] = scale·q (nullptr: skipped);  k_cols, v_cols [dh × n] (transposed; nullptr: skipped);
+//   q_rows [n × dh] = scale·(q + add_q) (nullptr: skipped);  k_cols, v_cols [dh × n] (transposed; nullptr: skipped);
 //   k_rows, v_rows [n × dh] (nullptr: skipped)
 template <typename T>
 inline void load_problem(const Problem<T>& pr, T scale, T* __restrict__ q_rows, T* __restrict__ k_cols,
                          T* __restrict__ k_rows, T* __restrict__ v_cols, T* __restrict__ v_rows) {
   const int n = pr.n, dh = pr.dh;
+  const bool added = pr.add_q != nullptr;
   for (int j = 0; j < n; ++j) {
-    const T* __restrict__ q = pr.q + j * pr.qkv_stride;
-    const T* __restrict__ k = pr.k + j * pr.qkv_stride;
-    const T* __restrict__ v = pr.v + j * pr.qkv_stride;
+    const T* q = pr.q + j * pr.qkv_stride;
+    const T* k = pr.k + j * pr.qkv_stride;
+    const T* v = pr.v + j * pr.qkv_stride;
+    const T* add_q = added ? pr.add_q + j * pr.add_stride : nullptr;
+    const T* add_k = added ? pr.add_k + j * pr.add_stride : nullptr;
+    const T* add_v = added ? pr.add_v + j * pr.add_stride : nullptr;
     const int64_t row = static_cast<int64_t>(j) * dh;
-    if (q_rows != nullptr) {
-#pragma omp simd
-      for (int d = 0; d < dh; ++d) q_rows[row + d] = q[d] * scale;
-    }
-    if (k_cols != nullptr)
-      for (int d = 0; d < dh; ++d) k_cols[static_cast<int64_t>(d) * n + j] = k[d];
-    if (k_rows != nullptr) std::copy(k, k + dh, k_rows + row);
-    if (v_cols != nullptr)
-      for (int d = 0; d < dh; ++d) v_cols[static_cast<int64_t>(d) * n + j] = v[d];
-    if (v_rows != nullptr) std::copy(v, v + dh, v_rows + row);
+    if (q_rows != nullptr) load_row(q, add_q, scale, dh, q_rows + row, 1);
+    if (k_cols != nullptr) load_row(k, add_k, T(1), dh, k_cols + j, n);
+    if (k_rows != nullptr) load_row(k, add_k, T(1), dh, k_rows + row, 1);
+    if (v_cols != nullptr) load_row(v, add_v, T(1), dh, v_cols + j, n);
+    if (v_rows != nullptr) load_row(v, add_v, T(1), dh, v_rows + row, 1);
   }
 }
 

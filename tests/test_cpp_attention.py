@@ -58,6 +58,7 @@ CASES = {  # M, B, N, D, H, K, pe, b_qkv, logit scale
     "N16-dh16-H3": (3, 2, 16, 48, 3, 3, True, True, 1.0),
     "N130-two-key-tiles-peaked-rows": (1, 2, 130, 24, 1, 1, True, True, 4.0),
     "N1": (1, 2, 1, 8, 2, 1, True, True, 1.0),
+    "N33-no-pe-no-bias": (2, 2, 33, 32, 2, 1, False, False, 1.0),
 }
 
 
@@ -71,12 +72,14 @@ def test_matches_reference(case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_saved_qkv_and_lse_match_reference(dtype):
-    from pe_fast.ops import cpp_attention
+def test_saved_projection_and_lse_match_reference(dtype):
+    """The backend saves x @ w (its kernels add pe @ w + b on load): with the addend, it is the reference's qkv."""
+    from pe_fast.ops import cpp_attention, projection
     inputs = make_inputs(2, 2, 37, 48, 1)
     args = [None if inputs[k] is None else inputs[k].to(dtype) for k in ("x", "pe", "w", "b")]
-    _, _, qkv, lse = cpp_attention.forward(*args, 3, inputs["probes"].to(dtype))
+    _, _, xw, lse = cpp_attention.forward(*args, 3, inputs["probes"].to(dtype))
     _, _, qkv_ref, lse_ref = reference.forward(*[a.double() for a in args], 3, inputs["probes"])
+    qkv = projection.full_projection(xw, projection.token_addend(*args[1:], 37))
     assert lse.dtype == reference.accumulation_dtype(qkv)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     assert_relative({"qkv": qkv, "lse": lse}, {"qkv": qkv_ref, "lse": lse_ref}, tol)
@@ -106,10 +109,12 @@ def test_opcheck():
     x, pe, w, b = (inputs[k].float().requires_grad_() for k in ("x", "pe", "w", "b"))
     probes = inputs["probes"].float()
     torch.library.opcheck(torch.ops.pe_fast.pe_attention.default, (x, pe, w, b, 2, probes, None, None, None, "cpp"))
-    qkv = torch.randn(1, 2, 17, 48)
-    out, _, lse = torch.ops.pe_fast_cpp.attention_forward(qkv, 2, probes)
-    torch.library.opcheck(torch.ops.pe_fast_cpp.attention_forward.default, (qkv, 2, probes))
-    torch.library.opcheck(torch.ops.pe_fast_cpp.attention_backward.default, (qkv, torch.randn_like(out), out, lse, 2))
+    qkv, addend = torch.randn(1, 2, 17, 48), torch.randn(1, 17, 48)
+    for part in (None, addend):
+        out, _, lse = torch.ops.pe_fast_cpp.attention_forward(qkv, part, 2, probes)
+        torch.library.opcheck(torch.ops.pe_fast_cpp.attention_forward.default, (qkv, part, 2, probes))
+        torch.library.opcheck(torch.ops.pe_fast_cpp.attention_backward.default,
+                              (qkv, part, torch.randn_like(out), out, lse, 2))
 
 
 def test_vmap_and_batched_backward_match_a_loop():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from pe_fast.ops import pe_attention, reference, triton_attention  # noqa: E402
+from pe_fast.ops import pe_attention, projection, reference, triton_attention  # noqa: E402
 from pe_fast.ops.pe_attention import resolve_backend  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -94,9 +94,11 @@ def test_interpreter_matches_reference_fp32(case):
     M, B, N, D, H, K, with_pe, with_bias = case
     inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias)
     assert_relative(run(inputs, H, torch.float32, "triton"), run(inputs, H, torch.float64, "reference"), 1e-5)
-    # the saved tensors of the backend's forward too: qkv and the natural-log lse
+    # the saved tensors of the backend's forward too: x @ w (the kernels add pe @ w + b on load; with it, the
+    # reference's qkv) and the natural-log lse
     args = [None if inputs[k] is None else inputs[k].float() for k in ("x", "pe", "w", "b")]
-    _, _, qkv, lse = triton_attention.forward(*args, H, inputs["probes"])
+    _, _, xw, lse = triton_attention.forward(*args, H, inputs["probes"])
+    qkv = projection.full_projection(xw, projection.token_addend(*args[1:], N))
     _, _, qkv_ref, lse_ref = reference.forward(*[None if a is None else a.double() for a in args], H, inputs["probes"])
     assert lse.dtype == torch.float32
     assert_relative({"qkv": qkv, "lse": lse}, {"qkv": qkv_ref, "lse": lse_ref}, 1e-5)
@@ -148,9 +150,11 @@ def test_interpreter_opcheck():
     x, pe, w, b = (inputs[k].float().requires_grad_() for k in ("x", "pe", "w", "b"))
     torch.library.opcheck(torch.ops.pe_fast.pe_attention.default,
                           (x, pe, w, b, 2, inputs["probes"].float(), None, None, None, "triton"))
-    out, _, qkv, lse = triton_attention.forward(x.detach(), pe.detach(), w.detach(), b.detach(), 2)
-    torch.library.opcheck(torch.ops.pe_fast.triton_attention_backward.default,
-                          (qkv, inputs["grad"].float(), out, lse, 2))
+    out, _, xw, lse = triton_attention.forward(x.detach(), pe.detach(), w.detach(), b.detach(), 2)
+    addend = projection.token_addend(pe.detach(), w.detach(), b.detach(), 17)
+    for part in (None, addend):
+        torch.library.opcheck(torch.ops.pe_fast.triton_attention_backward.default,
+                              (xw, part, inputs["grad"].float(), out, lse, 2))
 
 
 @interpreter

@@ -35,6 +35,7 @@ class Job(NamedTuple):
     blocks: tuple[int, ...]
     num_warps: int
     num_stages: int
+    addend: bool = False  # HAS_ADDEND: the kernel adds pe·W + b to q, k, v as it loads them
 
 
 def jobs() -> list[Job]:
@@ -42,10 +43,13 @@ def jobs() -> list[Job]:
     found = []
     for c in ta.all_kernel_configs():
         for precision in ("ieee", "tf32") if c.dtype == torch.float32 else ("ieee",):
-            found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed, (c.fwd_block_m, c.fwd_block_n),
-                             c.fwd_warps, c.fwd_stages))
-            found.append(Job("bwd", c.dtype, precision, c.head_pad, c.bwd_packed, (c.bwd_block,), c.bwd_warps,
-                             c.bwd_stages))
+            # the packed kernels also come with the addend added on load (triton_attention._kernel_operands)
+            for addend in (False, True) if c.fwd_packed else (False,):
+                found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed,
+                                 (c.fwd_block_m, c.fwd_block_n), c.fwd_warps, c.fwd_stages, addend))
+            for addend in (False, True) if c.bwd_packed else (False,):
+                found.append(Job("bwd", c.dtype, precision, c.head_pad, c.bwd_packed, (c.bwd_block,), c.bwd_warps,
+                                 c.bwd_stages, addend))
         if c.pre_block:
             found.append(Job("bwd_preprocess", c.dtype, None, c.head_pad, False, (c.pre_block,), 4, 1))
     return list(dict.fromkeys(found))
@@ -58,15 +62,15 @@ def source(job: Job) -> ASTSource:
     const = dict(N=16 if job.packed else 360, H=heads, D=heads * head_dim, HEAD_PAD=job.head_pad)
     if job.kernel == "fwd":
         fn = ta._pe_attention_fwd_kernel
-        args = {"qkv_ptr": t, "probe_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32", "stat_ptr": "*fp32",
-                "num_problems": "i32", "B": "i32", "qk_scale": "fp32"}
+        args = {"qkv_ptr": t, "add_ptr": t, "probe_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32",
+                "stat_ptr": "*fp32", "num_problems": "i32", "B": "i32", "qk_scale": "fp32"}
         const.update(NUM_PROBES=2, PROBE_PAD=2, BLOCK_M=job.blocks[0], BLOCK_N=job.blocks[1], PACKED=job.packed,
-                     PRECISION=job.precision)
+                     PRECISION=job.precision, HAS_ADDEND=job.addend)
     elif job.kernel == "bwd":
         fn = ta._pe_attention_bwd_kernel
-        args = {"qkv_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dqkv_ptr": t,
-                "num_problems": "i32", "sm_scale": "fp32"}
-        const.update(BLOCK=job.blocks[0], PACKED=job.packed, PRECISION=job.precision)
+        args = {"qkv_ptr": t, "add_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dqkv_ptr": t,
+                "num_problems": "i32", "B": "i32", "sm_scale": "fp32"}
+        const.update(BLOCK=job.blocks[0], PACKED=job.packed, PRECISION=job.precision, HAS_ADDEND=job.addend)
     else:
         fn = ta._pe_attention_bwd_preprocess_kernel
         args = {"out_ptr": t, "do_ptr": t, "delta_ptr": "*fp32", "num_rows": "i32"}
@@ -90,7 +94,8 @@ def job_id(job: Job) -> str:
     blocks = "x".join(map(str, job.blocks))
     precision = f"-{job.precision}" if job.precision else ""
     path = "packed" if job.packed else "long"
-    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-hd{job.head_pad}-{path}{blocks}"
+    addend = "-addend" if job.addend else ""
+    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-hd{job.head_pad}-{path}{blocks}{addend}"
 
 
 JOBS = jobs()

@@ -34,6 +34,7 @@ double max_diff(const std::vector<T>& got, const std::vector<double>& expected) 
 struct Case {
   int n, dh, num_probes;
   double logit_scale;  // large values move the row max across key tiles: exercises the online rescaling
+  bool addend;         // the kernels get q, k, v as two parts (Problem::add_*) that they add on load
 };
 
 struct Naive {  // everything the kernels compute, by the textbook formulas
@@ -108,13 +109,25 @@ void run_case(const Case& c, const char* type, double tol) {
   // the kernels see the inputs rounded to T; the reference gets the same rounded values
   for (auto& t : qkv) t = static_cast<double>(static_cast<T>(t));
   for (auto& t : dout) t = static_cast<double>(static_cast<T>(t));
-  const Naive expected = naive(c, qkv, probes, dout);
+  std::vector<double> addend(c.addend ? qkv.size() : 0), total = qkv;
+  for (size_t i = 0; i < addend.size(); ++i) {
+    addend[i] = static_cast<double>(static_cast<T>(normal(gen)));
+    total[i] += addend[i];
+  }
+  const Naive expected = naive(c, total, probes, dout);
 
   std::vector<T> qkv_t(qkv.begin(), qkv.end()), probes_t(probes.begin(), probes.end());
+  std::vector<T> addend_t(addend.begin(), addend.end());
   std::vector<T> out(size_t(n) * dh), lse(n), dout_t(dout.begin(), dout.end());
   std::vector<double> sums(3 + K);
   std::vector<T> scratch;
-  const pe_fast::Problem<T> pr{qkv_t.data(), qkv_t.data() + dh, qkv_t.data() + 2 * dh, w, n, dh};
+  pe_fast::Problem<T> pr{qkv_t.data(), qkv_t.data() + dh, qkv_t.data() + 2 * dh, w, n, dh};
+  if (c.addend) {
+    pr.add_q = addend_t.data();
+    pr.add_k = addend_t.data() + dh;
+    pr.add_v = addend_t.data() + 2 * dh;
+    pr.add_stride = w;
+  }
   pe_fast::attention_forward(pr, K ? probes_t.data() : nullptr, K, out.data(), dh, lse.data(), sums.data(), scratch);
 
   std::vector<T> dqkv(size_t(n) * w, T(-1));
@@ -158,8 +171,10 @@ int main() {
   check_exp<float>("float", 3e-7);
   check_exp<double>("double", 1e-15);
   const Case cases[] = {
-      {1, 1, 0, 1.0},    {16, 16, 3, 1.0},  {17, 24, 1, 1.0},  {100, 40, 2, 1.0},
-      {129, 16, 0, 1.0}, {360, 16, 2, 1.0}, {300, 64, 1, 1.0}, {257, 8, 1, 8.0},  // 8: peaked rows, max moves
+      {1, 1, 0, 1.0, false},    {16, 16, 3, 1.0, false},  {17, 24, 1, 1.0, false}, {100, 40, 2, 1.0, false},
+      {129, 16, 0, 1.0, false}, {360, 16, 2, 1.0, false}, {300, 64, 1, 1.0, false},
+      {257, 8, 1, 8.0, false},  // 8: peaked rows, the max moves across key tiles
+      {16, 16, 2, 1.0, true},   {17, 24, 1, 1.0, true},   {257, 8, 1, 8.0, true},
   };
   for (const Case& c : cases) {
     run_case<double>(c, "double", 1e-11);

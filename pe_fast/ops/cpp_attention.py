@@ -1,7 +1,8 @@
 """The "cpp" backend of `pe_attention`: C++ kernels (kernels/pe_attention.h, glue in csrc/) for CPU tensors.
 
-qkv = (x + pe) @ w + b and the projection's backward stay batched torch GEMMs (`reference.project_qkv`,
-`reference.project_qkv_backward`: MKL). Between them, two ops of the compiled extension pe_fast._C,
+The QKV projection and its backward stay batched torch GEMMs (MKL), split as x @ w and a per-model addend
+pe @ w + b that the kernels add as they load q, k, v (`projection.py`: no pass over the activations for
+x + pe or the bias). Between them, two ops of the compiled extension pe_fast._C,
 torch.ops.pe_fast_cpp.attention_forward / attention_backward, run every (model, batch, head) problem on
 torch's intra-op threads: online softmax over key tiles with the statistics in the same pass, and a
 flash-attention backward that recomputes P from the saved log-sum-exp. The N×N map is never stored.
@@ -20,7 +21,7 @@ import logging
 
 import torch
 
-from pe_fast.ops import reference
+from pe_fast.ops import projection, reference
 from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
 
 log = logging.getLogger("pe_fast")
@@ -46,24 +47,30 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
     if reason is not None:
         _warn_fallback(reason)
         return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
-    qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)  # returned unturned, as the reference saves it
-    turned = qkv if rope_cos is None else reference.turn_qk(qkv, num_heads, rope_cos, rope_sin,
-                                                            reference.rotate)
-    out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(turned, num_heads, probes)
-    return out, stats, qkv, lse
+    xw, addend = projection.split_projection(x, pe, w_qkv, b_qkv)
+    if rope_cos is None:
+        out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(xw, addend, num_heads, probes)
+    else:  # RoPE turns the whole of q and k: add the addend first
+        turned = reference.turn_qk(projection.full_projection(xw, addend), num_heads, rope_cos, rope_sin,
+                                   reference.rotate)
+        out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(turned, None, num_heads, probes)
+    return out, stats, xw, lse  # xw is what the backward needs (with the addend, recomputed: it is small)
 
 
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
              out):
-    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O))."""
+    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
     if _reference_reason(x, bias) is not None:
         return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
-    if rope_cos is not None:
-        qkv = reference.turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
-    dqkv = torch.ops.pe_fast_cpp.attention_backward(qkv, grad_out, out, lse, num_heads)
-    if rope_cos is not None:
+    addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])
+    if rope_cos is None:
+        dqkv = torch.ops.pe_fast_cpp.attention_backward(qkv, addend, grad_out, out, lse, num_heads)
+    else:
+        turned = reference.turn_qk(projection.full_projection(qkv, addend), num_heads, rope_cos, rope_sin,
+                                   reference.rotate)
+        dqkv = torch.ops.pe_fast_cpp.attention_backward(turned, None, grad_out, out, lse, num_heads)
         dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
-    return (*reference.project_qkv_backward(dqkv, x, pe, w_qkv, b_qkv), None)
+    return (*projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv), None)
 
 
 try:
@@ -74,20 +81,20 @@ except ImportError as error:
                 "\"setuptools>=70.1\" ninja && pip install --no-build-isolation -e .", error)
 else:
     @torch.library.register_fake("pe_fast_cpp::attention_forward")
-    def _(qkv, num_heads, probes):
+    def _(qkv, addend, num_heads, probes):
         M, B, N, D3 = qkv.shape
         num_stats = len(reference.STAT_NAMES) + (0 if probes is None else probes.shape[0])
         return (qkv.new_empty(M, B, N, D3 // 3), qkv.new_empty(M, num_heads, num_stats, dtype=torch.float32),
                 qkv.new_empty(M, B, num_heads, N))
 
     @torch.library.register_fake("pe_fast_cpp::attention_backward")
-    def _(qkv, grad_out, out, lse, num_heads):
+    def _(qkv, addend, grad_out, out, lse, num_heads):
         return torch.empty_like(qkv)
 
     @torch.library.register_vmap("pe_fast_cpp::attention_backward")
-    def _(info, in_dims, qkv, grad_out, out, lse, num_heads):
+    def _(info, in_dims, qkv, addend, grad_out, out, lse, num_heads):
         # every tensor argument leads with the model axis: vmapped dims fold into it (a batched backward)
-        return fold_into_model_axis(info, in_dims, (qkv, grad_out, out, lse, num_heads), (0, 1, 2, 3),
+        return fold_into_model_axis(info, in_dims, (qkv, addend, grad_out, out, lse, num_heads), (0, 1, 2, 3, 4),
                                     torch.ops.pe_fast_cpp.attention_backward)
 
     register_backend("cpp", Backend(forward, backward, ("cpu",)))

@@ -1,7 +1,8 @@
 """The "triton" backend of `pe_attention`: Triton kernels for CUDA tensors, with their launchers.
 
-Forward: qkv = (x + pe) @ w + b stays one batched torch GEMM; then ONE attention kernel covers every model,
-batch element and head of the pack. It runs an online softmax in base 2 (exp2, logits scaled by log2 e) and
+Forward: x @ w stays one batched torch GEMM, and pe @ w + b a small one per model (projection.py); then ONE
+attention kernel covers every model, batch element and head of the pack. The packed kernels (N ≤ 32) add the
+second to the first as they load q, k, v: no pass over the activations for x + pe or the bias. It runs an online softmax in base 2 (exp2, logits scaled by log2 e) and
 keeps the statistics as extra running sums rescaled like the softmax normaliser l = Σ e:
     entropy  = ln2 · (lse2 − Σ e·s / l)     max prob = 1 / l   (the running max is the row max)
     Σ p²     = Σ e² / l²  (rescaled by α²)   probe k  = Σ e·T_k / l
@@ -19,7 +20,7 @@ Backward (flash-attention 2, P recomputed from the saved lse): long path: a prep
 and dq of their query block (loop over key blocks): no atomics, deterministic. Packed path: one kernel, no
 preprocess: the tile holds whole rows, so Δ = Σ_j p·dp, and dq, dk, dv come out of one pass. These
 launches are an op of their own (pe_fast::triton_attention_backward, with a vmap rule) so that autograd
-tracing sees an op, not kernels. The parameter gradients are then torch GEMMs, as in `reference.backward`.
+tracing sees an op, not kernels. The parameter gradients are then torch GEMMs (projection.py).
 
 fp32 matmuls run in IEEE fp32 (matches the reference to ~1e-6); PE_FAST_TF32=1 switches them to TF32 tensor
 cores, with every operand rounded to TF32 first (`_tc`: the tensor cores would truncate it, which biases the
@@ -42,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pe_fast.ops import reference
+from pe_fast.ops import projection, reference
 from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
 
 log = logging.getLogger("pe_fast")
@@ -64,12 +65,25 @@ def _tc(x, PRECISION: tl.constexpr):
     return x
 
 
+@triton.jit
+def _load_operand(qkv_ptr, add_ptr, mb, tok, column, B, mask, N: tl.constexpr, D: tl.constexpr,
+                  HAS_ADDEND: tl.constexpr):
+    """q, k or v (column = the operand's first column in a token's 3D: head offset, + D for k, + 2D for v):
+    x·W from qkv [M,B,N,3D] plus, with HAS_ADDEND, the token's pe·W + b from add [M,N,3D] (projection.py),
+    summed in fp32 and rounded once to the operand's dtype. mb = m·B + b (int64) and tok broadcast with column."""
+    t = tl.load(qkv_ptr + (mb * N + tok) * (3 * D) + column, mask=mask, other=0.0)
+    if HAS_ADDEND:
+        a = tl.load(add_ptr + ((mb // B) * N + tok) * (3 * D) + column, mask=mask, other=0.0)
+        t = (t.to(tl.float32) + a.to(tl.float32)).to(t.dtype)
+    return t
+
+
 @triton.jit(do_not_specialize=["num_problems", "B"])
 def _pe_attention_fwd_kernel(
-    qkv_ptr, probe_ptr, out_ptr, lse_ptr, stat_ptr, num_problems, B, qk_scale,
+    qkv_ptr, add_ptr, probe_ptr, out_ptr, lse_ptr, stat_ptr, num_problems, B, qk_scale,
     N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NUM_PROBES: tl.constexpr, PROBE_PAD: tl.constexpr,
     HEAD_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_ADDEND: tl.constexpr,
 ):
     # A "problem" is one (model, batch, head): prob = (m·B + b)·H + h, the row order of lse [M,B,H,N].
     # N, H, D are compile-time: cheap index arithmetic, and loop bounds the interpreter can iterate.
@@ -91,8 +105,8 @@ def _pe_attention_fwd_kernel(
     head_q = prob_q % H
     d = tl.arange(0, HEAD_PAD)
     d_ok = d < head_dim
-    q_row = (mb_q * N + tok_q) * (3 * D) + head_q * head_dim
-    q = _tc(tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_ok[:, None] & d_ok[None, :], other=0.0), PRECISION)
+    q = _tc(_load_operand(qkv_ptr, add_ptr, mb_q[:, None], tok_q[:, None], head_q[:, None] * head_dim + d[None, :],
+                          B, q_ok[:, None] & d_ok[None, :], N, D, HAS_ADDEND), PRECISION)
 
     # m starts finite so that padding rows of a packed tile (no valid key) stay free of inf − inf = NaN.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -114,9 +128,12 @@ def _pe_attention_fwd_kernel(
             tok_k = c
             k_ok = c < N
             valid = k_ok[None, :] & q_ok[:, None]
-        k_row = ((prob_k // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
-        kt = tl.load(qkv_ptr + D + k_row[None, :] + d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        mb_k = (prob_k // H).to(tl.int64)
+        k_col = (prob_k % H) * head_dim
+        kt = _load_operand(qkv_ptr, add_ptr, mb_k[None, :], tok_k[None, :], D + k_col[None, :] + d[:, None], B,
+                           k_ok[None, :] & d_ok[:, None], N, D, HAS_ADDEND)
+        v = _load_operand(qkv_ptr, add_ptr, mb_k[:, None], tok_k[:, None], 2 * D + k_col[:, None] + d[None, :], B,
+                          k_ok[:, None] & d_ok[None, :], N, D, HAS_ADDEND)
 
         s = tl.dot(q, _tc(kt, PRECISION), input_precision=PRECISION) * qk_scale  # finite (masked loads are 0)
         s_valid = tl.where(valid, s, float("-inf"))
@@ -170,11 +187,11 @@ def _pe_attention_bwd_preprocess_kernel(out_ptr, do_ptr, delta_ptr, num_rows, N:
     tl.store(delta_ptr + (mb * H + r % H) * N + (r // H) % N, tl.sum(o * do, 1), mask=r_ok)
 
 
-@triton.jit(do_not_specialize=["num_problems"])
+@triton.jit(do_not_specialize=["num_problems", "B"])
 def _pe_attention_bwd_kernel(
-    qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, num_problems, sm_scale,
+    qkv_ptr, add_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, num_problems, B, sm_scale,
     N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK: tl.constexpr,
-    PACKED: tl.constexpr, PRECISION: tl.constexpr,
+    PACKED: tl.constexpr, PRECISION: tl.constexpr, HAS_ADDEND: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head_dim = D // H
@@ -194,10 +211,14 @@ def _pe_attention_bwd_kernel(
         prob_k = prob + tl.zeros([BLOCK], tl.int32)
         tok_k = (pid % blocks) * BLOCK + t
         k_ok = tok_k < N
-    k_row = ((prob_k // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
+    mb_k = (prob_k // H).to(tl.int64)
+    k_row = (mb_k * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
+    k_col = ((prob_k % H) * head_dim)[:, None] + d[None, :]
     kv_mask = k_ok[:, None] & d_ok[None, :]
-    k = _tc(tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
-    v = _tc(tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
+    k = _tc(_load_operand(qkv_ptr, add_ptr, mb_k[:, None], tok_k[:, None], D + k_col, B, kv_mask, N, D, HAS_ADDEND),
+            PRECISION)
+    v = _tc(_load_operand(qkv_ptr, add_ptr, mb_k[:, None], tok_k[:, None], 2 * D + k_col, B, kv_mask, N, D,
+                          HAS_ADDEND), PRECISION)
     dk = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
     dv = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
     for start in range(0, BLOCK if PACKED else N, BLOCK):  # packed: the queries are the same tile
@@ -216,7 +237,8 @@ def _pe_attention_bwd_kernel(
         q_row = (mb_q * N + tok_q) * (3 * D) + (prob_q % H) * head_dim
         o_row = (mb_q * N + tok_q) * D + (prob_q % H) * head_dim
         q_mask = q_ok[:, None] & d_ok[None, :]
-        q = _tc(tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
+        q = _tc(_load_operand(qkv_ptr, add_ptr, mb_q[:, None], tok_q[:, None],
+                              ((prob_q % H) * head_dim)[:, None] + d[None, :], B, q_mask, N, D, HAS_ADDEND), PRECISION)
         do = _tc(tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
         lse2 = tl.load(lse_ptr + prob_q.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0) * 1.4426950408889634
         # transposed tiles [keys, queries]
@@ -242,10 +264,12 @@ def _pe_attention_bwd_kernel(
         # Part 2: dq of the query block with the same index, looping over all key blocks.
         tok_q = (pid % blocks) * BLOCK + t
         q_ok = tok_q < N
-        q_row = ((prob // H).to(tl.int64) * N + tok_q) * (3 * D) + (prob % H) * head_dim
-        o_row = ((prob // H).to(tl.int64) * N + tok_q) * D + (prob % H) * head_dim
+        mb = (prob // H).to(tl.int64)
+        head_col = (prob % H) * head_dim + d[None, :]
+        q_row = (mb * N + tok_q) * (3 * D) + (prob % H) * head_dim
+        o_row = (mb * N + tok_q) * D + (prob % H) * head_dim
         q_mask = q_ok[:, None] & d_ok[None, :]
-        q = _tc(tl.load(qkv_ptr + q_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
+        q = _tc(_load_operand(qkv_ptr, add_ptr, mb, tok_q[:, None], head_col, B, q_mask, N, D, HAS_ADDEND), PRECISION)
         do = _tc(tl.load(do_ptr + o_row[:, None] + d[None, :], mask=q_mask, other=0.0), PRECISION)
         lse2 = tl.load(lse_ptr + prob.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + prob.to(tl.int64) * N + tok_q, mask=q_ok, other=0.0)
@@ -253,10 +277,11 @@ def _pe_attention_bwd_kernel(
         for start in range(0, N, BLOCK):
             tok_k = start + t
             k_ok = tok_k < N
-            k_row = ((prob // H).to(tl.int64) * N + tok_k) * (3 * D) + (prob % H) * head_dim
             kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = _tc(tl.load(qkv_ptr + D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
-            v = _tc(tl.load(qkv_ptr + 2 * D + k_row[:, None] + d[None, :], mask=kv_mask, other=0.0), PRECISION)
+            k = _tc(_load_operand(qkv_ptr, add_ptr, mb, tok_k[:, None], D + head_col, B, kv_mask, N, D, HAS_ADDEND),
+                    PRECISION)
+            v = _tc(_load_operand(qkv_ptr, add_ptr, mb, tok_k[:, None], 2 * D + head_col, B, kv_mask, N, D,
+                                  HAS_ADDEND), PRECISION)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             p = tl.exp2(tl.where(q_ok[:, None] & k_ok[None, :], s - lse2[:, None], float("-inf")))
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -340,32 +365,46 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
     if reason is not None:
         _warn_fallback(reason)
         return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
-    qkv = reference.project_qkv(x, pe, w_qkv, b_qkv)  # returned unturned, as the reference saves it
-    turned = qkv if rope_cos is None else reference.turn_qk(qkv, num_heads, rope_cos, rope_sin,
-                                                            reference.rotate)
     M, B, N, D = x.shape
     H, dh = num_heads, D // num_heads
     P = M * B * H
     K = 0 if probes is None else probes.shape[0]
     cfg = kernel_config(N, dh, x.dtype)
+    xw, addend = projection.split_projection(x, pe, w_qkv, b_qkv)
+    qkv, addend = _kernel_operands(xw, addend, cfg.fwd_packed, num_heads, rope_cos, rope_sin)
     out = x.new_empty(M, B, N, D)
     lse = x.new_empty(M, B, H, N, dtype=torch.float32)
     rows = x.new_empty(M, H, 3 + K, B, N, dtype=torch.float32)
     probes = lse if K == 0 else probes.to(device=x.device, dtype=torch.float32).contiguous()  # lse: never read
     grid = (triton.cdiv(P, cfg.fwd_block_m // N),) if cfg.fwd_packed else (P * triton.cdiv(N, cfg.fwd_block_m),)
     _pe_attention_fwd_kernel[grid](
-        turned, probes, out, lse, rows, P, B, LOG2E / math.sqrt(dh), N=N, H=H, D=D,
+        qkv, qkv if addend is None else addend, probes, out, lse, rows, P, B, LOG2E / math.sqrt(dh), N=N, H=H, D=D,
         NUM_PROBES=K, PROBE_PAD=triton.next_power_of_2(max(K, 1)), HEAD_PAD=cfg.head_pad,
         BLOCK_M=cfg.fwd_block_m, BLOCK_N=cfg.fwd_block_n, PACKED=cfg.fwd_packed, PRECISION=dot_precision(x.dtype),
-        num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
-    return out, rows.view(M, H, 3 + K, B * N).mean(-1), qkv, lse
+        HAS_ADDEND=addend is not None, num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
+    # xw is what the backward needs (it recomputes the small addend)
+    return out, rows.view(M, H, 3 + K, B * N).mean(-1), xw, lse
+
+
+def _kernel_operands(xw, addend, packed: bool, num_heads, rope_cos, rope_sin):
+    """(qkv, addend) as a kernel reads them. A packed kernel adds the addend as it loads q, k, v, which costs no
+    pass over the activations. The long kernels pipeline their loads through shared memory, where the addend's
+    tiles would double it (past the A100's limit at head dim 256: tests/test_triton_compile.py), and RoPE
+    turns q and k whole: there torch adds the addend first (one pass; at N > 32 the attention dominates)."""
+    if packed and rope_cos is None:
+        return xw, addend
+    qkv = projection.full_projection(xw, addend)
+    if rope_cos is not None:
+        qkv = reference.turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+    return qkv, None
 
 
 @torch.library.custom_op("pe_fast::triton_attention_backward", mutates_args=())
-def attention_backward(qkv: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       num_heads: int) -> torch.Tensor:
-    """dqkv [M,B,N,3D] of the attention alone. An op of its own: autograd tracing (torch.compile, opcheck)
-    runs `backward` with fake tensors, and must see this op instead of kernel launches."""
+def attention_backward(qkv: torch.Tensor, addend: torch.Tensor | None, grad_out: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """dqkv [M,B,N,3D] of the attention alone, q, k, v being qkv + addend (projection.py). An op of its own:
+    autograd tracing (torch.compile, opcheck) runs `backward` with fake tensors, and must see this op instead
+    of kernel launches."""
     M, B, N, D3 = qkv.shape
     H, D = num_heads, D3 // 3
     dh, P = D // num_heads, M * B * num_heads
@@ -381,36 +420,38 @@ def attention_backward(qkv: torch.Tensor, grad_out: torch.Tensor, out: torch.Ten
         grid = (P * triton.cdiv(N, cfg.bwd_block),)
     dqkv = torch.empty_like(qkv)
     _pe_attention_bwd_kernel[grid](
-        qkv, grad_out, lse, delta, dqkv, P, 1.0 / math.sqrt(dh), N=N, H=H, D=D, HEAD_PAD=cfg.head_pad,
-        BLOCK=cfg.bwd_block, PACKED=cfg.bwd_packed, PRECISION=dot_precision(qkv.dtype),
-        num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages)
+        qkv, qkv if addend is None else addend, grad_out, lse, delta, dqkv, P, B, 1.0 / math.sqrt(dh), N=N, H=H,
+        D=D, HEAD_PAD=cfg.head_pad, BLOCK=cfg.bwd_block, PACKED=cfg.bwd_packed, PRECISION=dot_precision(qkv.dtype),
+        HAS_ADDEND=addend is not None, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages)
     return dqkv
 
 
 @attention_backward.register_fake
-def _(qkv, grad_out, out, lse, num_heads):
+def _(qkv, addend, grad_out, out, lse, num_heads):
     return torch.empty_like(qkv)
 
 
 @attention_backward.register_vmap
-def _(info, in_dims, qkv, grad_out, out, lse, num_heads):
+def _(info, in_dims, qkv, addend, grad_out, out, lse, num_heads):
     # every tensor argument leads with the model axis: vmapped dims fold into it (a vmapped backward, e.g.
     # autograd.grad(is_grads_batched=True))
-    return fold_into_model_axis(info, in_dims, (qkv, grad_out, out, lse, num_heads), (0, 1, 2, 3),
+    return fold_into_model_axis(info, in_dims, (qkv, addend, grad_out, out, lse, num_heads), (0, 1, 2, 3, 4),
                                 attention_backward)
 
 
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
              out):
-    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O))."""
+    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
     if _reference_reason(x, num_heads, bias) is not None:
         return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
-    if rope_cos is not None:
-        qkv = reference.turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
-    dqkv = attention_backward(qkv, grad_out, out, lse, num_heads)
+    N, D = x.shape[2:]
+    packed = kernel_config(N, D // num_heads, x.dtype).bwd_packed
+    addend = projection.token_addend(pe, w_qkv, b_qkv, N)
+    dqkv = attention_backward(*_kernel_operands(qkv, addend, packed, num_heads, rope_cos, rope_sin), grad_out,
+                              out, lse, num_heads)
     if rope_cos is not None:
         dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
-    return (*reference.project_qkv_backward(dqkv, x, pe, w_qkv, b_qkv), None)
+    return (*projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv), None)
 
 
 # @triton.jit chose compiler or interpreter at import; under TRITON_INTERPRET=1 (the CPU tests) the kernels run

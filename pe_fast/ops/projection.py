@@ -1,0 +1,54 @@
+"""The QKV projection of the fused kernels, split so that the kernels add the PE and the bias as they load q, k, v.
+
+    (x + pe) @ W + b  =  x @ W  +  (pe @ W + b)
+                         xw         addend [M, N, 3D]
+
+The addend does not depend on the batch element: M·N rows of work instead of M·B·N. Adding it on load saves
+whole passes over the activations: x + pe, and the broadcast bias (baddbmm first copies it into all of
+[M, B·N, 3D], then its GEMM reads that back). In the backward the batch sum of dqkv, which the bias gradient
+needs anyway, is the addend's gradient: dpe, db and pe's share of dW follow from it by small GEMMs, instead
+of recomputing x + pe and summing dx over the batch. The reference keeps the direct form, as the oracle.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def token_addend(pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_tokens: int) -> Tensor | None:
+    """pe @ W + b [M,N,3D] (None when there is neither pe nor b): small, so the backward recomputes it."""
+    if pe is not None:
+        return torch.bmm(pe, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], pe, w_qkv)
+    if b_qkv is None:
+        return None
+    M, D3 = b_qkv.shape
+    return b_qkv[:, None, :].expand(M, num_tokens, D3).contiguous()
+
+
+def split_projection(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """xw [M,B,N,3D] = x @ W, and `token_addend`."""
+    M, B, N, D = x.shape
+    xw = torch.bmm(x.reshape(M, B * N, D), w_qkv).reshape(M, B, N, 3 * D)
+    return xw, token_addend(pe, w_qkv, b_qkv, N)
+
+
+def full_projection(xw: Tensor, addend: Tensor | None) -> Tensor:
+    """(x + pe) @ W + b itself, for the paths that transform q and k before the kernel (RoPE)."""
+    return xw if addend is None else xw + addend[:, None]
+
+
+def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):
+    """(dx, dpe, dw_qkv, db_qkv) from dqkv [M,B,N,3D], the gradient of xw + addend."""
+    M, B, N, D = x.shape
+    rows = dqkv.reshape(M, B * N, 3 * D)
+    dx = torch.bmm(rows, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
+    dw = torch.bmm(x.reshape(M, B * N, D).transpose(1, 2), rows)
+    if pe is None and b_qkv is None:
+        return dx, None, dw, None
+    d_addend = dqkv.sum(1)  # [M,N,3D]
+    dpe = None
+    if pe is not None:
+        dpe = torch.bmm(d_addend, w_qkv.transpose(1, 2))
+        dw.baddbmm_(pe.transpose(1, 2), d_addend)
+    db = d_addend.sum(1) if b_qkv is not None else None
+    return dx, dpe, dw, db
