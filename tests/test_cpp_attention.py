@@ -160,6 +160,8 @@ def test_cpp_is_the_cpu_default_and_can_be_overridden(monkeypatch):
 
 
 def test_bias_and_other_dtypes_run_the_reference_with_one_warning(caplog):
+    from pe_fast.ops import cpp_attention
+    cpp_attention._warn_fallback.cache_clear()  # earlier tests may have warned already
     inputs = make_inputs(1, 2, 9, 16, 0)
     x, pe, w, b = (inputs[k] for k in ("x", "pe", "w", "b"))
     bias = torch.randn(1, 2, 9, 9, dtype=torch.float64)

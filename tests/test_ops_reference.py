@@ -93,6 +93,31 @@ def test_statistics_carry_no_gradient_and_pe_none_works():
     assert not stats.requires_grad and out.requires_grad
 
 
+def test_backward_fills_no_zero_gradients_for_the_saved_outputs():
+    """The op's saved outputs (qkv, lse) and stats carry no gradient; autograd must not fill zero tensors for
+    them every step (a qkv-sized one costs a pass over the activations)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Fills(TorchDispatchMode):
+        shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.fill_, torch.ops.aten.zeros, torch.ops.aten.zeros_like):
+                self.shapes.append(tuple(args[0]) if func.overloadpacket is torch.ops.aten.zeros
+                                   else tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    x, pe, w, b, probes = random_inputs(M=2, B=3, N=5, D=8)
+    for t in (x, pe, w, b):
+        t.requires_grad_()
+    out, _ = pe_attention(x, pe, w, b, 2, probes)
+    with Fills() as fills:
+        out.backward(torch.ones_like(out))
+    M, B, N, D = x.shape
+    assert (M, B, N, 3 * D) not in fills.shapes and (M, B, 2, N) not in fills.shapes, fills.shapes
+    assert x.grad is not None and pe.grad is not None and w.grad is not None
+
+
 def test_float32_matches_float64_within_contract():
     x, pe, w, b, probes = random_inputs(N=17, D=16)
     out64, stats64 = pe_attention(x, pe, w, b, 4, probes)

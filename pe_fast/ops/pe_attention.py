@@ -71,11 +71,15 @@ def _setup_context(ctx, inputs, output):
     x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend = inputs
     out, stats, qkv, lse = output
     ctx.mark_non_differentiable(stats, qkv, lse)
+    # Their gradients stay None: materialised, they would be zero tensors the size of qkv, filled every step.
+    ctx.set_materialize_grads(False)
     ctx.num_heads, ctx.backend = num_heads, backend
     ctx.save_for_backward(x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out)
 
 
 def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
+    if grad_out is None:  # out did not reach the loss
+        return (None,) * 10
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out = ctx.saved_tensors
     dx, dpe, dw, db, dbias = BACKENDS[ctx.backend].backward(
         grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, out=out)
