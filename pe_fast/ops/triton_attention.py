@@ -305,7 +305,6 @@ class KernelConfig:
     pre_block: int  # rows per program of the Δ preprocess (0: not needed, the packed backward sums Δ itself)
 
 
-@functools.cache  # called three times per forward + backward, on the host's critical path at small shapes
 def kernel_config(N: int, head_dim: int, dtype: torch.dtype) -> KernelConfig:
     """Tiles sized by register and shared-memory budget (tests/test_triton_compile.py checks the latter).
 
