@@ -126,6 +126,20 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, d
             "large_matmul_all_gflops": matmul_gflops}
 
 
+def parse_shapes(text: str, default_models: int) -> list[tuple[int, int, int]]:
+    """"64x32,160x128x64" -> [(width, batch, models)]; a malformed list exits with one line and code 2."""
+    shapes = []
+    for shape in text.split(","):
+        parts = shape.split("x")
+        if len(parts) not in (2, 3) or not all(part.isdigit() and int(part) > 0 for part in parts):
+            print(f"error: --shapes takes WIDTHxBATCH or WIDTHxBATCHxMODELS, comma-separated; got {shape!r}",
+                  file=sys.stderr)
+            sys.exit(2)
+        width, batch, *models = map(int, parts)
+        shapes.append((width, batch, models[0] if models else default_models))
+    return shapes
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=int, default=16, help="models per pack, where a shape does not say")
@@ -144,9 +158,7 @@ def main() -> None:
     kept = False if args.default_malloc else keep_freed_memory()
     device = torch.device(args.device)
     rows = []
-    for shape in args.shapes.split(","):
-        width, batch, *models = (int(v) for v in shape.split("x"))
-        models = models[0] if models else args.models
+    for width, batch, models in parse_shapes(args.shapes, args.models):
         row = bench_shape(width, batch, models, args.depth, args.repeats, device)
         rows.append(row)
         print(f"d={width:4d} batch={batch:4d} M={models:3d}: stacked {row['stacked_model_steps_per_s']:8.1f} "

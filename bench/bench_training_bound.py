@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -27,8 +28,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_training import (SWEEP_OPTIMIZER, large_matmul, lst_model, random_batch, step_flops,  # noqa: E402
-                            training_step)
+from bench_training import (SWEEP_OPTIMIZER, large_matmul, lst_model, parse_shapes, random_batch,  # noqa: E402
+                            step_flops, training_step)
 
 from pe_fast.memory import keep_freed_memory  # noqa: E402
 from pe_fast.train import make_optimizer  # noqa: E402
@@ -131,24 +132,20 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="64x32,160x128", help="comma-separated WIDTHxBATCH")
-    p.add_argument("--models", type=int, default=16)
+    p.add_argument("--shapes", default="64x32,160x128", help="WIDTHxBATCH or WIDTHxBATCHxMODELS, comma-separated")
+    p.add_argument("--models", type=int, default=16, help="models per pack, where a shape does not say")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--out", default="bench/results/training_bound_cpu.json")
     args = p.parse_args()
-    try:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-        if any(len(s) != 2 or min(s) < 1 for s in shapes):
-            raise ValueError
-    except ValueError:
-        sys.exit(f"error: --shapes must look like 64x32,160x128, got {args.shapes!r}")
+    shapes = parse_shapes(args.shapes, args.models)
+    load_average = os.getloadavg()
     keep_freed_memory()  # as the sweep does
     rows = []
-    for width, batch in shapes:
-        row = bench_shape(width, batch, args.models, args.depth, args.repeats)
+    for width, batch, models in shapes:
+        row = bench_shape(width, batch, models, args.depth, args.repeats)
         rows.append(row)
-        print(f"d={width:4d} batch={batch:4d} M={args.models}: stacked {row['stacked_ms']:8.1f} ms, one by one "
+        print(f"d={width:4d} batch={batch:4d} M={models}: stacked {row['stacked_ms']:8.1f} ms, one by one "
               f"{row['one_by_one_ms']:8.1f} ms ({row['speedup']:.2f}×); its {row['matmul_calls']} matmuls alone "
               f"{row['matmuls_ms']:8.1f} ms, {row['gelu_calls']} GELUs {row['gelus_ms']:6.1f} ms. Ceilings: "
               f"speed-up {row['speedup_ceiling_matmuls_only']:.2f}× (matmuls only); "
@@ -157,6 +154,7 @@ def main() -> None:
               f"{row['stacked_fraction_of_large_matmul']:.0%}", flush=True)
     result = {"benchmark": "training_step_bound", "machine": platform.processor() or platform.machine(),
               "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
+              "load_average_at_start": load_average,
               "command": " ".join(["bench/bench_training_bound.py", *sys.argv[1:]]),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

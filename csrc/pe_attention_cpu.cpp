@@ -47,7 +47,8 @@ at::Tensor addend_of(const std::optional<at::Tensor>& addend, const at::Tensor& 
   return addend->to(qkv.scalar_type()).contiguous();
 }
 
-// qkv [M,B,N,3D] (+ addend [M,N,3D]) -> out [M,B,N,D], stats [M,H,3+K] float32 (means over batch and rows), lse [M,B,H,N]
+// qkv [M,B,N,3D] (+ addend [M,N,3D]) -> out [M,B,N,D], stats [M,H,3+K] float32 (means over batch and rows),
+// lse [M,B,H,N]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv_in,
                                                                  const std::optional<at::Tensor>& addend_in,
                                                                  int64_t num_heads,

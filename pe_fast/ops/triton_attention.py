@@ -2,8 +2,9 @@
 
 Forward: x @ w stays one batched torch GEMM, and pe @ w + b a small one per model (projection.py); then ONE
 attention kernel covers every model, batch element and head of the pack. The packed kernels (N ≤ 32) add the
-second to the first as they load q, k, v: no pass over the activations for x + pe or the bias. It runs an online softmax in base 2 (exp2, logits scaled by log2 e) and
-keeps the statistics as extra running sums rescaled like the softmax normaliser l = Σ e:
+second to the first as they load q, k, v: no pass over the activations for x + pe or the bias. The kernel runs
+an online softmax in base 2 (exp2, logits scaled by log2 e) and keeps the statistics as extra running sums,
+rescaled like the softmax normaliser l = Σ e:
     entropy  = ln2 · (lse2 − Σ e·s / l)     max prob = 1 / l   (the running max is the row max)
     Σ p²     = Σ e² / l²  (rescaled by α²)   probe k  = Σ e·T_k / l
 Each query row's statistics go to a [M, H, S, B, N] float32 buffer that torch averages over (B, N):
