@@ -4,7 +4,6 @@ Skipped when the extension pe_fast._C is not built (pip install without a compil
 are tested by tests/test_cpp_kernels_ctest.py.
 """
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -12,31 +11,11 @@ import sys
 import pytest
 import torch
 
+from op_harness import make_inputs, run
 from pe_fast.ops import BACKENDS, pe_attention, reference
-from pe_fast.ops.pe_attention import resolve_backend
+from pe_fast.ops.pe_attention import _warn_fallback, resolve_backend
 
 pytestmark = pytest.mark.skipif("cpp" not in BACKENDS, reason="pe_fast._C (the C++ CPU kernels) is not built")
-
-
-def make_inputs(M, B, N, D, K, *, with_pe=True, with_bias=True, logit_scale=1.0, seed=0):
-    """float64 inputs and an upstream gradient; probes are 0/1 patterns. logit_scale > 1 gives peaked rows."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
-    return {"x": r(M, B, N, D), "pe": r(M, N, D) if with_pe else None,
-            "w": r(M, D, 3 * D) * logit_scale / math.sqrt(D), "b": r(M, 3 * D) if with_bias else None,
-            "probes": (torch.rand(K, N, N, generator=g, dtype=torch.float64) > 0.5).double() if K else None,
-            "grad": r(M, B, N, D)}
-
-
-def run(inputs, heads, dtype, backend, rope=None):
-    """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd."""
-    leaves = {k: inputs[k].detach().to(dtype, copy=True).requires_grad_() for k in ("x", "pe", "w", "b")
-              if inputs[k] is not None}
-    probes = None if inputs["probes"] is None else inputs["probes"].to(dtype)
-    out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
-                              rope=rope, backend=backend)
-    out.backward(inputs["grad"].to(dtype))
-    return {"out": out.detach(), "stats": stats, **{"d" + k: t.grad for k, t in leaves.items()}}
 
 
 def assert_relative(got: dict, expected: dict, tol: float):
@@ -160,8 +139,7 @@ def test_cpp_is_the_cpu_default_and_can_be_overridden(monkeypatch):
 
 
 def test_bias_and_other_dtypes_run_the_reference_with_one_warning(caplog):
-    from pe_fast.ops import cpp_attention
-    cpp_attention._warn_fallback.cache_clear()  # earlier tests may have warned already
+    _warn_fallback.cache_clear()  # earlier tests may have warned already
     inputs = make_inputs(1, 2, 9, 16, 0)
     x, pe, w, b = (inputs[k] for k in ("x", "pe", "w", "b"))
     bias = torch.randn(1, 2, 9, 9, dtype=torch.float64)

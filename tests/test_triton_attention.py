@@ -8,7 +8,6 @@ CUDA (skipped without a GPU): longer sequences, wider and more heads, bf16 and T
 for low precision: the kernel's error is at most twice the reference's own error in that precision.
 """
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -17,8 +16,9 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+from op_harness import make_inputs, run  # noqa: E402
 from pe_fast.ops import pe_attention, projection, reference, triton_attention  # noqa: E402
-from pe_fast.ops.pe_attention import resolve_backend  # noqa: E402
+from pe_fast.ops.pe_attention import _warn_fallback, resolve_backend  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU, compiled Triton")
@@ -32,29 +32,6 @@ def test_cpu_interpreter_suite_in_a_child_process():
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
     assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-3000:]
-
-
-def make_inputs(M, B, N, D, K, *, with_pe=True, with_bias=True, device="cpu", seed=0):
-    """float64 inputs and an upstream gradient; probes are 0/1 patterns."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
-    inputs = dict(x=r(M, B, N, D), pe=r(M, N, D) if with_pe else None, w=r(M, D, 3 * D) / math.sqrt(D),
-                  b=r(M, 3 * D) if with_bias else None,
-                  probes=(torch.rand(K, N, N, generator=g, dtype=torch.float64) > 0.5).double() if K else None,
-                  grad=r(M, B, N, D))
-    return {k: None if v is None else v.to(device) for k, v in inputs.items()}
-
-
-def run(inputs, heads, dtype, backend, rope=None):
-    """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd."""
-    # detach + copy: every call gets fresh leaves, whatever dtype and however often `inputs` is reused
-    leaves = {k: inputs[k].detach().to(dtype, copy=True).requires_grad_() for k in ("x", "pe", "w", "b")
-              if inputs[k] is not None}
-    probes = None if inputs["probes"] is None else inputs["probes"].to(dtype)
-    out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
-                              rope=rope, backend=backend)
-    out.backward(inputs["grad"].to(dtype))
-    return {"out": out.detach(), "stats": stats, **{"d" + k: t.grad for k, t in leaves.items()}}
 
 
 def max_error(got, expected):
@@ -162,7 +139,7 @@ def test_interpreter_bias_falls_back_to_reference_with_one_warning(caplog):
     inputs = make_inputs(1, 2, 6, 8, 1)
     x, pe, w, b = (inputs[k].float() for k in ("x", "pe", "w", "b"))
     bias = torch.randn(1, 2, 6, 6)
-    triton_attention._warn_fallback.cache_clear()
+    _warn_fallback.cache_clear()
     with caplog.at_level(logging.WARNING, logger="pe_fast"):
         for _ in range(2):
             got = pe_attention(x, pe, w, b, 2, bias=bias, backend="triton")

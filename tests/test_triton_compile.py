@@ -43,7 +43,7 @@ def jobs() -> list[Job]:
     found = []
     for c in ta.all_kernel_configs():
         for precision in ("ieee", "tf32") if c.dtype == torch.float32 else ("ieee",):
-            # the packed kernels also come with the addend added on load (triton_attention._kernel_operands)
+            # the packed kernels also come with the addend added on load (projection.kernel_operands in triton_attention.forward)
             for addend in (False, True) if c.fwd_packed else (False,):
                 found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed,
                                  (c.fwd_block_m, c.fwd_block_n), c.fwd_warps, c.fwd_stages, addend))

@@ -16,7 +16,6 @@ the "cpp" backend is not registered: CPU tensors run on the reference.
 """
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -29,7 +28,7 @@ log = logging.getLogger("pe_fast")
 DTYPES = (torch.float32, torch.float64)
 
 
-def _reference_reason(x, bias) -> str | None:
+def _reference_reason(x, num_heads, bias) -> str | None:
     if bias is not None:
         return "relative-position bias"
     if x.dtype not in DTYPES:
@@ -37,38 +36,20 @@ def _reference_reason(x, bias) -> str | None:
     return None
 
 
-@functools.cache
-def _warn_fallback(reason: str) -> None:
-    log.warning("pe_attention backend 'cpp' runs the reference instead: %s", reason)
-
-
 def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
-    reason = _reference_reason(x, bias)
-    if reason is not None:
-        _warn_fallback(reason)
-        return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
     xw, addend = projection.split_projection(x, pe, w_qkv, b_qkv)
-    if rope_cos is None:
-        out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(xw, addend, num_heads, probes)
-    else:  # RoPE turns the whole of q and k: add the addend first
-        turned = reference.turn_qk(projection.full_projection(xw, addend), num_heads, rope_cos, rope_sin,
-                                   reference.rotate)
-        out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(turned, None, num_heads, probes)
+    qkv, addend = projection.kernel_operands(xw, addend, True, num_heads, rope_cos, rope_sin)
+    out, stats, lse = torch.ops.pe_fast_cpp.attention_forward(qkv, addend, num_heads, probes)
     return out, stats, xw, lse  # xw is what the backward needs (with the addend, recomputed: it is small)
 
 
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
              out):
     """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
-    if _reference_reason(x, bias) is not None:
-        return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
     addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])
-    if rope_cos is None:
-        dqkv = torch.ops.pe_fast_cpp.attention_backward(qkv, addend, grad_out, out, lse, num_heads)
-    else:
-        turned = reference.turn_qk(projection.full_projection(qkv, addend), num_heads, rope_cos, rope_sin,
-                                   reference.rotate)
-        dqkv = torch.ops.pe_fast_cpp.attention_backward(turned, None, grad_out, out, lse, num_heads)
+    dqkv = torch.ops.pe_fast_cpp.attention_backward(
+        *projection.kernel_operands(qkv, addend, True, num_heads, rope_cos, rope_sin), grad_out, out, lse, num_heads)
+    if rope_cos is not None:
         dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
     return (*projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv), None)
 
@@ -97,4 +78,4 @@ else:
         return fold_into_model_axis(info, in_dims, (qkv, addend, grad_out, out, lse, num_heads), (0, 1, 2, 3, 4),
                                     torch.ops.pe_fast_cpp.attention_backward)
 
-    register_backend("cpp", Backend(forward, backward, ("cpu",)))
+    register_backend("cpp", Backend(forward, backward, ("cpu",), _reference_reason))

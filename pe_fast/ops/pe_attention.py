@@ -2,11 +2,14 @@
 
 One `torch.library` custom op (schema, fake tensor, autograd, vmap) whose body dispatches to a backend. A backend is
 a pair of functions with the signatures of `reference.forward` and `reference.backward`, registered in
-BACKENDS with the devices it runs on; the plain-PyTorch reference runs everywhere and is the oracle.
+BACKENDS with the devices it runs on and the inputs it hands to the reference instead (one logged warning per
+reason); the plain-PyTorch reference runs everywhere and is the oracle.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 from collections.abc import Callable
 
@@ -15,12 +18,17 @@ from torch import Tensor
 
 from pe_fast.ops import reference
 
+log = logging.getLogger("pe_fast")
+
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
     forward: Callable
     backward: Callable
     devices: tuple[str, ...]  # torch device types it runs on
+    # (x, num_heads, bias) -> why these inputs go to the reference instead (a feature or dtype the kernels
+    # lack), or None
+    reference_reason: Callable | None = None
 
 
 # In order of preference: the first one that runs on the tensors' device is the default.
@@ -34,6 +42,22 @@ def register_backend(name: str, backend: Backend) -> None:
     others = {k: v for k, v in BACKENDS.items() if k != name}
     BACKENDS.clear()
     BACKENDS.update({name: backend, **others})
+
+
+@functools.cache
+def _warn_fallback(backend: str, reason: str) -> None:
+    log.warning("pe_attention backend '%s' runs the reference instead: %s", backend, reason)
+
+
+def implementation(backend: str, x: Tensor, num_heads: int, bias: Tensor | None) -> Backend:
+    """The backend's functions, or the reference's where the backend cannot take these inputs (one logged
+    warning per backend and reason)."""
+    chosen = BACKENDS[backend]
+    reason = chosen.reference_reason(x, num_heads, bias) if chosen.reference_reason else None
+    if reason is None:
+        return chosen
+    _warn_fallback(backend, reason)
+    return BACKENDS["reference"]
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
@@ -55,7 +79,7 @@ def _pe_attention(
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     # backend is resolved before the call; every backend returns (out, stats, qkv, lse).
-    return tuple(t.contiguous() for t in BACKENDS[backend].forward(
+    return tuple(t.contiguous() for t in implementation(backend, x, num_heads, bias).forward(
         x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias))
 
 
@@ -81,7 +105,7 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     if grad_out is None:  # out did not reach the loss
         return (None,) * 10
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out = ctx.saved_tensors
-    dx, dpe, dw, db, dbias = BACKENDS[ctx.backend].backward(
+    dx, dpe, dw, db, dbias = implementation(ctx.backend, x, ctx.num_heads, bias).backward(
         grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, out=out)
     return dx, dpe, dw, db, None, None, None, None, dbias, None
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pe_fast.ops import reference
+
 
 def token_addend(pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_tokens: int) -> Tensor | None:
     """pe @ W + b [M,N,3D] (None when there is neither pe nor b): small, so the backward recomputes it."""
@@ -35,6 +37,18 @@ def split_projection(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor 
 def full_projection(xw: Tensor, addend: Tensor | None) -> Tensor:
     """(x + pe) @ W + b itself, for the paths that transform q and k before the kernel (RoPE)."""
     return xw if addend is None else xw + addend[:, None]
+
+
+def kernel_operands(xw: Tensor, addend: Tensor | None, add_on_load: bool, num_heads: int,
+                    rope_cos: Tensor | None, rope_sin: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """(qkv, addend) as a kernel reads them: xw and the addend apart when the kernel adds them as it loads
+    q, k, v (add_on_load); else, and whenever RoPE turns q and k (it needs them whole), their sum, turned."""
+    if add_on_load and rope_cos is None:
+        return xw, addend
+    qkv = full_projection(xw, addend)
+    if rope_cos is not None:
+        qkv = reference.turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
+    return qkv, None
 
 
 def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):

@@ -35,7 +35,6 @@ come from one deterministic heuristic (`kernel_config`; no autotuning, which nee
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import os
@@ -79,6 +78,26 @@ def _load_operand(qkv_ptr, add_ptr, mb, tok, column, B, mask, N: tl.constexpr, D
     return t
 
 
+@triton.jit
+def _tile_rows(pid, num_problems, N: tl.constexpr, BLOCK: tl.constexpr, PACKED: tl.constexpr):
+    """The BLOCK rows program pid owns, as (problem, token, valid) per row. A "problem" is one (model, batch,
+    head): prob = (m·B + b)·H + h, the row order of lse [M,B,H,N]. Packed: BLOCK // N whole problems laid end
+    to end (row t is token t % N of problem t // N); long: BLOCK consecutive tokens of problem
+    pid // cdiv(N, BLOCK), the grid holding a problem's row blocks next to each other."""
+    t = tl.arange(0, BLOCK)
+    if PACKED:
+        group = BLOCK // N
+        prob = pid * group + t // N
+        tok = t % N
+        ok = (t < group * N) & (prob < num_problems)
+    else:
+        blocks = tl.cdiv(N, BLOCK)
+        prob = pid // blocks + tl.zeros([BLOCK], tl.int32)
+        tok = (pid % blocks) * BLOCK + t
+        ok = tok < N
+    return prob, tok, ok
+
+
 @triton.jit(do_not_specialize=["num_problems", "B"])
 def _pe_attention_fwd_kernel(
     qkv_ptr, add_ptr, probe_ptr, out_ptr, lse_ptr, stat_ptr, num_problems, B, qk_scale,
@@ -86,22 +105,10 @@ def _pe_attention_fwd_kernel(
     HEAD_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr,
     PRECISION: tl.constexpr, HAS_ADDEND: tl.constexpr,
 ):
-    # A "problem" is one (model, batch, head): prob = (m·B + b)·H + h, the row order of lse [M,B,H,N].
     # N, H, D are compile-time: cheap index arithmetic, and loop bounds the interpreter can iterate.
     pid = tl.program_id(0)
     head_dim = D // H
-    t = tl.arange(0, BLOCK_M)
-    if PACKED:
-        group = BLOCK_M // N  # whole problems per tile; row t is token t % N of problem t // N
-        prob_q = pid * group + t // N
-        tok_q = t % N
-        q_ok = (t < group * N) & (prob_q < num_problems)
-    else:
-        row_blocks = tl.cdiv(N, BLOCK_M)
-        prob = pid // row_blocks
-        prob_q = prob + tl.zeros([BLOCK_M], tl.int32)
-        tok_q = (pid % row_blocks) * BLOCK_M + t
-        q_ok = tok_q < N
+    prob_q, tok_q, q_ok = _tile_rows(pid, num_problems, N, BLOCK_M, PACKED)
     mb_q = (prob_q // H).to(tl.int64)  # m·B + b
     head_q = prob_q % H
     d = tl.arange(0, HEAD_PAD)
@@ -118,16 +125,13 @@ def _pe_attention_fwd_kernel(
     probe_col = tl.arange(0, PROBE_PAD)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
     for start in range(0, BLOCK_N if PACKED else N, BLOCK_N):  # packed: BLOCK_N == BLOCK_M, one tile
-        c = start + tl.arange(0, BLOCK_N)
-        if PACKED:
-            prob_k = pid * group + c // N
-            tok_k = c % N
-            k_ok = (c < group * N) & (prob_k < num_problems)
+        if PACKED:  # the keys are the tile's own rows
+            prob_k, tok_k, k_ok = prob_q, tok_q, q_ok
             valid = k_ok[None, :] & (prob_q[:, None] == prob_k[None, :])  # implies q_ok
         else:
-            prob_k = prob + tl.zeros([BLOCK_N], tl.int32)
-            tok_k = c
-            k_ok = c < N
+            prob_k = pid // tl.cdiv(N, BLOCK_M) + tl.zeros([BLOCK_N], tl.int32)
+            tok_k = start + tl.arange(0, BLOCK_N)
+            k_ok = tok_k < N
             valid = k_ok[None, :] & q_ok[:, None]
         mb_k = (prob_k // H).to(tl.int64)
         k_col = (prob_k % H) * head_dim
@@ -201,17 +205,7 @@ def _pe_attention_bwd_kernel(
     d_ok = d < head_dim
     qk_scale = sm_scale * 1.4426950408889634  # logits in log2 units, as in the forward
     # Part 1: dk, dv of this program's key block, looping over the query blocks that attend to it.
-    if PACKED:
-        group = BLOCK // N
-        prob_k = pid * group + t // N
-        tok_k = t % N
-        k_ok = (t < group * N) & (prob_k < num_problems)
-    else:
-        blocks = tl.cdiv(N, BLOCK)
-        prob = pid // blocks
-        prob_k = prob + tl.zeros([BLOCK], tl.int32)
-        tok_k = (pid % blocks) * BLOCK + t
-        k_ok = tok_k < N
+    prob_k, tok_k, k_ok = _tile_rows(pid, num_problems, N, BLOCK, PACKED)
     mb_k = (prob_k // H).to(tl.int64)
     k_row = (mb_k * N + tok_k) * (3 * D) + (prob_k % H) * head_dim
     k_col = ((prob_k % H) * head_dim)[:, None] + d[None, :]
@@ -223,16 +217,13 @@ def _pe_attention_bwd_kernel(
     dk = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
     dv = tl.zeros([BLOCK, HEAD_PAD], tl.float32)
     for start in range(0, BLOCK if PACKED else N, BLOCK):  # packed: the queries are the same tile
-        c = start + t
         if PACKED:
-            prob_q = pid * group + c // N
-            tok_q = c % N
-            q_ok = (c < group * N) & (prob_q < num_problems)
+            prob_q, tok_q, q_ok = prob_k, tok_k, k_ok
             valid = k_ok[:, None] & q_ok[None, :] & (prob_k[:, None] == prob_q[None, :])
         else:
             prob_q = prob_k
-            tok_q = c
-            q_ok = c < N
+            tok_q = start + t
+            q_ok = tok_q < N
             valid = k_ok[:, None] & q_ok[None, :]
         mb_q = (prob_q // H).to(tl.int64)
         q_row = (mb_q * N + tok_q) * (3 * D) + (prob_q % H) * head_dim
@@ -263,7 +254,8 @@ def _pe_attention_bwd_kernel(
 
     if not PACKED:
         # Part 2: dq of the query block with the same index, looping over all key blocks.
-        tok_q = (pid % blocks) * BLOCK + t
+        prob = pid // tl.cdiv(N, BLOCK)
+        tok_q = tok_k  # the key block's tokens
         q_ok = tok_q < N
         mb = (prob // H).to(tl.int64)
         head_col = (prob % H) * head_dim + d[None, :]
@@ -356,23 +348,17 @@ def _reference_reason(x, num_heads, bias) -> str | None:
     return None
 
 
-@functools.cache
-def _warn_fallback(reason: str) -> None:
-    log.warning("pe_attention backend 'triton' runs the reference instead: %s", reason)
-
-
 def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
-    reason = _reference_reason(x, num_heads, bias)
-    if reason is not None:
-        _warn_fallback(reason)
-        return reference.forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias)
     M, B, N, D = x.shape
     H, dh = num_heads, D // num_heads
     P = M * B * H
     K = 0 if probes is None else probes.shape[0]
     cfg = kernel_config(N, dh, x.dtype)
     xw, addend = projection.split_projection(x, pe, w_qkv, b_qkv)
-    qkv, addend = _kernel_operands(xw, addend, cfg.fwd_packed, num_heads, rope_cos, rope_sin)
+    # The long kernels pipeline their loads through shared memory, where the addend's tiles would double it
+    # (past the A100's limit at head dim 256: tests/test_triton_compile.py): torch adds it first for them
+    # (one pass; at N > 32 the attention dominates).
+    qkv, addend = projection.kernel_operands(xw, addend, cfg.fwd_packed, num_heads, rope_cos, rope_sin)
     out = x.new_empty(M, B, N, D)
     lse = x.new_empty(M, B, H, N, dtype=torch.float32)
     rows = x.new_empty(M, H, 3 + K, B, N, dtype=torch.float32)
@@ -385,19 +371,6 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
         HAS_ADDEND=addend is not None, num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
     # xw is what the backward needs (it recomputes the small addend)
     return out, rows.view(M, H, 3 + K, B * N).mean(-1), xw, lse
-
-
-def _kernel_operands(xw, addend, packed: bool, num_heads, rope_cos, rope_sin):
-    """(qkv, addend) as a kernel reads them. A packed kernel adds the addend as it loads q, k, v, which costs no
-    pass over the activations. The long kernels pipeline their loads through shared memory, where the addend's
-    tiles would double it (past the A100's limit at head dim 256: tests/test_triton_compile.py), and RoPE
-    turns q and k whole: there torch adds the addend first (one pass; at N > 32 the attention dominates)."""
-    if packed and rope_cos is None:
-        return xw, addend
-    qkv = projection.full_projection(xw, addend)
-    if rope_cos is not None:
-        qkv = reference.turn_qk(qkv, num_heads, rope_cos, rope_sin, reference.rotate)
-    return qkv, None
 
 
 @torch.library.custom_op("pe_fast::triton_attention_backward", mutates_args=())
@@ -443,13 +416,11 @@ def _(info, in_dims, qkv, addend, grad_out, out, lse, num_heads):
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
              out):
     """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
-    if _reference_reason(x, num_heads, bias) is not None:
-        return reference.backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos, rope_sin, bias)
     N, D = x.shape[2:]
     packed = kernel_config(N, D // num_heads, x.dtype).bwd_packed
     addend = projection.token_addend(pe, w_qkv, b_qkv, N)
-    dqkv = attention_backward(*_kernel_operands(qkv, addend, packed, num_heads, rope_cos, rope_sin), grad_out,
-                              out, lse, num_heads)
+    dqkv = attention_backward(*projection.kernel_operands(qkv, addend, packed, num_heads, rope_cos, rope_sin),
+                              grad_out, out, lse, num_heads)
     if rope_cos is not None:
         dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
     return (*projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv), None)
@@ -458,4 +429,4 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
 # @triton.jit chose compiler or interpreter at import; under TRITON_INTERPRET=1 (the CPU tests) the kernels run
 # in numpy on CPU tensors: correct, slow.
 _DEVICES = ("cuda", "cpu") if triton.knobs.runtime.interpret else ("cuda",)
-register_backend("triton", Backend(forward, backward, _DEVICES))
+register_backend("triton", Backend(forward, backward, _DEVICES, _reference_reason))
