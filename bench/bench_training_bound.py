@@ -158,8 +158,8 @@ def main() -> None:
               "command": " ".join(["bench/bench_training_bound.py", *sys.argv[1:]]),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":
