@@ -78,7 +78,8 @@ def _pe_attention(
     probes: Tensor | None, rope_cos: Tensor | None, rope_sin: Tensor | None, bias: Tensor | None,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    # backend is resolved before the call; every backend returns (out, stats, qkv, lse).
+    # backend is resolved before the call; every backend returns out, stats and what its backward needs: a
+    # projection [M,B,N,3D] (the reference's qkv; the kernels' x @ w) and the log-sum-exp of every row.
     return tuple(t.contiguous() for t in implementation(backend, x, num_heads, bias).forward(
         x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias))
 
