@@ -46,12 +46,8 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
              out):
     """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
-    addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])
-    dqkv = torch.ops.pe_fast_cpp.attention_backward(
-        *projection.kernel_operands(qkv, addend, True, num_heads, rope_cos, rope_sin), grad_out, out, lse, num_heads)
-    if rope_cos is not None:
-        dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
-    return (*projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv), None)
+    return (*projection.backward_around(torch.ops.pe_fast_cpp.attention_backward, True, grad_out, x, pe, w_qkv,
+                                        b_qkv, qkv, lse, out, num_heads, rope_cos, rope_sin), None)
 
 
 try:

@@ -51,6 +51,20 @@ def kernel_operands(xw: Tensor, addend: Tensor | None, add_on_load: bool, num_he
     return qkv, None
 
 
+def backward_around(kernel_backward, add_on_load: bool, grad_out: Tensor, x: Tensor, pe: Tensor | None,
+                    w_qkv: Tensor, b_qkv: Tensor | None, xw: Tensor, lse: Tensor, out: Tensor, num_heads: int,
+                    rope_cos: Tensor | None, rope_sin: Tensor | None):
+    """(dx, dpe, dw_qkv, db_qkv) of a kernel backend whose forward saved xw: recompute the small addend, hand
+    the kernel its operands (`kernel_operands`), turn dq and dk back through RoPE, then the projection's own
+    backward. kernel_backward(qkv, addend, grad_out, out, lse, num_heads) -> dqkv is the backend's op."""
+    addend = token_addend(pe, w_qkv, b_qkv, x.shape[2])
+    dqkv = kernel_backward(*kernel_operands(xw, addend, add_on_load, num_heads, rope_cos, rope_sin), grad_out, out,
+                           lse, num_heads)
+    if rope_cos is not None:
+        dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
+    return split_projection_backward(dqkv, x, pe, w_qkv, b_qkv)
+
+
 def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):
     """(dx, dpe, dw_qkv, db_qkv) from dqkv [M,B,N,3D], the gradient of xw + addend."""
     M, B, N, D = x.shape

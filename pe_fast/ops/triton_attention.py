@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pe_fast.ops import projection, reference
+from pe_fast.ops import projection
 from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
 
 log = logging.getLogger("pe_fast")
@@ -417,13 +417,9 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
              out):
     """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
     N, D = x.shape[2:]
-    packed = kernel_config(N, D // num_heads, x.dtype).bwd_packed
-    addend = projection.token_addend(pe, w_qkv, b_qkv, N)
-    dqkv = attention_backward(*projection.kernel_operands(qkv, addend, packed, num_heads, rope_cos, rope_sin),
-                              grad_out, out, lse, num_heads)
-    if rope_cos is not None:
-        dqkv = reference.turn_qk(dqkv, num_heads, rope_cos, rope_sin, reference.unrotate)
-    return (*projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv), None)
+    packed = kernel_config(N, D // num_heads, x.dtype).bwd_packed  # only the packed kernels add on load
+    return (*projection.backward_around(attention_backward, packed, grad_out, x, pe, w_qkv, b_qkv, qkv, lse, out,
+                                        num_heads, rope_cos, rope_sin), None)
 
 
 # @triton.jit chose compiler or interpreter at import; under TRITON_INTERPRET=1 (the CPU tests) the kernels run
