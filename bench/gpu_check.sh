@@ -6,6 +6,7 @@
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
 #   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
 #   profile_n16.log/.json         bench/profile_n16.py: kernels, launches, host vs GPU time at the LST shape
+#   op_overhead.log/.json         bench/bench_op_overhead.py: host µs per call, direct eager path vs the custom op
 #   bench_ops.log, ops_gpu.json   bench/bench_ops.py: fused op vs reference, SDPA+stats, FlexAttention+stats
 #   training_gpu.log/.json        bench/bench_training.py on cuda (default backend: triton)
 #   training_gpu_reference.log/.json   the same with PE_FAST_BACKEND=reference
@@ -62,6 +63,9 @@ step tests 180 gpu_tests.log python3 -m pytest -q -rs --durations=10 -p no:cache
     tests/test_triton_attention.py tests/test_op_transforms.py
 
 step profile_n16 100 profile_n16.log python3 bench/profile_n16.py --out "$OUT/profile_n16.json" --iters 10
+
+step op_overhead 40 op_overhead.log python3 bench/bench_op_overhead.py --device cuda --repeats 9 \
+    --out "$OUT/op_overhead.json"
 
 step bench_ops 150 bench_ops.log python3 bench/bench_ops.py --out "$OUT/ops_gpu.json" --budget-s 110
 

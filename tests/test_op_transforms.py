@@ -1,19 +1,28 @@
 """pe_attention under torch's transforms: torch.func.vmap (the op's vmap rule folds the vmapped dim into the
 model axis, or loops when a tensor shared by all models is vmapped), gradients through vmap, a vmapped
 backward (autograd.grad with is_grads_batched), torch.library.opcheck, and torch.compile(fullgraph=True)
-forward and backward.
+forward and backward; and plain eager calls, which bypass the custom-op dispatcher with the same numbers.
 
 The oracle is a Python loop over the vmapped dim calling the op on each slice. CPU: the reference backend.
 CUDA (skipped without a GPU): the same tests on the triton backend, whose backward is an op with its own rule.
 """
+import importlib
+import importlib.util
+import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import vmap
 
 from pe_fast.ops import pe_attention
+from pe_fast.ops.pe_attention import is_traced
+
+pe_attention_module = importlib.import_module("pe_fast.ops.pe_attention")  # the package's name is the function
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 TARGETS = [pytest.param(("cpu", "reference", torch.float64), id="cpu-reference")]
@@ -129,3 +138,89 @@ def test_compile_fullgraph_forward_and_backward(target, monkeypatch):
     compiled = run(torch.compile(step, fullgraph=True, dynamic=False))
     for c, e in zip(compiled, run(step)):
         torch.testing.assert_close(c, e, **tolerance(target))
+
+
+def test_eager_calls_run_the_backend_directly_with_the_ops_numbers(monkeypatch):
+    """Plain eager calls skip the custom-op dispatcher (host time) for an autograd.Function over the same
+    functions: outputs and gradients equal the op's exactly."""
+    t = make(TARGETS[0].values[0])
+    args = [t[k][0] for k in ("x", "pe", "w", "b")]
+
+    def run(call):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        out, stats = call(*leaves)
+        out.backward(t["grad"][0])
+        return [out.detach(), stats] + [leaf.grad for leaf in leaves]
+
+    through_op = run(lambda x, pe, w, b: torch.ops.pe_fast.pe_attention(
+        x, pe, w, b, H, t["probes"][0], None, None, None, "reference")[:2])
+    monkeypatch.setattr(pe_attention_module, "_pe_attention", None)  # an eager call must not reach it
+    direct = run(lambda x, pe, w, b: pe_attention(x, pe, w, b, H, t["probes"][0], backend="reference"))
+    for d, o in zip(direct, through_op):
+        torch.testing.assert_close(d, o, rtol=0, atol=0)
+
+
+def test_only_plain_eager_calls_count_as_untraced():
+    x = torch.randn(2, 3)
+    assert not is_traced(x, torch.nn.Parameter(x), None)
+    with torch.device("cpu"):  # a torch-function mode
+        assert is_traced(x)
+    with FakeTensorMode():
+        assert is_traced(torch.empty(2))
+    seen = []
+    vmap(lambda row: seen.append(is_traced(row)) or row)(x)
+    batched_backward_seen = []
+
+    class Probe(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, a: a * 2)
+
+        @staticmethod
+        def backward(ctx, grad):
+            batched_backward_seen.append(is_traced(grad))
+            return grad
+
+    leaf = x.clone().requires_grad_()
+    torch.autograd.grad(Probe.apply(leaf), leaf, torch.ones(4, 2, 3), is_grads_batched=True)
+    assert seen == [True] and batched_backward_seen == [True]
+
+
+def test_compiled_graphs_hold_the_custom_op():
+    torch._dynamo.reset()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm
+
+    t = make(TARGETS[0].values[0])
+    torch.compile(op(TARGETS[0].values[0]), backend=capture, fullgraph=True)(
+        *(t[k][0] for k in ("x", "pe", "w", "b", "probes")))
+    assert graphs and "pe_fast.pe_attention" in graphs[0]
+
+
+def test_overhead_benchmark_times_the_op_path_it_names(tmp_path, monkeypatch):
+    """bench/bench_op_overhead.py: its "op" rounds really go through the custom op, and it runs end to end."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("bench_op_overhead", os.path.join(root, "bench",
+                                                                                   "bench_op_overhead.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    t = make(TARGETS[0].values[0])
+    args = [t[k][0] for k in ("x", "pe", "w", "b")]
+    monkeypatch.setattr(pe_attention_module._EagerPEAttention, "apply", None)  # the direct path now fails
+    with bench.through_the_op():
+        pe_attention(*args, H, backend="reference")
+    with pytest.raises(TypeError):
+        pe_attention(*args, H, backend="reference")
+    monkeypatch.undo()
+
+    out = tmp_path / "overhead.json"
+    run = subprocess.run([sys.executable, "bench/bench_op_overhead.py", "--device", "cpu", "--repeats", "1",
+                          "--calls", "2", "--out", str(out)], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [r["mode"] for r in rows] == ["forward", "forward+backward"] and all(r["op_us"] > 0 for r in rows)
+    if not torch.cuda.is_available():
+        no_gpu = subprocess.run([sys.executable, "bench/bench_op_overhead.py", "--device", "cuda"], cwd=root,
+                                capture_output=True, text=True)
+        assert no_gpu.returncode == 2 and len(no_gpu.stderr.strip().splitlines()) == 1

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from pe_fast.ops import reference
 
@@ -78,6 +79,10 @@ def _pe_attention(
     probes: Tensor | None, rope_cos: Tensor | None, rope_sin: Tensor | None, bias: Tensor | None,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend)
+
+
+def _forward(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend):
     # backend is resolved before the call; every backend returns out, stats and what its backward needs: a
     # projection [M,B,N,3D] (the reference's qkv; the kernels' x @ w) and the log-sum-exp of every row.
     return tuple(t.contiguous() for t in implementation(backend, x, num_heads, bias).forward(
@@ -112,6 +117,37 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
 
 
 _pe_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerPEAttention(torch.autograd.Function):
+    """The custom op's forward and autograd, called without the op: in plain eager mode the custom-op
+    dispatcher's Python layers cost more host time than the kernels themselves at small shapes (the H100
+    profile at N = 16 was host-bound; bench/results/h100-20261126/profile_n16.log). Same functions, same
+    numbers; whatever traces or transforms the call goes through the op (`is_traced`)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def _is_plain(t: Tensor) -> bool:
+    """Not a subclass (fake, functional) nor wrapped by a transform. The legacy batched tensors of a batched
+    backward (autograd.grad(is_grads_batched=True)) show up nowhere else."""
+    return (type(t) in (Tensor, torch.nn.Parameter) and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+            and not torch._C._functorch.is_legacy_batchedtensor(t))
+
+
+def is_traced(*tensors: Tensor | None) -> bool:
+    """Whether this call is traced or transformed (torch.compile, vmap / grad, a dispatch or function mode,
+    tensors that are not plain): then only the custom op's registrations (fake, vmap, autograd) are right.
+    Otherwise it is plain eager mode, where calling the backend directly is the same computation."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or _get_current_dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled()
+            or not all(_is_plain(t) for t in tensors if t is not None))
 
 
 def fold_into_model_axis(info, in_dims, args, per_model, op):
@@ -179,6 +215,7 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     """
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
     cos, sin = rope if rope is not None else (None, None)
-    out, stats, _, _ = _pe_attention(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias,
-                                     resolve_backend(backend, x.device))
+    inputs = (x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
+    op = _pe_attention if is_traced(x, pe, w_qkv, b_qkv, probes, cos, sin, bias) else _EagerPEAttention.apply
+    out, stats, _, _ = op(*inputs)
     return out, stats

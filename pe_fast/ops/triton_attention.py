@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from pe_fast.ops import projection
-from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
+from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, is_traced, register_backend
 
 log = logging.getLogger("pe_fast")
 
@@ -373,12 +373,10 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
     return out, rows.view(M, H, 3 + K, B * N).mean(-1), xw, lse
 
 
-@torch.library.custom_op("pe_fast::triton_attention_backward", mutates_args=())
-def attention_backward(qkv: torch.Tensor, addend: torch.Tensor | None, grad_out: torch.Tensor, out: torch.Tensor,
-                       lse: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """dqkv [M,B,N,3D] of the attention alone, q, k, v being qkv + addend (projection.py). An op of its own:
-    autograd tracing (torch.compile, opcheck) runs `backward` with fake tensors, and must see this op instead
-    of kernel launches."""
+def launch_backward(qkv: torch.Tensor, addend: torch.Tensor | None, grad_out: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """dqkv [M,B,N,3D] of the attention alone, q, k, v being qkv + addend (projection.py): the kernel launches
+    behind the op `attention_backward`."""
     M, B, N, D3 = qkv.shape
     H, D = num_heads, D3 // 3
     dh, P = D // num_heads, M * B * num_heads
@@ -400,6 +398,11 @@ def attention_backward(qkv: torch.Tensor, addend: torch.Tensor | None, grad_out:
     return dqkv
 
 
+# An op of its own: autograd tracing (torch.compile, opcheck) runs `backward` with fake tensors, and must see this
+# op instead of kernel launches. Plain eager backwards call `launch_backward` directly (pe_attention.is_traced).
+attention_backward = torch.library.custom_op("pe_fast::triton_attention_backward", launch_backward, mutates_args=())
+
+
 @attention_backward.register_fake
 def _(qkv, addend, grad_out, out, lse, num_heads):
     return torch.empty_like(qkv)
@@ -418,7 +421,8 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
     N, D = x.shape[2:]
     packed = kernel_config(N, D // num_heads, x.dtype).bwd_packed  # only the packed kernels add on load
-    return (*projection.backward_around(attention_backward, packed, grad_out, x, pe, w_qkv, b_qkv, qkv, lse, out,
+    kernel_backward = attention_backward if is_traced(grad_out, qkv, out) else launch_backward
+    return (*projection.backward_around(kernel_backward, packed, grad_out, x, pe, w_qkv, b_qkv, qkv, lse, out,
                                         num_heads, rope_cos, rope_sin), None)
 
 
