@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine, from a copy of the repository (no network needed): the CUDA tests, the N = 16 profile,
-# the ops benchmark and the stacked-training benchmark, in about 5–6 minutes on an H100 (hard cap ≈ 7).
+# the op's host overhead, the ops benchmark, the stacked-training benchmark and the tile tuning, in about 7
+# minutes on an H100 (hard cap ≈ 8½: GPU_CHECK_BUDGET_S, 500 s, for all steps, plus the last one's grace).
 #   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
@@ -10,6 +11,7 @@
 #   bench_ops.log, ops_gpu.json   bench/bench_ops.py: fused op vs reference, SDPA+stats, FlexAttention+stats
 #   training_gpu.log/.json        bench/bench_training.py on cuda (default backend: triton)
 #   training_gpu_reference.log/.json   the same with PE_FAST_BACKEND=reference
+#   tune.log, tune_gpu.json       bench/tune_triton.py: the kernels' tiles varied against kernel_config's choice
 #   steps.tsv                     step, exit code (124 = hit its time limit), seconds
 # Every step runs whatever the previous ones did, under its own time limit (never past the overall budget);
 # the exit status is 1 if any step failed. The ahead-of-time compile test needs no GPU and runs in CI instead.
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
-BUDGET_S=${GPU_CHECK_BUDGET_S:-400}  # all steps together
+BUDGET_S=${GPU_CHECK_BUDGET_S:-500}  # all steps together
 START=$SECONDS
 status=0
 printf 'step\texit_code\tseconds\n' > "$OUT/steps.tsv"
@@ -75,6 +77,8 @@ step training 60 training_gpu.log python3 bench/bench_training.py --device cuda 
 step training_reference 50 training_gpu_reference.log env PE_FAST_BACKEND=reference \
     python3 bench/bench_training.py --device cuda --models 64 --depth 4 --repeats 3 --shapes 160x128 \
     --out "$OUT/training_gpu_reference.json"
+
+step tune 140 tune.log python3 bench/tune_triton.py --out "$OUT/tune_gpu.json" --budget-s 110
 
 echo "== done in $((SECONDS - START))s, status $status"
 cat "$OUT/steps.tsv"

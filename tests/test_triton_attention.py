@@ -98,6 +98,22 @@ def test_interpreter_tf32_statistics_within_1e4(N, monkeypatch):
 
 
 @interpreter
+@pytest.mark.parametrize("N", [16, 40])  # packed, long
+def test_interpreter_probes_read_in_their_own_dtype_give_the_float32_statistics(N):
+    """The kernel reads bool, uint8, bf16 and fp16 probes as they come (less L2 traffic per score): the same
+    statistics, bit for bit, as the same values in float32; float64 ones are read as float32."""
+    inputs = make_inputs(1, 2, N, 32, 3)
+    args = [inputs[k].float() for k in ("x", "pe", "w", "b")]
+    g = torch.Generator().manual_seed(3)
+    binary = torch.rand(2, N, N, generator=g) > 0.5
+    weighted = torch.randn(2, N, N, generator=g).to(torch.bfloat16)  # values fp16 holds exactly too
+    for probes in (binary, binary.to(torch.uint8), weighted, weighted.to(torch.float16), weighted.double()):
+        _, stats, _, _ = triton_attention.forward(*args, 2, probes)
+        _, expected, _, _ = triton_attention.forward(*args, 2, probes.float())
+        assert torch.equal(stats, expected), probes.dtype
+
+
+@interpreter
 def test_interpreter_batched_backward_matches_loop():
     """autograd.grad(is_grads_batched=True) vmaps the backward: the triton backward op's vmap rule."""
     inputs = make_inputs(1, 2, 8, 16, 1)

@@ -36,6 +36,7 @@ class Job(NamedTuple):
     num_warps: int
     num_stages: int
     addend: bool = False  # HAS_ADDEND: the kernel adds pe·W + b to q, k, v as it loads them
+    probes: str = "fp32"  # the probes' pointer type (triton_attention.kernel_probes)
 
 
 def jobs() -> list[Job]:
@@ -47,6 +48,11 @@ def jobs() -> list[Job]:
             for addend in (False, True) if c.fwd_packed else (False,):
                 found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed,
                                  (c.fwd_block_m, c.fwd_block_n), c.fwd_warps, c.fwd_stages, addend))
+            # narrower probes (bool/uint8, bf16/fp16) take less shared memory than float32 ones; that they compile
+            # at all is checked on the largest tiles
+            if c.head_pad == ta.MAX_HEAD_DIM and precision == "ieee":
+                found += [Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed, (c.fwd_block_m, c.fwd_block_n),
+                              c.fwd_warps, c.fwd_stages, probes=probes) for probes in ("u8", "bf16")]
             for addend in (False, True) if c.bwd_packed else (False,):
                 found.append(Job("bwd", c.dtype, precision, c.head_pad, c.bwd_packed, (c.bwd_block,), c.bwd_warps,
                                  c.bwd_stages, addend))
@@ -62,7 +68,7 @@ def source(job: Job) -> ASTSource:
     const = dict(N=16 if job.packed else 360, H=heads, D=heads * head_dim, HEAD_PAD=job.head_pad)
     if job.kernel == "fwd":
         fn = ta._pe_attention_fwd_kernel
-        args = {"qkv_ptr": t, "add_ptr": t, "probe_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32",
+        args = {"qkv_ptr": t, "add_ptr": t, "probe_ptr": "*" + job.probes, "out_ptr": t, "lse_ptr": "*fp32",
                 "stat_ptr": "*fp32", "num_problems": "i32", "B": "i32", "qk_scale": "fp32"}
         const.update(NUM_PROBES=2, PROBE_PAD=2, BLOCK_M=job.blocks[0], BLOCK_N=job.blocks[1], PACKED=job.packed,
                      PRECISION=job.precision, HAS_ADDEND=job.addend)
@@ -95,7 +101,8 @@ def job_id(job: Job) -> str:
     precision = f"-{job.precision}" if job.precision else ""
     path = "packed" if job.packed else "long"
     addend = "-addend" if job.addend else ""
-    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-hd{job.head_pad}-{path}{blocks}{addend}"
+    probes = "" if job.probes == "fp32" else f"-probes-{job.probes}"
+    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-hd{job.head_pad}-{path}{blocks}{addend}{probes}"
 
 
 JOBS = jobs()
@@ -138,3 +145,29 @@ def test_kernel_config_picks_from_the_listed_configs():
                 assert cfg.bwd_packed == (N <= min(ta.PACK_MAX_N, cfg.bwd_block)) == (cfg.pre_block == 0)
                 if cfg.fwd_packed:  # the keys are the query tile
                     assert cfg.fwd_block_m == cfg.fwd_block_n
+
+
+def test_tuning_candidates_are_configurations_the_launchers_take(monkeypatch):
+    """bench/tune_triton.py (run on a GPU by bench/gpu_check.sh) varies only tiles, warps and stages, keeps packed
+    tiles whole-problem and square, and gives `kernel_config` back afterwards; without a GPU it exits 2."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.syspath_prepend(os.path.join(root, "bench"))
+    tune = __import__("tune_triton")
+    for name, (M, B, N, D, H, K) in tune.SHAPES.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            default = ta.kernel_config(N, D // H, dtype)
+            candidates = [c for c in tune.forward_candidates(default) + tune.backward_candidates(default)
+                          if tune.valid(c, N)]
+            assert len(candidates) > 8
+            for c in candidates:
+                assert (c.dtype, c.head_pad, c.fwd_packed, c.bwd_packed, c.pre_block) == (
+                    default.dtype, default.head_pad, default.fwd_packed, default.bwd_packed, default.pre_block)
+                if c.fwd_packed:
+                    assert c.fwd_block_m == c.fwd_block_n >= N
+                if c.bwd_packed:
+                    assert c.bwd_block >= N
+            with tune.configured(candidates[-1]):
+                assert ta.kernel_config(N, D // H, dtype) == candidates[-1]
+            assert ta.kernel_config(N, D // H, dtype) == default
+    if not torch.cuda.is_available():
+        assert tune.main(["--out", os.devnull]) == 2

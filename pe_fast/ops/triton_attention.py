@@ -151,7 +151,8 @@ def _pe_attention_fwd_kernel(
         if NUM_PROBES > 0:
             tile_mass = tl.zeros([BLOCK_M, PROBE_PAD], tl.float32)
             for k in tl.static_range(NUM_PROBES):
-                probe = tl.load(probe_ptr + k * N * N + tok_q[:, None] * N + tok_k[None, :], mask=valid, other=0.0)
+                probe = tl.load(probe_ptr + k * N * N + tok_q[:, None] * N + tok_k[None, :], mask=valid,
+                                other=0).to(tl.float32)
                 tile_mass += tl.where(probe_col[None, :] == k, tl.sum(e * probe, 1)[:, None], 0.0)
             mass = mass * alpha[:, None] + tile_mass
         acc = acc * alpha[:, None] + tl.dot(_tc(e, PRECISION).to(v.dtype), _tc(v, PRECISION),
@@ -348,6 +349,18 @@ def _reference_reason(x, num_heads, bias) -> str | None:
     return None
 
 
+def kernel_probes(probes: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The probes as the forward kernel reads them: in the dtype they came in where it holds them exactly and the
+    kernel can load it (bool as uint8), else float32. Every score reads K probe values, from L2 (the probes are
+    shared by all problems): at N = 360 that is ten times the q, k, v traffic in float32, so binary probes
+    given as bool or uint8 cut it fourfold, bf16 ones twofold."""
+    if probes.dtype == torch.bool:
+        probes = probes.view(torch.uint8)
+    elif probes.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.uint8):
+        probes = probes.float()
+    return probes.to(device).contiguous()
+
+
 def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
     M, B, N, D = x.shape
     H, dh = num_heads, D // num_heads
@@ -362,7 +375,7 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
     out = x.new_empty(M, B, N, D)
     lse = x.new_empty(M, B, H, N, dtype=torch.float32)
     rows = x.new_empty(M, H, 3 + K, B, N, dtype=torch.float32)
-    probes = lse if K == 0 else probes.to(device=x.device, dtype=torch.float32).contiguous()  # lse: never read
+    probes = lse if K == 0 else kernel_probes(probes, x.device)  # lse: never read
     grid = (triton.cdiv(P, cfg.fwd_block_m // N),) if cfg.fwd_packed else (P * triton.cdiv(N, cfg.fwd_block_m),)
     _pe_attention_fwd_kernel[grid](
         qkv, qkv if addend is None else addend, probes, out, lse, rows, P, B, LOG2E / math.sqrt(dh), N=N, H=H, D=D,
