@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# On a GPU machine, from a copy of the repository (no network needed): the CUDA tests, the N = 16 profile,
+# On a GPU machine, from a copy of the repository (no network needed): the CUDA tests, the N = 16 and N = 360 profiles,
 # the op's host overhead, the ops benchmark, the stacked-training benchmark and the tile tuning, in about 7
 # minutes on an H100 (hard cap ≈ 8½: GPU_CHECK_BUDGET_S, 500 s, for all steps, plus the last one's grace).
 #   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
 #   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
-#   profile_n16.log/.json         bench/profile_n16.py: kernels, launches, host vs GPU time at the LST shape
+#   profile_n16.log/.json         bench/profile_op.py: kernels, launches, host vs GPU time at the LST shape
+#   profile_fmri.log/.json        the same at N = 360 (bf16, tf32)
 #   op_overhead.log/.json         bench/bench_op_overhead.py: host µs per call, direct eager path vs the custom op
 #   bench_ops.log, ops_gpu.json   bench/bench_ops.py: fused op vs reference, SDPA+stats, FlexAttention+stats
 #   training_gpu.log/.json        bench/bench_training.py on cuda (default backend: triton)
@@ -64,7 +65,10 @@ step tests 180 gpu_tests.log python3 -m pytest -q -rs --durations=10 -p no:cache
     --deselect tests/test_triton_attention.py::test_cpu_interpreter_suite_in_a_child_process \
     tests/test_triton_attention.py tests/test_op_transforms.py
 
-step profile_n16 100 profile_n16.log python3 bench/profile_n16.py --out "$OUT/profile_n16.json" --iters 10
+step profile_n16 100 profile_n16.log python3 bench/profile_op.py --out "$OUT/profile_n16.json" --iters 10
+
+step profile_fmri 60 profile_fmri.log python3 bench/profile_op.py --shape fmri --precisions bf16,tf32 \
+    --out "$OUT/profile_fmri.json" --iters 5
 
 step op_overhead 40 op_overhead.log python3 bench/bench_op_overhead.py --device cuda --repeats 9 \
     --out "$OUT/op_overhead.json"

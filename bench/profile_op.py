@@ -1,8 +1,9 @@
-"""Where the time of pe_attention goes at the LST shape (N = 16): a torch.profiler breakdown on a CUDA GPU.
+"""Where the time of pe_attention goes: a torch.profiler breakdown on a CUDA GPU, at one of the benchmark's shapes.
 
-    python bench/profile_n16.py --out bench/results/profile_n16.json [--iters 10] [--top 12]
+    python bench/profile_op.py --out bench/results/profile_n16.json [--shape lst] [--iters 10] [--top 12]
 
-Shape: M = 64 models × B = 64, N = 16, d = 160, H = 1, K = 3 probes (M·B = 4096, the issue's LST shape).
+Shapes: lst (default; M = 64 models × B = 64, N = 16, d = 160, H = 1, K = 3 probes: M·B = 4096, the issue's LST
+shape) and bench_ops.py's fmri (N = 360) and mid (N = 100).
 For the fused op (backend="triton") and the eager reference, in fp32 (IEEE), tf32 and bf16, forward (no
 autograd) and forward+backward, it reports:
   * GPU time per iteration (CUDA events, median) and the host time to enqueue one iteration: when the host
@@ -23,15 +24,16 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ops import PRECISIONS, device_info, make_inputs, set_tf32  # noqa: E402
+from bench_ops import PRECISIONS, SHAPES, device_info, make_inputs, set_tf32  # noqa: E402
 
 from pe_fast.ops import pe_attention  # noqa: E402
 
-SHAPE = dict(M=64, B=64, N=16, D=160, H=1, K=3)
+PROFILE_SHAPES = {"lst": dict(M=64, B=64, N=16, D=160, H=1, K=3),
+                  **{name: dict(zip("MBNDHK", shape)) for name, shape in SHAPES.items() if name != "lst"}}
 
 
-def make_step(backend, dtype, mode):
-    M, B, N, D, H, K = (SHAPE[k] for k in "MBNDHK")
+def make_step(shape, backend, dtype, mode):
+    M, B, N, D, H, K = (shape[k] for k in "MBNDHK")
     (x, pe, w, b), probes = make_inputs(M, B, N, D, K, dtype, grad=mode != "forward")
     if mode == "forward":
         def step():
@@ -85,15 +87,17 @@ def kernel_breakdown(step, iters):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON results path")
+    p.add_argument("--shape", choices=PROFILE_SHAPES, default="lst", help="lst (default), fmri or mid")
     p.add_argument("--iters", type=int, default=10, help="profiled iterations per case (10)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per case (12)")
     p.add_argument("--precisions", default="fp32,tf32,bf16")
     p.add_argument("--backends", default="triton,reference")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("profile_n16.py: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        print("profile_op.py: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    report = {**device_info(), "shape": SHAPE, "iters": args.iters, "cases": []}
+    shape = PROFILE_SHAPES[args.shape]
+    report = {**device_info(), "shape_name": args.shape, "shape": shape, "iters": args.iters, "cases": []}
     start = time.perf_counter()
     for prec in args.precisions.split(","):
         for mode in ("forward", "forward+backward"):
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
                 case = dict(precision=prec, mode=mode, backend=backend)
                 report["cases"].append(case)
                 try:
-                    step = make_step(backend, PRECISIONS[prec], mode)
+                    step = make_step(shape, backend, PRECISIONS[prec], mode)
                     for _ in range(3):  # compile, autotune cuBLAS, warm caches
                         step()
                     gpu_ms, host_ms = timings(step, max(args.iters, 5))
