@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU machine, from a copy of the repository (no network needed): the CUDA tests, the N = 16 and N = 360 profiles,
-# the op's host overhead, the ops benchmark, the stacked-training benchmark and the tile tuning, in about 7
-# minutes on an H100 (hard cap ≈ 8½: GPU_CHECK_BUDGET_S, 500 s, for all steps, plus the last one's grace).
+# On a GPU machine, from a copy of the repository (no network needed): the CUDA tests, the N = 16 and N = 360
+# profiles, the op's host overhead, the ops benchmark, the stacked-training benchmark and the tile tuning, in
+# about 7 minutes on an H100 (hard cap ≈ 8½: GPU_CHECK_BUDGET_S, 500 s, for all steps, plus the last one's grace).
 #   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
