@@ -145,29 +145,37 @@ inline void load_problem(const Problem<T>& pr, T scale, T* __restrict__ q_rows, 
       for (int64_t d = 0; d < dh; ++d) std::fill(cols + d * n_pad + n, cols + (d + 1) * n_pad, T(0));
 }
 
-// C[r][j] (+)= Σ_k A(r,k)·B[k][j] for R rows at once, A(r,k) = a[r·a_row + k·a_k]. Columns go in chunks of one
-// AVX2 vector (W lanes) held in R·W running sums: R independent FMA chains per chunk, which the compiler keeps
-// in registers (one chain would wait on the FMA latency).
+// C[r][j0 .. j0 + V·W) (+)= Σ_k A(r,k)·B[k][j] for R rows and V vectors of W lanes (AVX2: 32 bytes) at once,
+// A(r,k) = a[r·a_row + k·a_k], in R·V running sums that the compiler keeps in registers: R·V independent FMA
+// chains (one would wait on the FMA latency), and per k only V vector loads of B and R broadcasts of A.
+template <bool kAccumulate, int R, int V, typename T>
+inline void gemm_block(int j0, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb, T* c,
+                       int64_t ldc) {
+  constexpr int L = V * 32 / static_cast<int>(sizeof(T));
+  T sum[R][L];
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < L; ++l) sum[r][l] = kAccumulate ? c[r * ldc + j0 + l] : T(0);
+  for (int k = 0; k < depth; ++k) {
+    const T* bk = b + k * ldb + j0;
+    for (int r = 0; r < R; ++r) {
+      const T ar = a[r * a_row + k * a_k];
+#pragma omp simd
+      for (int l = 0; l < L; ++l) sum[r][l] += ar * bk[l];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < L; ++l) c[r * ldc + j0 + l] = sum[r][l];
+}
+
+// R rows of C: columns in blocks of two vectors (per k, 2 loads of B and R broadcasts of A feed 2·R FMAs: the
+// FMA units, not the load ports, set the pace), then one vector, then a scalar tail.
 template <bool kAccumulate, int R, typename T>
 inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb, T* c,
                       int64_t ldc) {
   constexpr int W = 32 / sizeof(T);
   int j0 = 0;
-  for (; j0 + W <= cols; j0 += W) {
-    T sum[R][W];
-    for (int r = 0; r < R; ++r)
-      for (int w = 0; w < W; ++w) sum[r][w] = kAccumulate ? c[r * ldc + j0 + w] : T(0);
-    for (int k = 0; k < depth; ++k) {
-      const T* bk = b + k * ldb + j0;
-      for (int r = 0; r < R; ++r) {
-        const T ar = a[r * a_row + k * a_k];
-#pragma omp simd
-        for (int w = 0; w < W; ++w) sum[r][w] += ar * bk[w];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int w = 0; w < W; ++w) c[r * ldc + j0 + w] = sum[r][w];
-  }
+  for (; j0 + 2 * W <= cols; j0 += 2 * W) gemm_block<kAccumulate, R, 2>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
+  for (; j0 + W <= cols; j0 += W) gemm_block<kAccumulate, R, 1>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
   for (int j = j0; j < cols; ++j)
     for (int r = 0; r < R; ++r) {
       T sum = kAccumulate ? c[r * ldc + j] : T(0);
@@ -176,13 +184,14 @@ inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_
     }
 }
 
-// C[rows × cols] = A[rows × depth]·B[depth × cols], or += when kAccumulate (A strided as in gemm_rows; B, C
-// row-major)
+// C[rows × cols] = A[rows × depth]·B[depth × cols], or += when kAccumulate (A strided as in gemm_block; B, C
+// row-major). Six rows at a time: 6 × 2 vectors of sums, 2 of B and a broadcast fill 15 of AVX2's 16 registers
+// (8 rows × 1 vector, the earlier blocking, was 1.03–1.15× slower at N = 100: bench/kernel_ab.sh).
 template <bool kAccumulate, typename T>
 inline void gemm(int rows, int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb,
                  T* c, int64_t ldc) {
   int r = 0;
-  for (; r + 8 <= rows; r += 8) gemm_rows<kAccumulate, 8>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
+  for (; r + 6 <= rows; r += 6) gemm_rows<kAccumulate, 6>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
   for (; r + 4 <= rows; r += 4) gemm_rows<kAccumulate, 4>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
   for (; r < rows; ++r) gemm_rows<kAccumulate, 1>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
 }
