@@ -48,7 +48,7 @@ def jobs() -> list[Job]:
             for addend in (False, True) if c.fwd_packed else (False,):
                 found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed,
                                  (c.fwd_block_m, c.fwd_block_n), c.fwd_warps, c.fwd_stages, addend))
-            # narrower probes (bool/uint8, bf16/fp16) take less shared memory than float32 ones; that they compile
+            # narrower probes (bool/uint8, bf16/fp16) take no more shared memory than float32 ones; that they compile
             # at all is checked on the largest tiles
             if c.head_pad == ta.MAX_HEAD_DIM and precision == "ieee":
                 found += [Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed, (c.fwd_block_m, c.fwd_block_n),
