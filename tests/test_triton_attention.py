@@ -60,6 +60,7 @@ CPU_CASES = {  # M, B, N, D, H, K, pe, b_qkv
     "packed-odd-N17-dh24": (2, 1, 17, 72, 3, 1, True, True),
     "long-N100-2x2-blocks-dh24": (1, 2, 100, 24, 1, 2, True, True),
     "long-N40-H3-dh16": (1, 1, 40, 48, 3, 1, True, True),
+    "packed-H8-dh16": (1, 2, 16, 128, 8, 1, True, True),  # issue 3's largest head count
     "lst-N16-dh160": (1, 3, 16, 160, 1, 2, True, True),  # head dim padded to 256: 2-problem tiles, bwd 1
     "N20-dh160-packed-fwd-long-bwd": (1, 1, 20, 160, 1, 1, True, True),  # fp32 bwd tile 16 < N: Δ preprocess
 }
