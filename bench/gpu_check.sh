@@ -3,8 +3,14 @@
 # profiles, the op's host overhead, the ops benchmark, the stacked-training benchmark and the tile tuning, in
 # about 7 minutes on an H100 (hard cap ≈ 8½: GPU_CHECK_BUDGET_S, 500 s, for all steps, plus the last one's grace).
 #   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
+# GPU_CHECK_STEPS="pe_kinds science sweep" runs those steps only (default: all, in the order below).
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
+#   pe_kinds.log                  a few CUDA steps of every PE kind of lst --preset paper and netsim --preset all-pes
+#   science.log, science/         lst paper configuration, learned σ 0.2 / 2.0 and sin2d, 3 seeds, 8,000 steps, in
+#                                 fp32 and bf16 (four sweeps side by side): results.parquet and summary.txt of each
+#   sweep.log, sweep_gpu*.json    bench/bench_sweep_gpu.py: the sweep's training path at the paper's LST
+#                                 configuration, 90 and 315 models, per precision, eager and compiled
 #   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
 #   profile_n16.log/.json         bench/profile_op.py: kernels, launches, host vs GPU time at the LST shape
 #   profile_fmri.log/.json        the same at N = 360 (bf16, tf32)
@@ -58,31 +64,70 @@ step() {
 } > "$OUT/env.log"
 cat "$OUT/env.log"
 
+STEPS=${GPU_CHECK_STEPS:-pe_kinds science sweep tests profile_n16 profile_fmri op_overhead bench_ops training
+training_reference tune}
+wanted() { [[ " ${STEPS//$'\n'/ } " == *" $1 "* ]]; }
+
+# Every PE kind moves to the GPU and trains (issue 13: the random PE's tables once stayed on the CPU).
+if wanted pe_kinds; then
+    step pe_kinds 90 pe_kinds.log bash -c "set -e
+        python3 -m pe_fast.sweep --task lst --preset paper --seeds 1 --sigmas 0.5 --steps 20 --eval-every 10 \
+            --eval-items 64 --out /tmp/pe_kinds_lst --no-report
+        python3 -m pe_fast.sweep --task netsim --preset all-pes --seeds 1 --sigmas 0.5 --steps 20 --eval-every 10 \
+            --eval-items 64 --out /tmp/pe_kinds_netsim --no-report"
+fi
+
+# The speed must not change the science: the same sweeps in fp32 and in bf16, side by side on the one GPU.
+science() {
+    local pids=() rc=0
+    for precision in fp32 bf16; do
+        for pe in learned sin2d; do
+            python3 -m pe_fast.sweep --task lst --preset paper --pe $pe --sigmas 0.2,2.0 --seeds 3 --steps ${SCIENCE_STEPS:-8000} \
+                --eval-every 2000 --precision $precision --out "$OUT/science/$precision-$pe" --no-report &
+            pids+=($!)
+        done
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    for run in "$OUT"/science/*/; do echo "== $run"; cat "$run/summary.txt"; done
+    return $rc
+}
+export -f science
+export OUT
+wanted science && step science 240 science.log bash -c science
+
+if wanted sweep; then
+    # The most telling configurations first: a time limit keeps what ran.
+    step sweep 240 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90,315 --precisions bf16,tf32,fp32 \
+            --compile off --steps 10 --warmup 3 --out $OUT/sweep_gpu_eager.json
+        python3 bench/bench_sweep_gpu.py --models 90,315 --precisions bf16,tf32 --compile on --steps 10 --warmup 3 \
+            --out $OUT/sweep_gpu_compiled.json"
+fi
+
 # CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA; the
 # interpreter suite is CPU-only (CI), so it is deselected here.
-step tests 180 gpu_tests.log python3 -m pytest -q -rs --durations=10 -p no:cacheprovider \
+wanted tests && step tests 180 gpu_tests.log python3 -m pytest -q -rs --durations=10 -p no:cacheprovider \
     --junitxml="$OUT/gpu_tests.xml" \
     --deselect tests/test_triton_attention.py::test_cpu_interpreter_suite_in_a_child_process \
     tests/test_triton_attention.py tests/test_op_transforms.py
 
-step profile_n16 100 profile_n16.log python3 bench/profile_op.py --out "$OUT/profile_n16.json" --iters 10
+wanted profile_n16 && step profile_n16 100 profile_n16.log python3 bench/profile_op.py --out "$OUT/profile_n16.json" --iters 10
 
-step profile_fmri 60 profile_fmri.log python3 bench/profile_op.py --shape fmri --precisions bf16,tf32 \
+wanted profile_fmri && step profile_fmri 60 profile_fmri.log python3 bench/profile_op.py --shape fmri --precisions bf16,tf32 \
     --out "$OUT/profile_fmri.json" --iters 5
 
-step op_overhead 40 op_overhead.log python3 bench/bench_op_overhead.py --device cuda --repeats 9 \
+wanted op_overhead && step op_overhead 40 op_overhead.log python3 bench/bench_op_overhead.py --device cuda --repeats 9 \
     --out "$OUT/op_overhead.json"
 
-step bench_ops 150 bench_ops.log python3 bench/bench_ops.py --out "$OUT/ops_gpu.json" --budget-s 110
+wanted bench_ops && step bench_ops 150 bench_ops.log python3 bench/bench_ops.py --out "$OUT/ops_gpu.json" --budget-s 110
 
-step training 60 training_gpu.log python3 bench/bench_training.py --device cuda --models 64 --depth 4 \
+wanted training && step training 60 training_gpu.log python3 bench/bench_training.py --device cuda --models 64 --depth 4 \
     --repeats 5 --shapes 160x128,64x32 --out "$OUT/training_gpu.json"
 
-step training_reference 50 training_gpu_reference.log env PE_FAST_BACKEND=reference \
+wanted training_reference && step training_reference 50 training_gpu_reference.log env PE_FAST_BACKEND=reference \
     python3 bench/bench_training.py --device cuda --models 64 --depth 4 --repeats 3 --shapes 160x128 \
     --out "$OUT/training_gpu_reference.json"
 
-step tune 140 tune.log python3 bench/tune_triton.py --out "$OUT/tune_gpu.json" --budget-s 110
+wanted tune && step tune 140 tune.log python3 bench/tune_triton.py --out "$OUT/tune_gpu.json" --budget-s 110
 
 echo "== done in $((SECONDS - START))s, status $status"
 cat "$OUT/steps.tsv"

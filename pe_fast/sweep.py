@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pe_fast import memory, run_folder
+from pe_fast import memory, precision, run_folder
 from pe_fast.models import PE_KINDS, ModelConfig
 from pe_fast.train import OPTIMIZERS, SCHEDULES, PackTrainer, TrainConfig
 
@@ -75,7 +75,7 @@ PRESETS = {
 DEFAULTS = dict(task="fmri", mlp_width=None, weight_decay=0.0, momentum=0.0, pe_at="every", device="auto",
                 threads=None, backend=None, max_pack=None, eval_items=2048, atlas="schaefer100", data=None,
                 regions=None, parcellation=None, mask_fraction=0.2, window=1, split="subject", checkpoint_every=None,
-                executor="local", ray_address=None)
+                executor="local", ray_address=None, precision=None)
 EXECUTORS = ("local", "ray")
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report")
@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="results folder (must not hold results yet); default runs/<task>-<time>")
     p.add_argument("--device", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
+    p.add_argument("--precision", choices=precision.PRECISIONS,
+                   help="fp32, tf32 (CUDA) or bf16 (autocast, float32 weights); default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
     p.add_argument("--max-pack", type=int,
                    help="models trained together (default: as many as fit in half the free memory)")
@@ -194,6 +196,10 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     if s["threads"] is not None and s["threads"] <= 0:
         raise UsageError(f"--threads must be positive, got {s['threads']}")
     check_runtime(s)
+    if s["precision"] is None:
+        s["precision"] = precision.default(torch.device(s["device"]))
+    if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
+        raise UsageError(f"--precision {s['precision']}: {why}")
     if not 0 < s["mask_fraction"] < 1:
         raise UsageError(f"--mask-fraction must be between 0 and 1, got {s['mask_fraction']}")
     if s["window"] < 1:
@@ -263,6 +269,7 @@ def resume_settings(args: argparse.Namespace) -> dict:
     s.setdefault("executor", "local")
     s.setdefault("ray_address", None)
     s.setdefault("checkpoint_every", None)
+    s.setdefault("precision", "fp32")  # sweeps from before --precision trained in float32
     if s["threads"] is not None and s["threads"] <= 0:
         raise UsageError(f"--threads must be positive, got {s['threads']}")
     if s["checkpoint_every"] is not None and s["checkpoint_every"] <= 0:
@@ -271,12 +278,15 @@ def resume_settings(args: argparse.Namespace) -> dict:
         raise UsageError("--ray-address applies to --executor ray only")
     s["out"] = args.out
     check_runtime(s)
+    if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
+        raise UsageError(f"--resume: this sweep trains in {s['precision']}, and {why}")
     return s
 
 
 def apply_runtime(s: dict):
     """Process-wide settings, in the sweep's process and in every Ray worker: threads, backend, malloc."""
     memory.keep_freed_memory()
+    precision.apply(s["precision"])
     if s["threads"]:
         torch.set_num_threads(s["threads"])
     if s["backend"] is not None:
@@ -435,7 +445,8 @@ def model_config(s: dict, task, kind: str) -> ModelConfig:
 def train_config(s: dict) -> TrainConfig:
     return TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], optimizer=s["optimizer"],
                        weight_decay=s["weight_decay"], momentum=s["momentum"], schedule=s["schedule"],
-                       warmup=s["warmup"], eval_every=s["eval_every"], eval_items=s["eval_items"])
+                       warmup=s["warmup"], eval_every=s["eval_every"], eval_items=s["eval_items"],
+                       precision=s["precision"])
 
 
 def train_and_store_pack(s: dict, index: int, pack: list[dict], out: Path, task,
@@ -452,7 +463,7 @@ def train_and_store_pack(s: dict, index: int, pack: list[dict], out: Path, task,
                          checkpoint_every=s["checkpoint_every"])
     final_rows, curve_rows, pe_tables = [], [], {}
     for local, model in enumerate(pack):
-        identity = dict(task=s["task"], **model, steps=s["steps"], pack=index)
+        identity = dict(task=s["task"], **model, steps=s["steps"], precision=s["precision"], pack=index)
         final_rows.append({**identity, **{k: v for k, v in result.final[local].items() if k not in ("model", "step")},
                            "train_seconds": result.seconds / len(pack)})
         curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}
@@ -583,7 +594,8 @@ def run(s: dict) -> Path:
             print(f"data: {task.data.kind}: {task.data.source}", file=sys.stderr)
         print(f"pe_fast sweep: task {s['task']}, {len(models)} models in {len(packs)} packs "
               f"({len(finished)} finished before), {s['steps']} steps each, on {s['device']} "
-              f"({s['executor']}, {s['threads'] or torch.get_num_threads()} threads)", file=sys.stderr)
+              f"({s['executor']}, {s['threads'] or torch.get_num_threads()} threads, {s['precision']})",
+              file=sys.stderr)
         progress = Progress(packs, s["steps"], finished)
         if s["executor"] == "ray":
             run_ray(s, todo, packs, out, progress)

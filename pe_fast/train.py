@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pe_fast import precision
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.ops import STAT_NAMES
@@ -40,6 +41,8 @@ class TrainConfig:
     warmup: int = 0
     eval_every: int = 250
     eval_items: int = 2048  # intermediate evaluations score at most this many items per split; the last, all
+    precision: str = "fp32"  # pe_fast.precision: fp32, tf32 or bf16 (autocast; float32 weights and optimizer)
+    compile: bool = False  # torch.compile the training step's forward and loss (their backward with them)
 
 
 @dataclasses.dataclass
@@ -152,6 +155,10 @@ class PackTrainer:
         self.optimizer = make_optimizer(self.model.parameters(), train_config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, train_config))
         self.sampler = BatchSampler(len(task.splits["train"]), train_config.batch_size, seeds, device)
+        self.autocast = lambda: precision.autocast(train_config.precision, device)
+        # Compiled, the step's layer norms, residual adds, GELUs and loss fuse with their backward into a few
+        # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
+        self.forward_loss = torch.compile(self._forward_loss) if train_config.compile else self._forward_loss
 
         # The current evaluation window: per-step losses and attention statistics, kept on the device.
         self.loss_buffer = torch.zeros(train_config.eval_every, M, device=device)
@@ -183,9 +190,7 @@ class PackTrainer:
         return self.result()
 
     def train_step(self):
-        inputs, targets = self.batches(self.sampler.next())
-        outputs, stats = self.model(inputs, self.probes)
-        loss_per_model = self.task.loss(outputs, targets)
+        loss_per_model, stats = self.forward_loss(*self.batches(self.sampler.next()))
         self.optimizer.zero_grad(set_to_none=True)
         loss_per_model.sum().backward()
         self.optimizer.step()
@@ -196,6 +201,12 @@ class PackTrainer:
         self.stats_buffer[self.filled] = stats
         self.filled += 1
         self.step += 1
+
+    def _forward_loss(self, inputs: Tensor, targets) -> tuple[Tensor, Tensor]:
+        """Each model's loss [M] and the attention statistics [L,M,H,S] of one training batch."""
+        with self.autocast():
+            outputs, stats = self.model(inputs, self.probes)
+            return self.task.loss(outputs, targets), stats
 
     def evaluate(self, step: int, final: bool) -> list[dict]:
         """Score every split; one host sync. Returns one row per model."""
@@ -210,7 +221,9 @@ class PackTrainer:
         model.eval()
         for name, tokens in self.eval_tokens.items():
             items = self.eval_items[name] if not final else torch.arange(len(tokens))
-            outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
+            with self.autocast():
+                outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
+            outputs = outputs.float()
             for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
                 rows[m].update(scores)
             if name == task.attention_split:

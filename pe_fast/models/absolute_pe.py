@@ -62,9 +62,9 @@ class AbsolutePE(nn.Module):
             if kind == "learned":
                 self.tables = nn.ParameterList(nn.Parameter(t) for t in tables)
             else:
+                # Registered buffers only: a plain list of them would keep the old tensors after .to()
                 for i, t in enumerate(tables):
                     self.register_buffer(f"table{i}", t)
-                self.tables = [getattr(self, f"table{i}") for i in range(num_blocks)]
         elif kind in ("sin1d", "sin2d", "sinnd"):
             if kind == "sin1d":
                 fixed = sinusoidal_1d(np.arange(num_tokens), width)
@@ -83,8 +83,10 @@ class AbsolutePE(nn.Module):
         """The PE added at the input of block `block`, [M, N, D], or None."""
         if self.kind == "none" or block >= self.num_blocks:
             return None
-        if self.kind in ("learned", "random"):
+        if self.kind == "learned":
             return self.tables[block]
+        if self.kind == "random":
+            return getattr(self, f"table{block}")
         return self.fixed
 
     def values(self) -> list[Tensor]:
