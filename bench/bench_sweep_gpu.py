@@ -113,9 +113,11 @@ def authors_loop(task: LSTTask, device: torch.device, steps: int, repeats: int) 
 
 
 def pack_size_for(models: int, config: ModelConfig, device: torch.device, task: LSTTask) -> int:
-    """The sweep's choice (pe_fast.sweep.choose_pack_size): as many as fit in half the free memory."""
+    """The sweep's choice: as many as fit in half the free memory (choose_pack_size), split into packs of
+    near-equal size (split_into_packs)."""
     per_model = memory.bytes_per_model(config, BATCH, "adamw", resolve_backend(None, device), task.coordinates)
-    return min(models, memory.pack_size(per_model, memory.free_bytes(device)))
+    fits = memory.pack_size(per_model, memory.free_bytes(device))
+    return math.ceil(models / math.ceil(models / fits))
 
 
 def time_sweep_path(task: LSTTask, models: int, precision_name: str, compiled: bool, device: torch.device,

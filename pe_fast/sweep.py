@@ -75,10 +75,12 @@ PRESETS = {
 DEFAULTS = dict(task="fmri", mlp_width=None, weight_decay=0.0, momentum=0.0, pe_at="every", device="auto",
                 threads=None, backend=None, max_pack=None, eval_items=2048, atlas="schaefer100", data=None,
                 regions=None, parcellation=None, mask_fraction=0.2, window=1, split="subject", checkpoint_every=None,
-                executor="local", ray_address=None, precision=None)
+                executor="local", ray_address=None, precision=None, compile="auto")
 EXECUTORS = ("local", "ray")
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
-RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report")
+RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
+                "compile")
+COMPILE_CHOICES = ("auto", "on", "off")
 
 
 class UsageError(Exception):
@@ -135,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
     p.add_argument("--precision", choices=precision.PRECISIONS,
                    help="fp32, tf32 (CUDA) or bf16 (autocast, float32 weights); default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--compile", choices=COMPILE_CHOICES,
+                   help="torch.compile the training step (about 20 s per pack on a GPU); auto (default): on CUDA")
     p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
     p.add_argument("--max-pack", type=int,
                    help="models trained together (default: as many as fit in half the free memory)")
@@ -232,9 +236,11 @@ def resolve_settings(args: argparse.Namespace) -> dict:
 
 
 def check_runtime(s: dict):
-    """The settings that may differ on --resume: device, executor."""
+    """The settings that may differ on --resume: device, executor, compilation."""
     if s["device"] == "auto":
         s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if s.get("compile", "auto") == "auto":  # measured: bench/results/h100-20261126-sweep (1.1-1.3× on an H100)
+        s["compile"] = "on" if s["device"] == "cuda" else "off"
     on_ray = s["executor"] == "ray"
     if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()
                                               and not on_ray):  # a Ray cluster's workers may have the GPUs
@@ -253,7 +259,7 @@ def resume_settings(args: argparse.Namespace) -> dict:
     if changed:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
         raise UsageError(f"--resume takes the experiment's settings from {args.out}/config.json; {flags} cannot "
-                         f"change (allowed: --threads, --device, --executor, --ray-address, --checkpoint-every)")
+                         f"change (allowed: --threads, --device, --executor, --ray-address, --checkpoint-every, --compile)")
     path = Path(args.out) / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -263,7 +269,8 @@ def resume_settings(args: argparse.Namespace) -> dict:
         raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
-    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report"):
+    s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
+    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile"):
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)
     s.setdefault("executor", "local")
@@ -308,11 +315,14 @@ def expand_grid(s: dict) -> list[dict]:
 
 
 def split_into_packs(models: list[dict], max_pack: int) -> list[list[dict]]:
-    """Models that share an architecture (the PE kind) train together, at most max_pack at a time."""
+    """Models that share an architecture (the PE kind) train together, at most max_pack at a time, in packs of
+    near-equal size: 315 models with room for 301 train as 158 + 157, not as 301 + 14, whose small pack would
+    run at a small pack's (host-bound) rate on a GPU."""
     packs = []
     for kind in dict.fromkeys(m["pe"] for m in models):
         same = [m for m in models if m["pe"] == kind]
-        packs.extend(same[i:i + max_pack] for i in range(0, len(same), max_pack))
+        size = math.ceil(len(same) / math.ceil(len(same) / max_pack))
+        packs.extend(same[i:i + size] for i in range(0, len(same), size))
     return packs
 
 
@@ -446,7 +456,7 @@ def train_config(s: dict) -> TrainConfig:
     return TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], optimizer=s["optimizer"],
                        weight_decay=s["weight_decay"], momentum=s["momentum"], schedule=s["schedule"],
                        warmup=s["warmup"], eval_every=s["eval_every"], eval_items=s["eval_items"],
-                       precision=s["precision"])
+                       precision=s["precision"], compile=s["compile"] == "on")
 
 
 def train_and_store_pack(s: dict, index: int, pack: list[dict], out: Path, task,
@@ -594,7 +604,8 @@ def run(s: dict) -> Path:
             print(f"data: {task.data.kind}: {task.data.source}", file=sys.stderr)
         print(f"pe_fast sweep: task {s['task']}, {len(models)} models in {len(packs)} packs "
               f"({len(finished)} finished before), {s['steps']} steps each, on {s['device']} "
-              f"({s['executor']}, {s['threads'] or torch.get_num_threads()} threads, {s['precision']})",
+              f"({s['executor']}, {s['threads'] or torch.get_num_threads()} threads, {s['precision']}"
+              f"{', compiled' if s['compile'] == 'on' else ''})",
               file=sys.stderr)
         progress = Progress(packs, s["steps"], finished)
         if s["executor"] == "ray":

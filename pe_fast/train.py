@@ -158,6 +158,10 @@ class PackTrainer:
         self.autocast = lambda: precision.autocast(train_config.precision, device)
         # Compiled, the step's layer norms, residual adds, GELUs and loss fuse with their backward into a few
         # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
+        # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
+        # cache, which falls back to eager after a few (the paper's preset trains seven PE kinds in one process).
+        if train_config.compile:
+            torch.compiler.reset()
         self.forward_loss = torch.compile(self._forward_loss) if train_config.compile else self._forward_loss
 
         # The current evaluation window: per-step losses and attention statistics, kept on the device.

@@ -217,7 +217,10 @@ def test_pack_size_follows_free_memory_and_packs_split_by_pe(monkeypatch):
     monkeypatch.setattr(memory, "free_bytes", lambda device: 2 * 4 * per_model + 1)  # half of it: 4 models
     assert sweep.choose_pack_size(s, task) == 4
     packs = sweep.split_into_packs(sweep.expand_grid(s), 4)
-    assert [[m["pe"] for m in p] for p in packs] == [["learned"] * 4, ["learned"] * 2, ["none"] * 2]
+    # 6 learned models with room for 4: two packs of 3 (near-equal sizes), then the 2 of the other PE
+    assert [[m["pe"] for m in p] for p in packs] == [["learned"] * 3, ["learned"] * 3, ["none"] * 2]
+    sizes = [len(p) for p in sweep.split_into_packs([dict(pe="learned")] * 315, 301)]
+    assert sizes == [158, 157]
     assert sweep.choose_pack_size({**s, "max_pack": 3}, task) == 3
 
 
