@@ -1,14 +1,15 @@
 """The arithmetic a training run uses: fp32, tf32 or bf16, the one place that knows what each means.
 
 * fp32: float32 everywhere (matmuls and the fused op's dots in full float32).
-* tf32: float32 tensors, matmuls and the fused op's dots on TF32 tensor cores (CUDA only).
+* tf32: float32 tensors, torch's matmuls on TF32 tensor cores (CUDA only). The fused op's Triton kernels keep
+  IEEE float32 dots: their TF32 path (PE_FAST_TF32=1) was measured slower than IEEE on an H100 (backward 10.2 ms
+  per call at the paper's LST shape, 55 % of the step; bench/results/h100-20261126-sweep/profile_tf32_eager.txt).
 * bf16: autocast to bfloat16 for matmuls and the fused op (which takes bf16 directly); weights, gradients,
   optimizer state, layer norms, the loss and the attention statistics stay float32.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
@@ -16,8 +17,9 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def default(device: torch.device) -> str:
-    """What a run uses when --precision is not given. The CPU stays float32; on CUDA, bf16 (evidence:
-    docs/reproduction.md, bench/results/)."""
+    """What a run uses when --precision is not given. The CPU stays float32. On CUDA, bf16: on an H100 the
+    paper's LST step ran 2.5× faster than in fp32 (bench/results/h100-20261126-sweep/sweep_gpu_*.json), and the
+    fp32 / bf16 science check agrees (docs/reproduction.md, "Precision")."""
     return "bf16" if device.type == "cuda" else "fp32"
 
 
@@ -31,14 +33,10 @@ def problem(precision: str, device: torch.device) -> str | None:
 
 
 def apply(precision: str) -> None:
-    """Process-wide switches: whether float32 matmuls (torch's and the Triton kernels') may use TF32."""
+    """Process-wide switch: whether torch's float32 matmuls may use TF32."""
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    if tf32:
-        os.environ["PE_FAST_TF32"] = "1"
-    else:
-        os.environ.pop("PE_FAST_TF32", None)
 
 
 def autocast(precision: str, device: torch.device):

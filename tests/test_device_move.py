@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_map, keystr
+from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from pe_fast import sweep
@@ -64,12 +64,10 @@ class DtypeRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         op = str(func)
         self.calls.append((op, [t.dtype for t in _floating_tensors((args, kwargs))]))
-        stray = []
         for path, value in tree_flatten_with_path((args, kwargs))[0]:
             if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != self.expected:
                 if value in self.statistics:
                     continue
-                stray.append(value)
                 where = ("args" + keystr(path[1:])) if path[0].idx == 0 else ("kwargs" + keystr(path[1:]))
                 self.violations.append(f"{op} got {where} of dtype {value.dtype}, shape {list(value.shape)}, "
                                        f"at {_caller()}")
@@ -154,12 +152,11 @@ def load_task(task: str):
         raise
 
 
-def moved_trainer(task_name: str, kind: str) -> PackTrainer:
+def tiny_trainer(task_name: str, kind: str) -> PackTrainer:
     settings = task_settings(task_name)
     task = load_task(task_name)
-    trainer = PackTrainer(task, sweep.model_config(settings, task, kind), sweep.train_config(settings), SEEDS,
-                          SIGMAS, torch.device("cpu"))
-    return trainer
+    return PackTrainer(task, sweep.model_config(settings, task, kind), sweep.train_config(settings), SEEDS, SIGMAS,
+                       torch.device("cpu"))
 
 
 # Every PE kind each task accepts: sin2d and rope2d need a 2D grid, which the LST has and the region tasks lack
@@ -172,7 +169,7 @@ PAIRS = ([("lst", kind) for kind in PE_KINDS]
 
 @pytest.mark.parametrize("task_name, kind", PAIRS, ids=[f"{t}-{k}" for t, k in PAIRS])
 def test_model_moved_to_float64_trains_in_float64(task_name, kind):
-    trainer = moved_trainer(task_name, kind)
+    trainer = tiny_trainer(task_name, kind)
     trainer.model.to(MOVED_DTYPE)
     recorder, error = recorded_training_step(trainer)
     if error is not None:
@@ -188,7 +185,7 @@ def test_model_moved_to_float64_trains_in_float64(task_name, kind):
 def test_netsim_rejects_sinnd():
     # Why PAIRS leaves (netsim, sinnd) out; if the network gains coordinates, the pair belongs in PAIRS.
     with pytest.raises(ValueError, match="coordinates"):
-        moved_trainer("netsim", "sinnd")
+        tiny_trainer("netsim", "sinnd")
 
 
 # ---- the checker can fail ----
@@ -217,7 +214,7 @@ def test_recorder_reports_a_tensor_kept_in_a_plain_list():
 
 def test_recorder_reports_the_old_random_pe_bug(monkeypatch):
     # The random PE as it was before the fix: its tables also in a plain list, which at_block read.
-    trainer = moved_trainer("netsim", "random")
+    trainer = tiny_trainer("netsim", "random")
     pe = trainer.model.absolute
     pe.tables = [getattr(pe, f"table{block}") for block in range(pe.num_blocks)]
     monkeypatch.setattr(pe, "at_block", lambda block: pe.tables[block] if block < pe.num_blocks else None)
