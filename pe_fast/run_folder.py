@@ -127,6 +127,11 @@ def write_json(path: Path, data: dict):
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str)))
 
 
+def read_config(out: Path) -> dict:
+    """DIR/config.json, written at the start of a sweep (FileNotFoundError; ValueError where it is not JSON)."""
+    return json.loads((out / "config.json").read_text())
+
+
 def remove_partials(out: Path):
     """Temporary files and folders of a writer that was killed mid-write."""
     for folder in (out, out / "packs"):

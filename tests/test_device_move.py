@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from pe_fast import sweep
+from pe_fast.sweep import grid, settings
+from pe_fast.sweep.task_loading import load_task as load_sweep_task
 from pe_fast.data import DataError
 from pe_fast.models import PE_KINDS
 from pe_fast.train import PackTrainer
@@ -123,22 +124,21 @@ def recorded_training_step(trainer: PackTrainer) -> tuple[DtypeRecorder, Excepti
 # ---- the tasks, built as `python -m pe_fast.sweep` builds them, and tiny models ----
 
 # netsim sized to build in well under a second; the network itself does not matter here.
-SMALL_NETWORK = dict(nodes=20, modules=4, timepoints=200)
-TINY_MODEL = dict(width=16, depth=2, heads=2, mlp_width=32, batch_size=8, precision="fp32")
+SMALL_NETWORK = ["--nodes", "20", "--modules", "4", "--timepoints", "200"]
+TINY_MODEL = ["--width", "16", "--depth", "2", "--heads", "2", "--mlp-width", "32", "--batch-size", "8",
+              "--precision", "fp32", "--device", "cpu"]
 SIGMAS = [0.5, 1.0]
 SEEDS = [1, 2]
 
 
-def task_settings(task: str) -> dict:
-    settings = {**sweep.DEFAULTS, **sweep.TASK_DEFAULTS[task], "task": task, **TINY_MODEL}
-    if task == "netsim":
-        settings.update(SMALL_NETWORK)
-    return settings
+def task_settings(task: str) -> settings.Settings:
+    flags = ["--task", task, *TINY_MODEL, *(SMALL_NETWORK if task == "netsim" else [])]
+    return settings.from_flags(settings.build_parser().parse_args(flags))
 
 
 @functools.cache
 def _load_task(task: str):
-    return sweep.load_task(task_settings(task))
+    return load_sweep_task(task_settings(task))
 
 
 def load_task(task: str):
@@ -146,25 +146,25 @@ def load_task(task: str):
     data packages are missing."""
     try:
         return _load_task(task)
-    except sweep.UsageError as error:
+    except settings.UsageError as error:
         if isinstance(error.__context__, DataError):
             pytest.skip(f"{task} data is not available: {error}")
         raise
 
 
 def tiny_trainer(task_name: str, kind: str) -> PackTrainer:
-    settings = task_settings(task_name)
+    s = task_settings(task_name)
     task = load_task(task_name)
-    return PackTrainer(task, sweep.model_config(settings, task, kind), sweep.train_config(settings), SEEDS, SIGMAS,
+    return PackTrainer(task, grid.model_config(s, task, kind), grid.train_config(s), SEEDS, SIGMAS,
                        torch.device("cpu"))
 
 
 # Every PE kind each task accepts: sin2d and rope2d need a 2D grid, which the LST has and the region tasks lack
-# (sweep.REGION_PES). The simulated network has no node coordinates, so "sinnd" raises ValueError there by design
+# (settings.REGION_PES). The simulated network has no node coordinates, so "sinnd" raises ValueError there by design
 # (test_netsim_rejects_sinnd keeps that exclusion honest).
 PAIRS = ([("lst", kind) for kind in PE_KINDS]
-         + [("netsim", kind) for kind in sweep.REGION_PES if kind != "sinnd"]
-         + [("fmri", kind) for kind in sweep.REGION_PES])
+         + [("netsim", kind) for kind in settings.REGION_PES if kind != "sinnd"]
+         + [("fmri", kind) for kind in settings.REGION_PES])
 
 
 @pytest.mark.parametrize("task_name, kind", PAIRS, ids=[f"{t}-{k}" for t, k in PAIRS])

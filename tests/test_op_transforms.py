@@ -117,10 +117,11 @@ def test_opcheck_reference():
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_compile_fullgraph_forward_and_backward(target, monkeypatch):
-    # inductor's on-disk caches key on the traced graph, not on the op's fake implementation: a stale entry
-    # could hide a fake/real mismatch (one was found this way: the lse dtype of float64 inputs)
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+# inductor's on-disk caches key on the traced graph, not on the op's fake implementation: a stale entry could
+# hide a fake/real mismatch (one was found this way: the lse dtype of float64 inputs). The config's own patch
+# restores it; monkeypatch's undo leaves this aliased setting unreadable for every later compile.
+@torch._inductor.config.patch(force_disable_caches=True)
+def test_compile_fullgraph_forward_and_backward(target):
     torch._dynamo.reset()
     t = make(target)
     args = [t[k][0] for k in ("x", "pe", "w", "b")]

@@ -2,6 +2,7 @@
 uninterrupted run; one writer per folder (a live lock refuses, a stale one is taken over); the pack size from
 the memory estimate (checked against the tensors a real training step keeps); the Ray executor gives the local
 executor's results."""
+import dataclasses
 import json
 import os
 import random
@@ -15,7 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_fast import memory, run_folder, sweep
+from pe_fast import memory, run_folder
+from pe_fast.sweep import grid, settings
+from pe_fast.sweep.cli import main
+from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
 
@@ -39,7 +43,7 @@ def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "run"
     threads = torch.get_num_threads()
     try:
-        assert sweep.main([*NETSIM, "--out", str(out)]) == 0
+        assert main([*NETSIM, "--out", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
     return out
@@ -81,7 +85,7 @@ def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, caps
     wait_for(lambda: checkpoints(out), first)
     # While it runs, a second sweep on the folder is refused, naming the writer.
     for args in (["--resume", "--out", str(out)], [*NETSIM, "--out", str(out)]):
-        assert sweep.main(args) == 2
+        assert main(args) == 2
         err = capsys.readouterr().err
         assert f"pid {first.pid}" in err and len(err.strip().splitlines()) == 1, err
     time.sleep(rng.uniform(0, 0.5))
@@ -101,7 +105,7 @@ def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, caps
     # The last resume runs to the end in this process (one Python start-up less).
     threads = torch.get_num_threads()
     try:
-        assert sweep.main(["--resume", "--out", str(out), "--threads", "1"]) == 0
+        assert main(["--resume", "--out", str(out), "--threads", "1"]) == 0
     finally:
         torch.set_num_threads(threads)
     err = capsys.readouterr().err
@@ -116,11 +120,11 @@ def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, caps
 
 
 def test_resume_refuses_changed_settings_and_missing_folder(tmp_path, reference, capsys):
-    assert sweep.main(["--resume", "--out", str(reference), "--steps", "50"]) == 2
+    assert main(["--resume", "--out", str(reference), "--steps", "50"]) == 2
     assert "--steps cannot change" in capsys.readouterr().err
-    assert sweep.main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
+    assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
     assert "config.json does not exist" in capsys.readouterr().err
-    assert sweep.main(["--resume", "--out", str(reference)]) == 0  # finished: nothing to do
+    assert main(["--resume", "--out", str(reference)]) == 0  # finished: nothing to do
     assert "nothing to resume" in capsys.readouterr().err
 
 
@@ -144,10 +148,10 @@ def test_lock_refuses_live_writer_and_takes_over_stale_one(tmp_path):
 
 
 def test_executor_ray_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
-    real = sweep.importlib.util.find_spec
-    monkeypatch.setattr(sweep.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    real = settings.importlib.util.find_spec
+    monkeypatch.setattr(settings.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     out = tmp_path / "run"
-    assert sweep.main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 2
+    assert main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install" in err[0] and "ray" in err[0]
     assert not out.exists()
@@ -158,7 +162,7 @@ def test_ray_executor_equals_local(tmp_path, reference):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         out = tmp_path / "run"
-        assert sweep.main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 0
+        assert main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 0
     finally:
         ray.shutdown()
     assert_same_results(out, reference)
@@ -208,20 +212,20 @@ def test_memory_estimate_is_monotone_and_near_a_measured_step():
 
 
 def test_pack_size_follows_free_memory_and_packs_split_by_pe(monkeypatch):
-    args = sweep.build_parser().parse_args(NETSIM[:NETSIM.index("--max-pack")] + ["--pe", "learned,none"])
-    s = sweep.resolve_settings(args)
-    task = sweep.load_task(s)
+    args = settings.build_parser().parse_args(NETSIM[:NETSIM.index("--max-pack")] + ["--pe", "learned,none"])
+    s = settings.from_flags(args)
+    task = load_task(s)
     from pe_fast.ops.pe_attention import resolve_backend
-    per_model = memory.bytes_per_model(sweep.model_config(s, task, "learned"), s["batch_size"], s["optimizer"],
+    per_model = memory.bytes_per_model(grid.model_config(s, task, "learned"), s.batch_size, s.optimizer,
                                        resolve_backend(None, torch.device("cpu")))
     monkeypatch.setattr(memory, "free_bytes", lambda device: 2 * 4 * per_model + 1)  # half of it: 4 models
-    assert sweep.choose_pack_size(s, task) == 4
-    packs = sweep.split_into_packs(sweep.expand_grid(s), 4)
+    assert grid.choose_pack_size(s, task) == 4
+    packs = grid.split_into_packs(grid.expand_grid(s), 4)
     # 6 learned models with room for 4: two packs of 3 (near-equal sizes), then the 2 of the other PE
     assert [[m["pe"] for m in p] for p in packs] == [["learned"] * 3, ["learned"] * 3, ["none"] * 2]
-    sizes = [len(p) for p in sweep.split_into_packs([dict(pe="learned")] * 315, 301)]
+    sizes = [len(p) for p in grid.split_into_packs([dict(pe="learned")] * 315, 301)]
     assert sizes == [158, 157]
-    assert sweep.choose_pack_size({**s, "max_pack": 3}, task) == 3
+    assert grid.choose_pack_size(dataclasses.replace(s, max_pack=3), task) == 3
 
 
 

@@ -41,6 +41,9 @@ def sinusoidal_nd(coordinates: np.ndarray, width: int, base: float = 10000.0) ->
     return pe
 
 
+SIGMA_PES = ("learned", "random")  # the kinds drawn from N(0, σ²): the only ones a σ applies to
+
+
 class AbsolutePE(nn.Module):
     """The PE vector added to the tokens at the input of each block (or of the first block only).
 
@@ -48,15 +51,13 @@ class AbsolutePE(nn.Module):
     "sin2d" / "sinnd" (the task's coordinates), "none".
     """
 
-    LEARNED, FIXED = ("learned",), ("random", "sin1d", "sin2d", "sinnd", "none")
-
     def __init__(self, kind: str, generators: Sequence[torch.Generator], sigmas: Sequence[float],
                  num_tokens: int, width: int, num_blocks: int, coordinates: np.ndarray | None):
         super().__init__()
         self.kind = kind
         self.num_blocks = num_blocks
         M = len(generators)
-        if kind in ("learned", "random"):
+        if kind in SIGMA_PES:
             # One independent PE per block, each N(0, σ²) (the authors' design).
             tables = [normal_per_model(generators, (num_tokens, width), sigmas) for _ in range(num_blocks)]
             if kind == "learned":

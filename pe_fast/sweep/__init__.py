@@ -1,0 +1,16 @@
+"""`python -m pe_fast.sweep`: train a grid of PE types × σ × seeds as stacked packs and write a results folder.
+
+    python -m pe_fast.sweep --task lst --pe learned,sin2d,none --sigmas 0.1,0.2,2.0 --seeds 3 --steps 2000 --out DIR
+
+DIR gets config.json at the start, packs/<index>/ as each pack finishes, and at the end results.parquet (one row
+per model), curves.parquet (one row per model and evaluation), pe_tables.npz (each model's final PE tables),
+summary.txt and report.md (pe_fast.run_folder describes the layout). Each pack checkpoints its training state, so
+a killed sweep continues with `--resume --out DIR` and ends with the results an uninterrupted run would have.
+`--executor ray` trains the packs as Ray tasks, on this machine or a cluster. A user mistake stops with one line
+and exit code 2, before anything is written.
+
+The package: settings.py (flags + task defaults + preset → one validated, frozen Settings), task_loading.py (the
+task from the settings), grid.py (models, packs, model and training configurations), executors.py (local and
+Ray; one pack's unit of work), folder.py (what the sweep writes at its start and end), progress.py (the progress
+line), cli.py (run and main).
+"""

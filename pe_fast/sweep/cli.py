@@ -1,0 +1,90 @@
+"""`python -m pe_fast.sweep`: settings → task → grid → packs → results folder, and the one-line errors."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pe_fast import run_folder
+from pe_fast.sweep import executors, folder, grid, settings
+from pe_fast.sweep.progress import Progress
+from pe_fast.sweep.settings import Settings, UsageError
+from pe_fast.sweep.task_loading import load_task
+
+
+def run(s: Settings) -> Path:
+    resume = s.packs is not None
+    out = Path(s.out) if s.out else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    s = dataclasses.replace(s, out=str(out))
+    holder = run_folder.lock_holder(out) if out.is_dir() else None
+    if holder is not None:
+        raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
+                         f"wait for it or stop it")
+    if not resume and out.exists() and any(out.iterdir()):
+        hint = f"; to continue it: --resume --out {out}" if (out / "config.json").is_file() else ""
+        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
+    if resume and (out / "results.parquet").is_file():
+        print(f"{out} is finished; nothing to resume", file=sys.stderr)
+        return out
+    executors.apply_runtime(s)
+    task = load_task(s)
+    models = grid.expand_grid(s)
+    if not resume:
+        how = "--max-pack" if s.max_pack else f"fits half the free memory of {s.device}"
+        s = dataclasses.replace(s, max_pack=grid.choose_pack_size(s, task))
+        print(f"pe_fast sweep: pack size {s.max_pack} ({how})", file=sys.stderr)
+    packs = grid.pack_models(s, models)
+    s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
+    try:
+        run_folder.acquire_lock(out, notice=lambda line: print(f"note: {line}", file=sys.stderr))
+    except run_folder.FolderLocked as error:
+        raise UsageError(str(error))
+    try:
+        if not resume:
+            folder.start_folder(s, out, task, models, packs)
+        run_folder.remove_partials(out)
+        finished = run_folder.finished_packs(out)
+        todo = [i for i in range(len(packs)) if i not in finished]
+        if hasattr(task, "data"):
+            print(f"data: {task.data.kind}: {task.data.source}", file=sys.stderr)
+        print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "
+              f"({len(finished)} finished before), {s.steps} steps each, on {s.device} "
+              f"({s.executor}, {s.threads or torch.get_num_threads()} threads, {s.precision}"
+              f"{', compiled' if s.compile == 'on' else ''})", file=sys.stderr)
+        progress = Progress(packs, s.steps, finished)
+        if s.executor == "ray":
+            executors.run_ray(s, todo, packs, out, progress)
+        else:
+            executors.run_local(s, todo, packs, out, task, progress)
+        progress.close()
+        table = folder.finish_folder(s, out, task, models, len(packs))
+    finally:
+        run_folder.release_lock(out)
+    print(table.to_string(index=False))
+    if not s.no_report:
+        try:
+            from pe_fast.report import write_report
+            write_report(out)
+        except Exception as error:  # the results are safe; the report can be rerun with python -m pe_fast.report
+            print(f"warning: the report failed ({type(error).__name__}: {error}); the results are complete; "
+                  f"rerun: python -m pe_fast.report {out}", file=sys.stderr)
+    print(f"results written to {out}", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = settings.build_parser().parse_args(argv)  # exits 2 with one line on an unknown flag
+    out = args.out or "DIR"
+    try:
+        run(settings.from_resume(args) if args.resume else settings.from_flags(args))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the finished packs and checkpoints are kept: continue with "
+              f"python -m pe_fast.sweep --resume --out {out}", file=sys.stderr)
+        return 130
+    return 0

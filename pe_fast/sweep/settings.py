@@ -1,0 +1,344 @@
+"""The sweep's settings: one frozen, typed object built from the flags, the task's defaults and a preset, and
+validated here, in one place, before anything runs or is written. Nothing downstream re-derives or re-defaults a
+value; what changes later (the out folder, the pack size, the packs) is a new object (dataclasses.replace)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import math
+from pathlib import Path
+
+import torch
+
+from pe_fast import precision
+from pe_fast.models import PE_KINDS
+from pe_fast.train import OPTIMIZERS, SCHEDULES
+
+TASKS = ("fmri", "lst", "netsim")
+REGION_TASKS = ("fmri", "netsim")
+# sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
+REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
+ATLASES = ("schaefer100", "glasser360")
+EXECUTORS = ("local", "ray")
+COMPILE_CHOICES = ("auto", "on", "off")
+# --task netsim's network, passed to pe_fast.data.simulate_network (its docstring explains each one).
+NETSIM_FLAGS = {"nodes": int, "modules": int, "p_within": float, "p_between": float, "coupling": float,
+                "inhibition": float, "noise": float, "timepoints": int, "runs": int, "netsim_seed": int}
+
+# Per task: what `python -m pe_fast.sweep --task T` runs with no other flag.
+TASK_DEFAULTS = {
+    "lst": dict(pe="learned,sin2d,none", sigmas="0.1,0.2,2.0", seeds=3, steps=2000, width=64, depth=4, heads=1,
+                batch_size=128, lr=1e-3, optimizer="adamw", schedule="constant", warmup=0, eval_every=250),
+    # Real HCP BOLD, Schaefer-100; sized to finish in about 10 minutes on 2 CPU cores (docs/reproduction.md).
+    "fmri": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2,
+                 heads=1, mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine", warmup=50,
+                 eval_every=200, eval_items=512),
+    "netsim": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2,
+                   heads=1, mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine",
+                   warmup=50, eval_every=200, eval_items=512),
+}
+PRESETS = {
+    "lst": {
+        # Fits 2 CPU cores in about 10 minutes and shows the paper's effect (docs/reproduction.md).
+        "cpu": dict(pe="learned,sin2d", sigmas="0.2,2.0", seeds=3, steps=6000, width=32, depth=4, heads=1,
+                    mlp_width=128, batch_size=64, lr=2e-3, schedule="cosine", warmup=200, eval_every=1000),
+        # The authors' configuration (notes/paper.md §2.4–2.6): 4000 epochs of 63 steps; meant for a GPU.
+        "paper": dict(pe="learned,sin2d,sin1d,rope,relative,none,random",
+                      sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15, steps=252_000, width=160,
+                      depth=4, heads=1, mlp_width=640, batch_size=128, lr=1e-4, optimizer="adamw",
+                      schedule="constant", warmup=0, eval_every=12_600),
+    },
+    "fmri": {
+        # Every PE family of the paper's fMRI comparison (notes/paper.md §4), not only the σ grid.
+        "all-pes": dict(pe="learned,none,sin1d,random,sinnd"),
+    },
+    "netsim": {
+        "all-pes": dict(pe="learned,none,sin1d,random"),
+    },
+}
+# What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
+RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
+                "compile")
+
+
+class UsageError(Exception):
+    """A mistake in the user's flags or files: reported as one line, exit code 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a sweep needs, resolved and validated. Written to config.json ("settings") and read back by
+    --resume (`from_json`)."""
+    task: str
+    pe: tuple[str, ...]
+    sigmas: tuple[float, ...]
+    seeds: int
+    steps: int
+    width: int
+    depth: int
+    heads: int
+    mlp_width: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    schedule: str
+    warmup: int
+    eval_every: int
+    eval_items: int = 2048
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    pe_at: str = "every"
+    precision: str = "fp32"  # sweeps from before --precision trained in float32
+    preset: str | None = None
+    # the task's data
+    lst_train: str | None = None
+    lst_ood: str | None = None
+    atlas: str = "schaefer100"
+    data: str | None = None
+    regions: str | None = None
+    parcellation: str | None = None
+    mask_fraction: float = 0.2
+    window: int = 1
+    split: str = "subject"
+    nodes: int | None = None
+    modules: int | None = None
+    p_within: float | None = None
+    p_between: float | None = None
+    coupling: float | None = None
+    inhibition: float | None = None
+    noise: float | None = None
+    timepoints: int | None = None
+    runs: int | None = None
+    netsim_seed: int | None = None
+    # where and how it runs (RESUME_FLAGS may change these)
+    out: str | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    backend: str | None = None
+    max_pack: int | None = None
+    checkpoint_every: int | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    compile: str = "off"
+    no_report: bool = False
+    # the packs, by model_id: planned at the start of a sweep, read from config.json on --resume
+    packs: tuple[tuple[int, ...], ...] | None = None
+
+    def to_json(self) -> dict:
+        """The settings as config.json holds them (the packs are written beside them)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+                if k != "packs"}
+
+    @classmethod
+    def from_json(cls, settings: dict, packs) -> "Settings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in settings.items() if k in known}
+        fields["pe"], fields["sigmas"] = tuple(fields["pe"]), tuple(fields["sigmas"])
+        return cls(**fields, packs=tuple(tuple(pack) for pack in packs))
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the usage before its error; a user mistake here gets the one error line only."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m pe_fast.sweep",
+                      description="train a grid of PE types × σ × seeds as stacked packs and write a results folder")
+    # Every default is None so that a preset can fill what the user did not set.
+    p.add_argument("--task", choices=TASKS, help="fmri (default), lst or netsim")
+    presets = sorted({name for per_task in PRESETS.values() for name in per_task})
+    p.add_argument("--preset", choices=presets, help="a named configuration of the task; explicit flags win")
+    p.add_argument("--pe", help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
+    p.add_argument("--sigmas", help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
+    p.add_argument("--seeds", type=int, help="number of seeds per (PE, σ)")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--optimizer", choices=OPTIMIZERS)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--momentum", type=float, help="SGD momentum")
+    p.add_argument("--schedule", choices=SCHEDULES)
+    p.add_argument("--warmup", type=int, help="linear warm-up steps")
+    p.add_argument("--width", type=int, help="model width d")
+    p.add_argument("--depth", type=int, help="number of blocks")
+    p.add_argument("--heads", type=int)
+    p.add_argument("--mlp-width", type=int, help="MLP hidden width (default 4·width)")
+    p.add_argument("--pe-at", choices=("every", "input"), help="add the PE at every block or at the input only")
+    p.add_argument("--eval-every", type=int, help="evaluate every this many steps")
+    p.add_argument("--eval-items", type=int,
+                   help="intermediate evaluations score at most this many items per split; the last scores all")
+    p.add_argument("--lst-train", help="LST training puzzles: a CSV file or a folder of them")
+    p.add_argument("--lst-ood", help="LST generalisation puzzles (CSV); default: generated, unlike the training set")
+    p.add_argument("--atlas", choices=ATLASES,
+                   help="fmri: schaefer100 = real HCP BOLD (default); glasser360 = simulated from real HCP FC")
+    p.add_argument("--data", help="fmri: your parcellated time series (.npy/.npz/.h5: subjects × time × regions) "
+                                  "or a CIFTI .dtseries.nii")
+    p.add_argument("--regions", help="fmri: regions table for --data (CSV: label,x,y,z,network)")
+    p.add_argument("--parcellation", help="fmri: the .dlabel.nii that parcellates a CIFTI --data")
+    p.add_argument("--mask-fraction", type=float, help="fmri/netsim: fraction of tokens masked (default 0.2)")
+    p.add_argument("--window", type=int, help="fmri/netsim: time points per token (default 1)")
+    p.add_argument("--split", choices=("subject", "run"), help="fmri/netsim: train/test split (default subject)")
+    for name, kind in NETSIM_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help="netsim: see pe_fast.data.simulate_network")
+    p.add_argument("--out", help="results folder (must not hold results yet); default runs/<task>-<time>")
+    p.add_argument("--device", help="cpu, cuda or auto")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
+    p.add_argument("--precision", choices=precision.PRECISIONS,
+                   help="fp32, tf32 (CUDA) or bf16 (autocast, float32 weights); default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--compile", choices=COMPILE_CHOICES,
+                   help="torch.compile the training step (about 20 s per pack on a GPU); auto (default): on CUDA")
+    p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
+    p.add_argument("--max-pack", type=int,
+                   help="models trained together (default: as many as fit in half the free memory)")
+    p.add_argument("--checkpoint-every", type=int,
+                   help="save each pack's training state every this many steps (default: every evaluation)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted sweep in --out with its own settings")
+    p.add_argument("--executor", choices=EXECUTORS,
+                   help="local (default): packs one after the other here; ray: packs as Ray tasks")
+    p.add_argument("--ray-address",
+                   help="--executor ray: the cluster to join (e.g. auto); default: a local Ray instance")
+    p.add_argument("--no-report", action="store_true",
+                   help="skip report.md and the figures at the end (python -m pe_fast.report DIR writes them)")
+    return p
+
+
+def parse_list(text: str, convert, flag: str) -> tuple:
+    try:
+        values = [convert(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}: cannot parse {text!r} as a comma-separated list")
+    if not values:
+        raise UsageError(f"{flag}: empty list")
+    return tuple(dict.fromkeys(values))  # a value given twice would train the same models twice
+
+
+def from_flags(args: argparse.Namespace) -> Settings:
+    """Flags override the preset, which overrides the task's defaults; every check before anything runs."""
+    task = args.task or "fmri"
+    s = {**TASK_DEFAULTS[task], "task": task}
+    if args.preset:
+        if args.preset not in PRESETS.get(task, {}):
+            raise UsageError(f"--preset {args.preset} is not defined for --task {task}; "
+                             f"choose from {', '.join(PRESETS.get(task, {})) or 'none'}")
+        s.update(PRESETS[task][args.preset])
+    s.update({k: v for k, v in vars(args).items() if v is not None and k != "resume"})
+    s = {**{f.name: f.default for f in dataclasses.fields(Settings)
+            if f.default is not dataclasses.MISSING}, "mlp_width": None, "compile": "auto", "device": "auto",
+         "precision": None, **s}
+    s["pe"] = parse_list(s["pe"], str.strip, "--pe")
+    allowed = REGION_PES if task in REGION_TASKS else PE_KINDS
+    for kind in s["pe"]:
+        if kind not in allowed:
+            raise UsageError(f"--pe: {kind!r} is not a PE of --task {task}; choose from {', '.join(allowed)}")
+    s["sigmas"] = parse_list(str(s["sigmas"]), float, "--sigmas")
+    if any(not (math.isfinite(v) and v > 0) for v in s["sigmas"]):
+        raise UsageError(f"--sigmas: every σ must be a positive number, got {list(s['sigmas'])}")
+    positive = ["seeds", "steps", "batch_size", "width", "depth", "heads", "eval_every", "eval_items", "max_pack",
+                "checkpoint_every"]
+    for name in positive:
+        if s[name] is not None and s[name] <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {s[name]}")
+    if not (s["lr"] > 0 and math.isfinite(s["lr"])):
+        raise UsageError(f"--lr must be positive, got {s['lr']}")
+    if s["warmup"] < 0 or s["weight_decay"] < 0:
+        raise UsageError("--warmup and --weight-decay must not be negative")
+    if s["width"] % s["heads"]:
+        raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
+    if s["mlp_width"] is None:
+        s["mlp_width"] = 4 * s["width"]
+    if s["threads"] is not None and s["threads"] <= 0:
+        raise UsageError(f"--threads must be positive, got {s['threads']}")
+    resolve_runtime(s)
+    if s["precision"] is None:
+        s["precision"] = precision.default(torch.device(s["device"]))
+    if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
+        raise UsageError(f"--precision {s['precision']}: {why}")
+    if not 0 < s["mask_fraction"] < 1:
+        raise UsageError(f"--mask-fraction must be between 0 and 1, got {s['mask_fraction']}")
+    if s["window"] < 1:
+        raise UsageError(f"--window must be at least 1, got {s['window']}")
+    task_flags = {"lst": ("lst_train", "lst_ood"), "fmri": ("atlas", "data", "regions", "parcellation"),
+                  "netsim": tuple(NETSIM_FLAGS)}
+    for other, flags in task_flags.items():
+        for flag in flags:
+            if other != task and getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} applies to --task {other} only")
+    if task == "lst":
+        for flag in ("mask_fraction", "window", "split"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} applies to --task fmri and netsim only")
+    if task == "fmri" and (s["regions"] or s["parcellation"]) and not s["data"]:
+        raise UsageError("--regions and --parcellation describe --data; give --data too")
+    for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
+        if s.get(path_flag) and not Path(s[path_flag]).exists():
+            raise UsageError(f"--{path_flag.replace('_', '-')}: {s[path_flag]} does not exist")
+    if s["backend"] is not None:
+        from pe_fast.ops.pe_attention import BACKENDS
+        if s["backend"] not in BACKENDS:
+            raise UsageError(f"--backend: unknown {s['backend']!r}; available: {', '.join(BACKENDS)}")
+    if s["ray_address"] and s["executor"] != "ray":
+        raise UsageError("--ray-address applies to --executor ray only")
+    for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
+        if s.get(path_flag):  # absolute, so that a resume from elsewhere or a Ray worker finds them
+            s[path_flag] = str(Path(s[path_flag]).resolve())
+    return Settings(**s)
+
+
+def resolve_runtime(s: dict):
+    """The settings that may differ on --resume: device, executor, compilation."""
+    if s["device"] == "auto":
+        s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if s["compile"] == "auto":  # measured: bench/results/h100-20261126-sweep (1.1-1.3× on an H100)
+        s["compile"] = "on" if s["device"] == "cuda" else "off"
+    on_ray = s["executor"] == "ray"
+    if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()
+                                              and not on_ray):  # a Ray cluster's workers may have the GPUs
+        raise UsageError(f"--device {s['device']!r} is not available here "
+                         f"(cpu{', cuda' if torch.cuda.is_available() else ''})")
+    if on_ray and importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray, which is not installed: pip install 'pe_fast[ray]' "
+                         "(or pip install 'ray>=2.9')")
+
+
+def from_resume(args: argparse.Namespace) -> Settings:
+    """--resume: the settings of DIR/config.json; only the flags of RESUME_FLAGS may be given."""
+    from pe_fast import run_folder
+    if not args.out:
+        raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
+    changed = [name for name, value in vars(args).items()
+               if name not in RESUME_FLAGS and value is not None and value is not False]
+    if changed:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+        raise UsageError(f"--resume takes the experiment's settings from {args.out}/config.json; {flags} cannot "
+                         f"change (allowed: --threads, --device, --executor, --ray-address, --checkpoint-every, "
+                         f"--compile)")
+    path = Path(args.out) / "config.json"
+    try:
+        config = run_folder.read_config(Path(args.out))
+        s = dict(config["settings"])
+        packs = config["packs"]
+        s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
+        for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile"):
+            if getattr(args, name) not in (None, False):
+                s[name] = getattr(args, name)
+        s["out"] = args.out
+        resolve_runtime(s)
+        settings = Settings.from_json(s, packs)
+    except FileNotFoundError:
+        raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
+    except (ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
+    if settings.threads is not None and settings.threads <= 0:
+        raise UsageError(f"--threads must be positive, got {settings.threads}")
+    if settings.checkpoint_every is not None and settings.checkpoint_every <= 0:
+        raise UsageError(f"--checkpoint-every must be positive, got {settings.checkpoint_every}")
+    if settings.ray_address and settings.executor != "ray":
+        raise UsageError("--ray-address applies to --executor ray only")
+    if (why := precision.problem(settings.precision, torch.device(settings.device))) is not None:
+        raise UsageError(f"--resume: this sweep trains in {settings.precision}, and {why}")
+    return settings
