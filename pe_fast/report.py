@@ -27,39 +27,17 @@ from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 from scipy import stats
 
+from pe_fast import run_folder
 from pe_fast.metrics import pe_geometry
+from pe_fast.tasks import KINDS
+from pe_fast.tasks.base import TaskView
 
 BASELINE_PREFIX = "baseline:"  # non-transformer reference rows (fMRI / netsim): test_mse / test_r2 only
 PAPER_RHO = 0.96  # the paper's attention-alignment vs generalisation correlation on the LST (unverified)
 ATTN_COLUMN = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskView:
-    """What the report shows for one task: which results columns, and how they read."""
-    score: str                          # the generalisation metric (alignment plot, statement)
-    generalisation: tuple[str, ...]     # plotted against σ
-    similarity: tuple[str, ...]         # PE vs ground truth, plotted against σ
-    summary: tuple[str, ...]            # the summary table's columns
-    probe: str                          # the attention probe whose mass is the "alignment"
-    fit: str | None                     # the training-fit metric quoted in the statement
-
-
-LST_VIEW = TaskView(
-    score="ood_acc",
-    generalisation=("ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary"),
-    similarity=("pe_rsa", "pe_dist_spearman", "pe_procrustes"),
-    summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
-             "pe_rsa"),
-    probe="same_row_or_col", fit="train_acc")
-BRAIN_VIEW = TaskView(
-    score="test_r2",
-    generalisation=("test_r2", "test_mse"),
-    similarity=("pe_fc_corr", "pe_coupling_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman",
-                "pe_procrustes"),
-    summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
-    probe="same_network", fit=None)
-VIEWS = {"lst": LST_VIEW, "fmri": BRAIN_VIEW, "netsim": BRAIN_VIEW}
+VIEWS = {name: kind.view for name, kind in KINDS.items()}  # what the report shows of each task
 
 # Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
 FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
@@ -130,36 +108,35 @@ def _load(directory: Path) -> Run:
     if not directory.is_dir():
         raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
     config = {}
-    if (directory / "config.json").is_file():
+    if (directory / run_folder.CONFIG).is_file():
         try:
-            config = json.loads((directory / "config.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ReportError(f"{directory / 'config.json'} is not valid JSON ({error})")
+            config = run_folder.read_config(directory)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ReportError(f"{directory / run_folder.CONFIG} is not valid JSON ({error})")
     notes: list[str] = []
-    top = {name: directory / name for name in ("results.parquet", "curves.parquet", "pe_tables.npz")}
-    if top["results.parquet"].is_file() or top["curves.parquet"].is_file():
-        curves = _read_parquet(top["curves.parquet"]) if top["curves.parquet"].is_file() else pd.DataFrame()
-        if top["results.parquet"].is_file():
-            results = _read_parquet(top["results.parquet"])
+    top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
+    if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():
+        curves = _read_parquet(top[run_folder.CURVES]) if top[run_folder.CURVES].is_file() else pd.DataFrame()
+        if top[run_folder.RESULTS].is_file():
+            results = _read_parquet(top[run_folder.RESULTS])
         elif {"model_id", "step"} <= set(curves.columns):
             results = _last_evaluation(curves)
             notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
         else:
             raise ReportError(f"{directory}: no results.parquet, and curves.parquet lacks model_id / step")
-        pe_tables = _read_npz(top["pe_tables.npz"]) if top["pe_tables.npz"].is_file() else {}
+        pe_tables = _read_npz(top[run_folder.PE_TABLES]) if top[run_folder.PE_TABLES].is_file() else {}
     else:
-        packs = sorted((p for p in (directory / "packs").glob("*") if (p / "results.parquet").is_file()),
-                       key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+        packs = [run_folder.pack_folder(directory, index) for index in sorted(run_folder.finished_packs(directory))]
         if not packs:
             raise ReportError(f"{directory} holds no results yet (no results.parquet, curves.parquet or finished "
                               f"packs/<index>/results.parquet)")
-        results = pd.concat([_read_parquet(p / "results.parquet") for p in packs], ignore_index=True)
-        curve_parts = [_read_parquet(p / "curves.parquet") for p in packs if (p / "curves.parquet").is_file()]
+        results = pd.concat([_read_parquet(p / run_folder.RESULTS) for p in packs], ignore_index=True)
+        curve_parts = [_read_parquet(p / run_folder.CURVES) for p in packs if (p / run_folder.CURVES).is_file()]
         curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame()
         pe_tables = {}
         for p in packs:
-            if (p / "pe_tables.npz").is_file():
-                pe_tables.update(_read_npz(p / "pe_tables.npz"))
+            if (p / run_folder.PE_TABLES).is_file():
+                pe_tables.update(_read_npz(p / run_folder.PE_TABLES))
         planned, models = _pack_count(config), len(config.get("models") or [])
         of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
         of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
@@ -386,11 +363,11 @@ def figure_legend(fig, axes, extra=()):
 
 
 def save(fig, path: Path):
-    """Write then rename, so a reader (a browser on a running sweep's report) never sees half a PNG."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight")  # tight: a long title is never clipped
-    plt.close(fig)
-    os.replace(tmp, path)
+    """Written atomically: a reader (a browser on a running sweep's report) never sees half a PNG."""
+    try:  # tight: a long title is never clipped
+        run_folder.write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def metric_vs_sigma(results: pd.DataFrame, metrics: list[str], styles: Styles, title: str, path: Path):
@@ -606,7 +583,7 @@ def write_report(directory: str | os.PathLike) -> Path:
     task = task_name(run)
     view = VIEWS[task]
     results, curves = run.results, run.curves
-    figures_dir = directory / "figures"
+    figures_dir = directory / run_folder.FIGURES
     figures_dir.mkdir(exist_ok=True)
     styles = Styles(pd.concat([results[["pe", "sigma"]], curves[["pe", "sigma"]]] if not curves.empty
                               else [results[["pe", "sigma"]]]))
@@ -668,8 +645,8 @@ def write_report(directory: str | os.PathLike) -> Path:
     if task == "lst":
         not_drawn = lst_pe_figure(results, run.pe_tables, pe_path)
         caption = "2D PCA of the first block's 16 learned PE vectors (small and large σ) next to the true grid."
-    elif (directory / "ground_truth.npz").is_file():
-        not_drawn = brain_pe_figure(results, run.pe_tables, directory / "ground_truth.npz", pe_path)
+    elif (directory / run_folder.GROUND_TRUTH).is_file():
+        not_drawn = brain_pe_figure(results, run.pe_tables, directory / run_folder.GROUND_TRUTH, pe_path)
         caption = "Learned PE cosine similarity (small and large σ) next to FC, tokens ordered by network."
     else:
         not_drawn, caption = "no ground_truth.npz (fc, networks) in the folder.", ""
@@ -702,10 +679,8 @@ def write_report(directory: str | os.PathLike) -> Path:
     if skipped:
         lines += ["Not drawn:", ""] + [f"* {s}" for s in skipped] + [""]
     lines += ["## Configuration", "", config_markdown(run.config), ""]
-    report = directory / "report.md"
-    tmp = directory / ".report.md.tmp"
-    tmp.write_text("\n".join(lines))
-    os.replace(tmp, report)
+    report = directory / run_folder.REPORT
+    run_folder.write_atomic(report, lambda tmp: tmp.write_text("\n".join(lines)))
     return report
 
 

@@ -29,6 +29,10 @@ import torch
 
 LOCK = ".lock"
 PARTIAL = ".partial-"  # the infix of temporary files and folders
+# The folder's files (and, but for the summary and the report, each finished pack's under packs/<i>/)
+CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
+RESULTS, CURVES, PE_TABLES, SUMMARY = "results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"
+REPORT, FIGURES = "report.md", "figures"
 
 
 class FolderLocked(Exception):
@@ -127,9 +131,38 @@ def write_json(path: Path, data: dict):
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str)))
 
 
+def save_npz(path: Path, arrays: dict):
+    with open(path, "wb") as file:  # a file object: np.savez would add ".npz" to the temporary name
+        np.savez_compressed(file, **arrays)
+
+
+# ---- the whole sweep's files -----------------------------------------------------------------------------------
+
+
+def write_start(out: Path, config: dict, ground_truth: dict[str, np.ndarray]):
+    """config.json (and the ground truth, where the task has one) at the start: the report can read a sweep
+    while it runs and --resume can continue it."""
+    write_json(out / CONFIG, config)
+    if ground_truth:
+        write_atomic(out / GROUND_TRUTH, lambda tmp: save_npz(tmp, ground_truth))
+
+
 def read_config(out: Path) -> dict:
     """DIR/config.json, written at the start of a sweep (FileNotFoundError; ValueError where it is not JSON)."""
-    return json.loads((out / "config.json").read_text())
+    return json.loads((out / CONFIG).read_text())
+
+
+def is_finished(out: Path) -> bool:
+    return (out / RESULTS).is_file()
+
+
+def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_tables: dict[str, np.ndarray],
+                summary: str):
+    """Every pack together in the top-level files; results.parquet last (its presence means finished)."""
+    write_atomic(out / PE_TABLES, lambda tmp: save_npz(tmp, pe_tables))
+    write_atomic(out / CURVES, lambda tmp: curves.to_parquet(tmp, index=False))
+    write_atomic(out / SUMMARY, lambda tmp: tmp.write_text(summary))
+    write_atomic(out / RESULTS, lambda tmp: results.to_parquet(tmp, index=False))
 
 
 def remove_partials(out: Path):
@@ -153,7 +186,7 @@ def checkpoint_path(out: Path, index: int) -> Path:
 
 def finished_packs(out: Path) -> set[int]:
     folder = out / "packs"
-    return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / "results.parquet").is_file()} \
+    return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / RESULTS).is_file()} \
         if folder.is_dir() else set()
 
 
@@ -177,9 +210,9 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
     # Assembled beside packs/, not in it: a reader of packs/*/ (the report) must never see a partial pack.
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
     try:
-        results.to_parquet(tmp / "results.parquet", index=False)
-        curves.to_parquet(tmp / "curves.parquet", index=False)
-        np.savez_compressed(tmp / "pe_tables.npz", **pe_tables)
+        results.to_parquet(tmp / RESULTS, index=False)
+        curves.to_parquet(tmp / CURVES, index=False)
+        np.savez_compressed(tmp / PE_TABLES, **pe_tables)
         for file in tmp.iterdir():
             with open(file, "rb+") as handle:
                 os.fsync(handle.fileno())
@@ -195,8 +228,8 @@ def read_packs(out: Path, count: int) -> tuple[pd.DataFrame, pd.DataFrame, dict[
     results, curves, pe_tables = [], [], {}
     for index in range(count):
         folder = pack_folder(out, index)
-        results.append(pd.read_parquet(folder / "results.parquet"))
-        curves.append(pd.read_parquet(folder / "curves.parquet"))
-        with np.load(folder / "pe_tables.npz") as tables:
+        results.append(pd.read_parquet(folder / RESULTS))
+        curves.append(pd.read_parquet(folder / CURVES))
+        with np.load(folder / PE_TABLES) as tables:
             pe_tables.update({key: tables[key] for key in tables.files})
     return pd.concat(results, ignore_index=True), pd.concat(curves, ignore_index=True), pe_tables

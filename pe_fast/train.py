@@ -250,7 +250,7 @@ class PackTrainer:
         return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, seconds=self.seconds)
 
     def state_dict(self) -> dict:
-        batches = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+        batches = self.batches.state_dict()
         return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "batches": batches, "loss_buffer": self.loss_buffer, "stats_buffer": self.stats_buffer,
@@ -262,17 +262,10 @@ class PackTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        if state["batches"] is not None:
+        if state["batches"] is not None:  # None in checkpoints from before every task's batches had a state
             self.batches.load_state_dict(state["batches"])
         self.loss_buffer = state["loss_buffer"].to(self.device)
         self.stats_buffer = None if state["stats_buffer"] is None else state["stats_buffer"].to(self.device)
         self.step, self.filled, self.seconds = state["step"], state["filled"], state["seconds"]
         self.curves, self.initial_pe = list(state["curves"]), list(state["initial_pe"])
         torch.set_rng_state(state["torch_rng"])
-
-
-def train_pack(task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
-               sigmas: list[float], device: torch.device,
-               on_step: Callable[[int], None] | None = None) -> PackResult:
-    """Train one pack; return each model's final metrics, its curves and its learned PE tables."""
-    return PackTrainer(task, model_config, train_config, seeds, sigmas, device).run(on_step)

@@ -21,6 +21,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from pe_fast.sweep import grid, settings
+from pe_fast.tasks.masked_regions import REGION_PES
 from pe_fast.sweep.task_loading import load_task as load_sweep_task
 from pe_fast.data import DataError
 from pe_fast.models import PE_KINDS
@@ -160,11 +161,11 @@ def tiny_trainer(task_name: str, kind: str) -> PackTrainer:
 
 
 # Every PE kind each task accepts: sin2d and rope2d need a 2D grid, which the LST has and the region tasks lack
-# (settings.REGION_PES). The simulated network has no node coordinates, so "sinnd" raises ValueError there by design
+# (REGION_PES). The simulated network has no node coordinates, so "sinnd" raises ValueError there by design
 # (test_netsim_rejects_sinnd keeps that exclusion honest).
 PAIRS = ([("lst", kind) for kind in PE_KINDS]
-         + [("netsim", kind) for kind in settings.REGION_PES if kind != "sinnd"]
-         + [("fmri", kind) for kind in settings.REGION_PES])
+         + [("netsim", kind) for kind in REGION_PES if kind != "sinnd"]
+         + [("fmri", kind) for kind in REGION_PES])
 
 
 @pytest.mark.parametrize("task_name, kind", PAIRS, ids=[f"{t}-{k}" for t, k in PAIRS])

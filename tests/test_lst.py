@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pe_fast.tasks import lst
+from pe_fast.tasks import lst, lst_puzzles
 
 
 def _authors_data_dir():
@@ -53,34 +53,34 @@ def _reference_direct_condition(grid):
 
 
 def test_latin_squares_are_all_576_distinct_squares():
-    squares = lst.latin_squares()
+    squares = lst_puzzles.latin_squares()
     assert squares.shape == (576, 16)
     assert len({tuple(s) for s in squares}) == 576
     assert all(_is_latin_square(s) for s in squares)
     # The cache hands back the same array.
-    assert lst.latin_squares() is squares
+    assert lst_puzzles.latin_squares() is squares
 
 
 def test_brute_force_answers_small_cases():
     # Only the query shown: any shape fits.
-    assert lst.brute_force_answers("5" + "0" * 15) == {1, 2, 3, 4}
+    assert lst_puzzles.brute_force_answers("5" + "0" * 15) == {1, 2, 3, 4}
     # A full row minus the query.
-    assert lst.brute_force_answers("1235" + "0" * 12) == {4}
+    assert lst_puzzles.brute_force_answers("1235" + "0" * 12) == {4}
     # Contradictory givens: no square fits.
-    assert lst.brute_force_answers("1105" + "0" * 12) == set()
+    assert lst_puzzles.brute_force_answers("1105" + "0" * 12) == set()
 
 
 def test_classify_hidden_single_example():
     # Row 4 is _ _ ? 4. Shape 3 must sit somewhere in row 4, but columns 1 and 2 already hold a 3,
     # so it can only be the query: quaternary (neither the row nor the column alone pins it down).
     grid = "0003" "3000" "0300" "0054"
-    assert lst.brute_force_answers(grid) == {3}
-    assert lst.classify(grid) == (3, 2)
+    assert lst_puzzles.brute_force_answers(grid) == {3}
+    assert lst_puzzles.classify(grid) == (3, 2)
 
 
 def test_classify_matches_brute_force_on_random_partial_grids():
     rng = np.random.default_rng(123)
-    squares = lst.latin_squares()
+    squares = lst_puzzles.latin_squares()
     solved = {0: 0, 1: 0, 2: 0}
     ambiguous = 0
     for _ in range(1500):
@@ -90,8 +90,8 @@ def test_classify_matches_brute_force_on_random_partial_grids():
         cells = rng.permutation(16)
         grid[cells[n_shown:]] = 0
         grid[cells[n_shown:][0]] = 5
-        possible = lst.brute_force_answers(grid)
-        result = lst.classify(grid)
+        possible = lst_puzzles.brute_force_answers(grid)
+        result = lst_puzzles.classify(grid)
         if len(possible) > 1:
             ambiguous += 1
             assert result is None, grid
@@ -110,8 +110,8 @@ def test_classify_on_arbitrary_digit_grids_is_sound_when_completable():
     for _ in range(800):
         grid = rng.integers(0, 5, size=16) * (rng.random(16) < 0.5)
         grid[rng.integers(16)] = 5
-        possible = lst.brute_force_answers(grid)
-        result = lst.classify(grid)
+        possible = lst_puzzles.brute_force_answers(grid)
+        result = lst_puzzles.classify(grid)
         if result is not None and possible:
             assert possible == {result[0]}, grid
         if len(possible) > 1:
@@ -119,20 +119,20 @@ def test_classify_on_arbitrary_digit_grids_is_sound_when_completable():
 
 
 def test_classify_rejects_bad_grids_and_repeats():
-    assert lst.classify("1150" + "0" * 12) is None  # shape 1 twice in a row
+    assert lst_puzzles.classify("1150" + "0" * 12) is None  # shape 1 twice in a row
     with pytest.raises(ValueError):
-        lst.classify("0" * 16)  # no query
+        lst_puzzles.classify("0" * 16)  # no query
     with pytest.raises(ValueError):
-        lst.classify("55" + "0" * 14)
+        lst_puzzles.classify("55" + "0" * 14)
 
 
 # ----------------------------------------------------------------------------- generator
 
 
 def test_generator_is_deterministic_valid_and_balanced():
-    a = lst.generate_puzzles(300, seed=5)
-    b = lst.generate_puzzles(300, seed=5)
-    c = lst.generate_puzzles(300, seed=6)
+    a = lst_puzzles.generate_puzzles(300, seed=5)
+    b = lst_puzzles.generate_puzzles(300, seed=5)
+    c = lst_puzzles.generate_puzzles(300, seed=6)
     np.testing.assert_array_equal(a.grids, b.grids)
     np.testing.assert_array_equal(a.answers, b.answers)
     np.testing.assert_array_equal(a.conditions, b.conditions)
@@ -141,36 +141,36 @@ def test_generator_is_deterministic_valid_and_balanced():
     assert a.grids.dtype == np.int8 and a.answers.dtype == np.int64 and a.conditions.dtype == np.int64
     assert np.bincount(a.conditions, minlength=3).tolist() == [100, 100, 100]
     assert len({g.tobytes() for g in a.grids}) == len(a)
-    squares = lst.latin_squares()
+    squares = lst_puzzles.latin_squares()
     for grid, answer, condition in zip(a.grids, a.answers, a.conditions):
         assert (grid == 5).sum() == 1
         shown = (grid >= 1) & (grid <= 4)
         assert 3 <= shown.sum() <= 11
         # Consistent with a Latin square and a unique answer, by brute force.
         assert (squares[:, shown] == grid[shown]).all(axis=1).any()
-        assert lst.brute_force_answers(grid) == {int(answer)}
+        assert lst_puzzles.brute_force_answers(grid) == {int(answer)}
         direct = _reference_direct_condition(grid)
         assert condition == (2 if direct is None else direct)
 
 
 def test_generator_split_and_condition_subsets():
-    p = lst.generate_puzzles(10, seed=1)
+    p = lst_puzzles.generate_puzzles(10, seed=1)
     assert np.bincount(p.conditions, minlength=3).tolist() == [4, 3, 3]
-    q = lst.generate_puzzles(12, seed=1, conditions=("quaternary",))
+    q = lst_puzzles.generate_puzzles(12, seed=1, conditions=("quaternary",))
     assert (q.conditions == 2).all() and len(q) == 12
-    assert len(lst.generate_puzzles(0, seed=1)) == 0
+    assert len(lst_puzzles.generate_puzzles(0, seed=1)) == 0
 
 
 # ----------------------------------------------------------------------------- files
 
 
 def test_write_read_round_trip(tmp_path):
-    p = lst.generate_puzzles(60, seed=3)
+    p = lst_puzzles.generate_puzzles(60, seed=3)
     path = tmp_path / "set.csv"
-    lst.write_puzzles(p, path)
+    lst_puzzles.write_puzzles(p, path)
     text = path.read_text().splitlines()
     assert text[0] == "ID,LST_num,condition,puzzles,solutions"
-    q = lst.read_puzzles(path)
+    q = lst_puzzles.read_puzzles(path)
     np.testing.assert_array_equal(p.grids, q.grids)
     np.testing.assert_array_equal(p.answers, q.answers)
     np.testing.assert_array_equal(p.conditions, q.conditions)
@@ -183,12 +183,12 @@ def test_leading_zeros_survive_and_folder_reads_sorted(tmp_path):
     (folder / "b.csv").write_text("ID,LST_num,condition,puzzles,solutions\n0,,Ternary,0300340102454032,3\n")
     (folder / "a.csv").write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,0000500234001000,4\n")
     (folder / "notes.txt").write_text("not a puzzle file")
-    p = lst.read_puzzle_folder(folder)
+    p = lst_puzzles.read_puzzle_folder(folder)
     assert ["".join(map(str, g)) for g in p.grids] == ["0000500234001000", "0300340102454032"]
     assert p.answers.tolist() == [4, 3] and p.conditions.tolist() == [0, 1]
     # A single file works too, and subset/concat keep rows aligned.
-    single = lst.read_puzzle_folder(folder / "a.csv")
-    both = lst.Puzzles.concat([single, p.subset([1])])
+    single = lst_puzzles.read_puzzle_folder(folder / "a.csv")
+    both = lst_puzzles.Puzzles.concat([single, p.subset([1])])
     np.testing.assert_array_equal(both.grids, p.grids)
 
 
@@ -216,28 +216,28 @@ GOOD = "0,,Binary,2000500234001000,4\n"
 def test_malformed_files_raise_with_line_number(tmp_path, content, line, words):
     path = tmp_path / "bad.csv"
     path.write_text(content)
-    with pytest.raises(lst.PuzzleFileError) as info:
-        lst.read_puzzles(path)
+    with pytest.raises(lst_puzzles.PuzzleFileError) as info:
+        lst_puzzles.read_puzzles(path)
     assert str(info.value).startswith(f"{path}:{line}: ")
     assert words in str(info.value)
     assert info.value.line == line
 
 
 def test_missing_file_and_empty_folder(tmp_path):
-    with pytest.raises(lst.PuzzleFileError, match=r":0: cannot read"):
-        lst.read_puzzles(tmp_path / "absent.csv")
-    with pytest.raises(lst.PuzzleFileError, match=r":0: .*no \*\.csv"):
-        lst.read_puzzle_folder(tmp_path)
-    with pytest.raises(lst.PuzzleFileError, match=r":0: no such"):
-        lst.read_puzzle_folder(tmp_path / "absent")
+    with pytest.raises(lst_puzzles.PuzzleFileError, match=r":0: cannot read"):
+        lst_puzzles.read_puzzles(tmp_path / "absent.csv")
+    with pytest.raises(lst_puzzles.PuzzleFileError, match=r":0: .*no \*\.csv"):
+        lst_puzzles.read_puzzle_folder(tmp_path)
+    with pytest.raises(lst_puzzles.PuzzleFileError, match=r":0: no such"):
+        lst_puzzles.read_puzzle_folder(tmp_path / "absent")
 
 
 # ----------------------------------------------------------------------------- encodings and distances
 
 
 def test_encode_one_hot():
-    grids = lst.generate_puzzles(30, seed=2).grids
-    x = lst.encode(grids)
+    grids = lst_puzzles.generate_puzzles(30, seed=2).grids
+    x = lst_puzzles.encode(grids)
     assert x.shape == (30, 16, 5) and x.dtype == torch.float32
     for p, grid in enumerate(grids):
         for cell, v in enumerate(grid):
@@ -256,32 +256,33 @@ def _reference_jaccard(a, b):
 
 def test_jaccard_matches_python_sets():
     rng = np.random.default_rng(0)
-    a = lst.generate_puzzles(40, seed=8).grids
-    b = np.concatenate([lst.generate_puzzles(30, seed=9).grids, rng.integers(0, 6, size=(5, 16)), np.zeros((1, 16))])
-    d = lst.jaccard_distance_matrix(a, b)
+    a = lst_puzzles.generate_puzzles(40, seed=8).grids
+    b = np.concatenate([lst_puzzles.generate_puzzles(30, seed=9).grids, rng.integers(0, 6, size=(5, 16)),
+                        np.zeros((1, 16))])
+    d = lst_puzzles.jaccard_distance_matrix(a, b)
     assert d.shape == (40, 36)
     expected = np.array([[_reference_jaccard(x, y) for y in b] for x in a])
     np.testing.assert_allclose(d, expected, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(lst.nearest_jaccard_distance(a, b), expected.min(axis=1), rtol=0, atol=1e-12)
-    assert lst.jaccard_distance_matrix(np.zeros((1, 16)), np.zeros((1, 16)))[0, 0] == 0.0
+    np.testing.assert_allclose(lst_puzzles.nearest_jaccard_distance(a, b), expected.min(axis=1), rtol=0, atol=1e-12)
+    assert lst_puzzles.jaccard_distance_matrix(np.zeros((1, 16)), np.zeros((1, 16)))[0, 0] == 0.0
     # Exact fractions compare equal to their decimal literal (here 4/5 vs 0.8).
     one = np.array([[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]])
     other = np.array([[1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
-    assert lst.jaccard_distance_matrix(one, other)[0, 0] == 0.8
-    assert lst.nearest_jaccard_distance(one, other)[0] >= 0.8
+    assert lst_puzzles.jaccard_distance_matrix(one, other)[0, 0] == 0.8
+    assert lst_puzzles.nearest_jaccard_distance(one, other)[0] >= 0.8
 
 
 def test_generalisation_set_is_far_balanced_and_new():
-    train = lst.generate_puzzles(300, seed=11)
-    ood = lst.generalisation_set(train, n_per_condition=8, min_distance=0.7, seed=4, batch_per_condition=300)
+    train = lst_puzzles.generate_puzzles(300, seed=11)
+    ood = lst_puzzles.generalisation_set(train, n_per_condition=8, min_distance=0.7, seed=4, batch_per_condition=300)
     assert np.bincount(ood.conditions, minlength=3).tolist() == [8, 8, 8]
     train_keys = {g.tobytes() for g in train.grids}
     assert not any(g.tobytes() in train_keys for g in ood.grids)
     assert len({g.tobytes() for g in ood.grids}) == len(ood)
     for grid, answer in zip(ood.grids, ood.answers):
         assert min(_reference_jaccard(grid, t) for t in train.grids) >= 0.7
-        assert lst.brute_force_answers(grid) == {int(answer)}
-    again = lst.generalisation_set(train, n_per_condition=8, min_distance=0.7, seed=4, batch_per_condition=300)
+        assert lst_puzzles.brute_force_answers(grid) == {int(answer)}
+    again = lst_puzzles.generalisation_set(train, n_per_condition=8, min_distance=0.7, seed=4, batch_per_condition=300)
     np.testing.assert_array_equal(ood.grids, again.grids)
 
 
@@ -289,9 +290,10 @@ def test_generalisation_set_raises_when_threshold_unreachable():
     # A training grid with the query in every cell: every candidate shares its query pair with one.
     grids = np.zeros((16, 16), dtype=np.int8)
     grids[np.arange(16), np.arange(16)] = 5
-    train = lst.Puzzles(grids, np.ones(16), np.zeros(16), "queries only")
+    train = lst_puzzles.Puzzles(grids, np.ones(16), np.zeros(16), "queries only")
     with pytest.raises(ValueError, match="farthest candidate"):
-        lst.generalisation_set(train, n_per_condition=2, min_distance=1.0, seed=0, batch_per_condition=50, max_candidates=100)
+        lst_puzzles.generalisation_set(train, n_per_condition=2, min_distance=1.0, seed=0, batch_per_condition=50,
+                                       max_candidates=100)
 
 
 # ----------------------------------------------------------------------------- probes, coordinates, split
@@ -312,16 +314,16 @@ def test_probes_and_coordinates():
 
 
 def test_stratified_split():
-    p = lst.generate_puzzles(301, seed=12)
+    p = lst_puzzles.generate_puzzles(301, seed=12)
     counts = np.bincount(p.conditions, minlength=3)
-    train, test = lst.stratified_split(p, test_fraction=0.1, seed=42)
+    train, test = lst_puzzles.stratified_split(p, test_fraction=0.1, seed=42)
     assert np.bincount(test.conditions, minlength=3).tolist() == [round(0.1 * n) for n in counts]
     assert len(train) + len(test) == len(p)
     keys = [g.tobytes() for g in p.grids]
     assert sorted(keys) == sorted([g.tobytes() for g in train.grids] + [g.tobytes() for g in test.grids])
-    again_train, _ = lst.stratified_split(p, test_fraction=0.1, seed=42)
+    again_train, _ = lst_puzzles.stratified_split(p, test_fraction=0.1, seed=42)
     np.testing.assert_array_equal(train.grids, again_train.grids)
-    other_train, _ = lst.stratified_split(p, test_fraction=0.1, seed=1)
+    other_train, _ = lst_puzzles.stratified_split(p, test_fraction=0.1, seed=1)
     assert not np.array_equal(train.grids, other_train.grids)
 
 
@@ -331,20 +333,21 @@ def test_stratified_split():
 def test_find_authors_data_env_var(tmp_path, monkeypatch):
     folder = tmp_path / "lst"
     folder.mkdir()
-    lst.write_puzzles(lst.generate_puzzles(3, seed=0), folder / "x.csv")
+    lst_puzzles.write_puzzles(lst_puzzles.generate_puzzles(3, seed=0), folder / "x.csv")
     monkeypatch.setenv("PE_FAST_LST_DATA", str(folder))
-    assert lst.find_authors_data() == folder.resolve()
+    assert lst_puzzles.find_authors_data() == folder.resolve()
     # A folder without CSV files is passed over.
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PE_FAST_LST_DATA", str(empty))
-    assert lst.find_authors_data() != empty.resolve()
+    assert lst_puzzles.find_authors_data() != empty.resolve()
 
 
 def test_task_from_files(tmp_path):
-    lst.write_puzzles(lst.generate_puzzles(300, seed=21), tmp_path / "train.csv")
-    ood = lst.generalisation_set(lst.read_puzzles(tmp_path / "train.csv"), 4, 0.6, seed=2, batch_per_condition=100)
-    lst.write_puzzles(ood, tmp_path / "ood.csv")
+    lst_puzzles.write_puzzles(lst_puzzles.generate_puzzles(300, seed=21), tmp_path / "train.csv")
+    ood = lst_puzzles.generalisation_set(lst_puzzles.read_puzzles(tmp_path / "train.csv"), 4, 0.6, seed=2,
+                                         batch_per_condition=100)
+    lst_puzzles.write_puzzles(ood, tmp_path / "ood.csv")
     task = lst.LSTTask(train_path=tmp_path / "train.csv", ood_path=tmp_path / "ood.csv")
     assert (task.name, task.num_tokens, task.token_dim, task.num_classes, task.readout_token) == ("lst", 16, 5, 4, 15)
     assert set(task.splits) == {"train", "test", "ood"}
@@ -357,9 +360,9 @@ def test_task_from_files(tmp_path):
     x, y = task.splits["ood"].x, task.splits["ood"].y
     for k in range(len(y)):
         grid = [int(np.argmax(t)) + 1 if t.any() else 0 for t in x[k].numpy()]
-        assert lst.brute_force_answers(grid) == {int(y[k]) + 1}
+        assert lst_puzzles.brute_force_answers(grid) == {int(y[k]) + 1}
     assert task.probes.shape == (3, 16, 16) and task.coordinates.shape == (16, 2)
-    assert task.condition_names == lst.CONDITIONS and task.probe_names == lst.PROBE_NAMES
+    assert task.condition_names == lst_puzzles.CONDITIONS and task.probe_names == lst.PROBE_NAMES
     assert task.description["sizes"] == {"train": 270, "test": 30, "ood": 12}
     assert task.description["ood_min_distance_achieved"] >= 0.6
 
@@ -372,7 +375,7 @@ def test_task_falls_back_to_generated_puzzles(monkeypatch, capsys):
     assert "not found" in capsys.readouterr().err
     assert [len(task.splits[k]) for k in ("train", "test", "ood")] == [135, 15, 9]
     # Every pool puzzle is far from every ood puzzle, checked with Python sets.
-    pool = lst.Puzzles.concat([task.puzzles["train"], task.puzzles["test"]])
+    pool = lst_puzzles.Puzzles.concat([task.puzzles["train"], task.puzzles["test"]])
     assert min(_reference_jaccard(a, b) for a in task.puzzles["ood"].grids for b in pool.grids) >= 0.7
 
 
@@ -381,20 +384,20 @@ def test_task_falls_back_to_generated_puzzles(monkeypatch, capsys):
 
 @needs_authors_data
 def test_classifier_reproduces_authors_labels():
-    puzzles = lst.read_puzzle_folder(AUTHORS_DATA)
+    puzzles = lst_puzzles.read_puzzle_folder(AUTHORS_DATA)
     assert len(puzzles) == 9000
     agree = 0
     for grid, answer, condition in zip(puzzles.grids, puzzles.answers, puzzles.conditions):
-        assert lst.brute_force_answers(grid) == {int(answer)}
-        agree += lst.classify(grid) == (int(answer), int(condition))
+        assert lst_puzzles.brute_force_answers(grid) == {int(answer)}
+        agree += lst_puzzles.classify(grid) == (int(answer), int(condition))
     # Measured: all 9,000 agree.
     assert agree / len(puzzles) >= 0.99
 
 
 @needs_authors_data
 def test_generalisation_set_against_authors_puzzles():
-    puzzles = lst.read_puzzle_folder(AUTHORS_DATA)
-    ood = lst.generalisation_set(puzzles, n_per_condition=10, seed=1, batch_per_condition=500)
+    puzzles = lst_puzzles.read_puzzle_folder(AUTHORS_DATA)
+    ood = lst_puzzles.generalisation_set(puzzles, n_per_condition=10, seed=1, batch_per_condition=500)
     assert np.bincount(ood.conditions, minlength=3).tolist() == [10, 10, 10]
-    d = lst.jaccard_distance_matrix(ood.grids, puzzles.grids)
-    assert d.min() >= lst.DEFAULT_OOD_MIN_DISTANCE
+    d = lst_puzzles.jaccard_distance_matrix(ood.grids, puzzles.grids)
+    assert d.min() >= lst_puzzles.DEFAULT_OOD_MIN_DISTANCE

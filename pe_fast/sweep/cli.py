@@ -24,9 +24,9 @@ def run(s: Settings) -> Path:
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
                          f"wait for it or stop it")
     if not resume and out.exists() and any(out.iterdir()):
-        hint = f"; to continue it: --resume --out {out}" if (out / "config.json").is_file() else ""
+        hint = f"; to continue it: --resume --out {out}" if (out / run_folder.CONFIG).is_file() else ""
         raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
-    if resume and (out / "results.parquet").is_file():
+    if resume and run_folder.is_finished(out):
         print(f"{out} is finished; nothing to resume", file=sys.stderr)
         return out
     executors.apply_runtime(s)
@@ -48,8 +48,8 @@ def run(s: Settings) -> Path:
         run_folder.remove_partials(out)
         finished = run_folder.finished_packs(out)
         todo = [i for i in range(len(packs)) if i not in finished]
-        if hasattr(task, "data"):
-            print(f"data: {task.data.kind}: {task.data.source}", file=sys.stderr)
+        if task.data_line is not None:
+            print(task.data_line, file=sys.stderr)
         print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "
               f"({len(finished)} finished before), {s.steps} steps each, on {s.device} "
               f"({s.executor}, {s.threads or torch.get_num_threads()} threads, {s.precision}"

@@ -11,52 +11,16 @@ from pathlib import Path
 
 import torch
 
-from pe_fast import precision
+from pe_fast import precision, run_folder
 from pe_fast.models import PE_KINDS
+from pe_fast.tasks import KINDS
+from pe_fast.tasks.fmri import ATLASES
+from pe_fast.tasks.netsim import NETWORK_SETTINGS
 from pe_fast.train import OPTIMIZERS, SCHEDULES
 
-TASKS = ("fmri", "lst", "netsim")
-REGION_TASKS = ("fmri", "netsim")
-# sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
-REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
-ATLASES = ("schaefer100", "glasser360")
 EXECUTORS = ("local", "ray")
 COMPILE_CHOICES = ("auto", "on", "off")
-# --task netsim's network, passed to pe_fast.data.simulate_network (its docstring explains each one).
-NETSIM_FLAGS = {"nodes": int, "modules": int, "p_within": float, "p_between": float, "coupling": float,
-                "inhibition": float, "noise": float, "timepoints": int, "runs": int, "netsim_seed": int}
 
-# Per task: what `python -m pe_fast.sweep --task T` runs with no other flag.
-TASK_DEFAULTS = {
-    "lst": dict(pe="learned,sin2d,none", sigmas="0.1,0.2,2.0", seeds=3, steps=2000, width=64, depth=4, heads=1,
-                batch_size=128, lr=1e-3, optimizer="adamw", schedule="constant", warmup=0, eval_every=250),
-    # Real HCP BOLD, Schaefer-100; sized to finish in about 10 minutes on 2 CPU cores (docs/reproduction.md).
-    "fmri": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2,
-                 heads=1, mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine", warmup=50,
-                 eval_every=200, eval_items=512),
-    "netsim": dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2,
-                   heads=1, mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine",
-                   warmup=50, eval_every=200, eval_items=512),
-}
-PRESETS = {
-    "lst": {
-        # Fits 2 CPU cores in about 10 minutes and shows the paper's effect (docs/reproduction.md).
-        "cpu": dict(pe="learned,sin2d", sigmas="0.2,2.0", seeds=3, steps=6000, width=32, depth=4, heads=1,
-                    mlp_width=128, batch_size=64, lr=2e-3, schedule="cosine", warmup=200, eval_every=1000),
-        # The authors' configuration (notes/paper.md §2.4–2.6): 4000 epochs of 63 steps; meant for a GPU.
-        "paper": dict(pe="learned,sin2d,sin1d,rope,relative,none,random",
-                      sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15, steps=252_000, width=160,
-                      depth=4, heads=1, mlp_width=640, batch_size=128, lr=1e-4, optimizer="adamw",
-                      schedule="constant", warmup=0, eval_every=12_600),
-    },
-    "fmri": {
-        # Every PE family of the paper's fMRI comparison (notes/paper.md §4), not only the σ grid.
-        "all-pes": dict(pe="learned,none,sin1d,random,sinnd"),
-    },
-    "netsim": {
-        "all-pes": dict(pe="learned,none,sin1d,random"),
-    },
-}
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
                 "compile")
@@ -149,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m pe_fast.sweep",
                       description="train a grid of PE types × σ × seeds as stacked packs and write a results folder")
     # Every default is None so that a preset can fill what the user did not set.
-    p.add_argument("--task", choices=TASKS, help="fmri (default), lst or netsim")
-    presets = sorted({name for per_task in PRESETS.values() for name in per_task})
+    p.add_argument("--task", choices=tuple(KINDS), help="fmri (default), lst or netsim")
+    presets = sorted({name for kind in KINDS.values() for name in kind.presets})
     p.add_argument("--preset", choices=presets, help="a named configuration of the task; explicit flags win")
     p.add_argument("--pe", help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
     p.add_argument("--sigmas", help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
@@ -182,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-fraction", type=float, help="fmri/netsim: fraction of tokens masked (default 0.2)")
     p.add_argument("--window", type=int, help="fmri/netsim: time points per token (default 1)")
     p.add_argument("--split", choices=("subject", "run"), help="fmri/netsim: train/test split (default subject)")
-    for name, kind in NETSIM_FLAGS.items():
+    for name, kind in NETWORK_SETTINGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help="netsim: see pe_fast.data.simulate_network")
     p.add_argument("--out", help="results folder (must not hold results yet); default runs/<task>-<time>")
     p.add_argument("--device", help="cpu, cuda or auto")
@@ -220,21 +184,21 @@ def parse_list(text: str, convert, flag: str) -> tuple:
 def from_flags(args: argparse.Namespace) -> Settings:
     """Flags override the preset, which overrides the task's defaults; every check before anything runs."""
     task = args.task or "fmri"
-    s = {**TASK_DEFAULTS[task], "task": task}
+    kind = KINDS[task]
+    s = {**kind.defaults, "task": task}
     if args.preset:
-        if args.preset not in PRESETS.get(task, {}):
+        if args.preset not in kind.presets:
             raise UsageError(f"--preset {args.preset} is not defined for --task {task}; "
-                             f"choose from {', '.join(PRESETS.get(task, {})) or 'none'}")
-        s.update(PRESETS[task][args.preset])
+                             f"choose from {', '.join(kind.presets) or 'none'}")
+        s.update(kind.presets[args.preset])
     s.update({k: v for k, v in vars(args).items() if v is not None and k != "resume"})
     s = {**{f.name: f.default for f in dataclasses.fields(Settings)
             if f.default is not dataclasses.MISSING}, "mlp_width": None, "compile": "auto", "device": "auto",
          "precision": None, **s}
     s["pe"] = parse_list(s["pe"], str.strip, "--pe")
-    allowed = REGION_PES if task in REGION_TASKS else PE_KINDS
-    for kind in s["pe"]:
-        if kind not in allowed:
-            raise UsageError(f"--pe: {kind!r} is not a PE of --task {task}; choose from {', '.join(allowed)}")
+    for pe in s["pe"]:
+        if pe not in kind.pe_kinds:
+            raise UsageError(f"--pe: {pe!r} is not a PE of --task {task}; choose from {', '.join(kind.pe_kinds)}")
     s["sigmas"] = parse_list(str(s["sigmas"]), float, "--sigmas")
     if any(not (math.isfinite(v) and v > 0) for v in s["sigmas"]):
         raise UsageError(f"--sigmas: every σ must be a positive number, got {list(s['sigmas'])}")
@@ -262,16 +226,10 @@ def from_flags(args: argparse.Namespace) -> Settings:
         raise UsageError(f"--mask-fraction must be between 0 and 1, got {s['mask_fraction']}")
     if s["window"] < 1:
         raise UsageError(f"--window must be at least 1, got {s['window']}")
-    task_flags = {"lst": ("lst_train", "lst_ood"), "fmri": ("atlas", "data", "regions", "parcellation"),
-                  "netsim": tuple(NETSIM_FLAGS)}
-    for other, flags in task_flags.items():
-        for flag in flags:
-            if other != task and getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} applies to --task {other} only")
-    if task == "lst":
-        for flag in ("mask_fraction", "window", "split"):
-            if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} applies to --task fmri and netsim only")
+    for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
+        if flag not in kind.flags and getattr(args, flag) is not None:
+            owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
     if task == "fmri" and (s["regions"] or s["parcellation"]) and not s["data"]:
         raise UsageError("--regions and --parcellation describe --data; give --data too")
     for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
@@ -307,7 +265,6 @@ def resolve_runtime(s: dict):
 
 def from_resume(args: argparse.Namespace) -> Settings:
     """--resume: the settings of DIR/config.json; only the flags of RESUME_FLAGS may be given."""
-    from pe_fast import run_folder
     if not args.out:
         raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
     changed = [name for name, value in vars(args).items()
@@ -317,7 +274,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
         raise UsageError(f"--resume takes the experiment's settings from {args.out}/config.json; {flags} cannot "
                          f"change (allowed: --threads, --device, --executor, --ray-address, --checkpoint-every, "
                          f"--compile)")
-    path = Path(args.out) / "config.json"
+    path = Path(args.out) / run_folder.CONFIG
     try:
         config = run_folder.read_config(Path(args.out))
         s = dict(config["settings"])

@@ -20,11 +20,31 @@ from torch import Tensor
 
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
+from pe_fast.models import PE_KINDS
+from pe_fast.tasks.base import TaskView
 
 MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
 EVAL_MASK_SEED = 12_345
 SPLITS = ("subject", "run")
 BASELINES = ("baseline:mean", "baseline:linear")
+
+# What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
+# sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
+REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
+REGION_FLAGS = ("mask_fraction", "window", "split")
+REGION_SUMMARY = ("train_mse", "test_mse", "test_r2", "pe_fc_corr", "pe_coupling_corr", "pe_modularity",
+                  "pe_segregation", "pe_dist_spearman")
+REGION_VIEW = TaskView(
+    score="test_r2",
+    generalisation=("test_r2", "test_mse"),
+    similarity=("pe_fc_corr", "pe_coupling_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman",
+                "pe_procrustes"),
+    summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
+    probe="same_network", fit=None)
+# Sized to finish in about 10 minutes on 2 CPU cores (docs/reproduction.md).
+REGION_DEFAULTS = dict(pe="learned", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=3, steps=800, width=32, depth=2, heads=1,
+                       mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="cosine", warmup=50,
+                       eval_every=200, eval_items=512)
 
 
 @dataclasses.dataclass
@@ -128,6 +148,8 @@ class MaskedRegionTask:
         if window < 1:
             raise ValueError(f"the window must be at least 1 TR, got {window}")
         self.name, self.data = name, data
+        self.data_kind = data.kind  # real fMRI, simulated from real FC, or a simulated network: never mixed up
+        self.data_line = f"data: {data.kind}: {data.source}"
         N = len(data.labels)
         self.num_tokens, self.token_dim, self.num_classes = N, window + 1, window
         self.num_masked = max(1, min(N - 1, round(mask_fraction * N)))
@@ -259,6 +281,19 @@ class MaskedRegionTask:
                 row.update(self.score(self.baseline_predictions(kind, split).unsqueeze(0), split, items)[0])
             rows.append(row)
         return rows
+
+
+    def ground_truth(self) -> dict[str, np.ndarray]:
+        data = self.data
+        arrays = {"fc": data.fc, "labels": np.asarray(data.labels, dtype=str)}
+        for name in ("networks", "centroids", "coupling"):
+            if getattr(data, name) is not None:
+                arrays[name] = getattr(data, name)
+        return arrays
+
+    @classmethod
+    def from_settings(cls, data, s) -> "MaskedRegionTask":
+        return cls(data, s.task, mask_fraction=s.mask_fraction, window=s.window, split=s.split)
 
 
 class MaskedBatches:

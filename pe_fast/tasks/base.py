@@ -1,0 +1,81 @@
+"""What a task is to the rest of pe_fast.
+
+* `Task`: the object training, the sweep and its results folder use (data splits, ground truth, loss, scores,
+  PE metrics, baselines). Every task class implements all of it; nobody asks `hasattr`.
+* `TaskKind`: what the sweep and the report know of a task before any data is loaded: its defaults and
+  presets, the PE kinds it accepts, its own flags, the summary's columns, how the report reads its results,
+  and how to build the Task from the sweep's settings. Each task file defines one KIND; pe_fast.tasks
+  registers it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskView:
+    """What the report shows for one task: which results columns, and how they read."""
+    score: str                          # the generalisation metric (alignment plot, statement)
+    generalisation: tuple[str, ...]     # plotted against σ
+    similarity: tuple[str, ...]         # PE vs ground truth, plotted against σ
+    summary: tuple[str, ...]            # the report's summary table's columns
+    probe: str                          # the attention probe whose mass is the "alignment"
+    fit: str | None                     # the training-fit metric quoted in the statement
+
+
+class Batches(Protocol):
+    """index [M, B] -> (inputs [M,B,N,token_dim], targets); its state makes a resumed pack draw the same."""
+
+    def __call__(self, index: Tensor): ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class Task(Protocol):
+    name: str
+    num_tokens: int
+    token_dim: int
+    num_classes: int              # the output width per read-out token
+    readout_token: int | None     # classify from this token; None: predict at every token
+    probe_names: list[str]
+    probes: Tensor                # [K, N, N] attention probes (shared by all models)
+    coordinates: np.ndarray | None  # [N, k] token coordinates (sin2d / sinnd / rope2d), if any
+    attention_split: str          # the split whose attention statistics each evaluation records
+    splits: dict                  # name -> split with .x [items, N, token_dim] and __len__
+    description: dict             # config.json's "task"
+    data_kind: str | None         # results.parquet's data_kind column (real fMRI, simulated, ...), if any
+    data_line: str | None         # one line for the sweep's log about the data, if any
+
+    def training_batches(self, seeds: list[int], device: torch.device) -> Batches: ...
+
+    def loss(self, outputs: Tensor, targets) -> Tensor: ...
+
+    def score(self, outputs: Tensor, split: str, items: Tensor) -> list[dict]: ...
+
+    def pe_metrics(self, table: np.ndarray) -> dict: ...
+
+    def baselines(self) -> list[dict]:
+        """Results rows of non-transformer references (pe "baseline:…"); empty where there are none."""
+
+    def ground_truth(self) -> dict[str, np.ndarray]:
+        """Arrays for DIR/ground_truth.npz (the report's brain figures); empty where there are none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskKind:
+    name: str
+    defaults: dict              # what `--task NAME` runs with no other flag (flag name -> value)
+    presets: dict[str, dict]    # --preset NAME -> flag values
+    pe_kinds: tuple[str, ...]   # the PE kinds this task's tokens support
+    flags: tuple[str, ...]      # settings that apply to this task (and the others that list them) only
+    summary: tuple[str, ...]    # summary.txt's metric columns, in order (those present in the results)
+    view: TaskView
+    load: Callable[..., Task]   # the sweep's Settings -> the Task (ValueError / DataError for bad input)

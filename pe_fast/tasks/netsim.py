@@ -1,0 +1,29 @@
+"""The nonlinear stochastic network simulation as a pe_fast task: masked-node prediction
+(pe_fast.tasks.masked_regions) on a modular network simulated by pe_fast.data.netsim."""
+from __future__ import annotations
+
+from pe_fast.tasks.base import TaskKind
+from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_SUMMARY, REGION_VIEW,
+                                          MaskedRegionTask)
+
+# The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one).
+NETWORK_SETTINGS = {"nodes": int, "modules": int, "p_within": float, "p_between": float, "coupling": float,
+                    "inhibition": float, "noise": float, "timepoints": int, "runs": int, "netsim_seed": int}
+
+
+def simulated_network(s):
+    from pe_fast.data.netsim import simulate_network
+    network = {k: getattr(s, k) for k in NETWORK_SETTINGS if getattr(s, k) is not None and k != "netsim_seed"}
+    return simulate_network(**network, seed=s.netsim_seed or 0)
+
+
+KIND = TaskKind(
+    name="netsim",
+    defaults=REGION_DEFAULTS,
+    presets={"all-pes": dict(pe="learned,none,sin1d,random")},
+    pe_kinds=REGION_PES,
+    flags=tuple(NETWORK_SETTINGS) + REGION_FLAGS,
+    summary=REGION_SUMMARY,
+    view=REGION_VIEW,
+    load=lambda s: MaskedRegionTask.from_settings(simulated_network(s), s),
+)
