@@ -12,6 +12,10 @@ import pytest
 from scipy import stats
 
 from pe_fast import report
+from pe_fast.report import figures
+from pe_fast.report.numbers import alignment, probe_names
+from pe_fast.report.reading import load_run
+from pe_fast.tasks import KINDS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
 LST_FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
@@ -131,7 +135,7 @@ def test_lst_report_on_a_running_sweep(tmp_path):
     results = synthetic_rows("lst", models, layers=2, heads=2, probes=["same_row", "same_col", "same_row_or_col"],
                              rng=rng)
     write_folder(tmp_path, "lst", models, results, tokens=16, packs_only=[0, 1])
-    config, loaded, curves, tables = report.load_run(tmp_path)
+    config, loaded, curves, tables = load_run(tmp_path)
     present = results[results["pack"].isin([0, 1])]
     assert len(loaded) == len(present) == 12 and set(tables) == {f"model_{i}" for i in present["model_id"]}
     assert len(curves) == 3 * 12 and len(config["models"]) == len(models) == 15
@@ -181,7 +185,7 @@ def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
 def test_fmri_without_ground_truth_notes_the_missing_figure(tmp_path, monkeypatch):
     """The PE-vs-FC figure is skipped with a note, and a stale one from an earlier report is removed."""
     for slow in ("metric_vs_sigma", "alignment_figure", "curves_by_sigma"):  # only the note is under test here
-        monkeypatch.setattr(report, slow, lambda *args, **kwargs: None)
+        monkeypatch.setattr(figures, slow, lambda *args, **kwargs: None)
     models = grid({"learned": [0.1, 1.0]}, seeds=2)
     results = synthetic_rows("netsim", models, layers=1, heads=1, probes=["same_network"],
                              rng=np.random.default_rng(2))
@@ -195,12 +199,12 @@ def test_fmri_without_ground_truth_notes_the_missing_figure(tmp_path, monkeypatc
 
 def test_real_h100_results_load_and_align():
     """The H100 runs in docs/results: real column names; a folder with curves only stands in its last evaluation."""
-    _, results, curves, _ = report.load_run(DOCS / "h100-paper-learned-16k")
-    align = report.alignment(results, report.VIEWS["lst"])
+    _, results, curves, _ = load_run(DOCS / "h100-paper-learned-16k")
+    align = alignment(results, KINDS["lst"].view)
     want, n = expected_alignment(results, "ood_attn", "same_row_or_col", "ood_acc")
     assert align.n == n == 6 and align.rho == pytest.approx(want)
-    assert report.probe_names(curves) == ["same_row", "same_col", "same_row_or_col"]
-    _, derived, curves, tables = report.load_run(DOCS / "h100-paper-sin2d-6k")
+    assert probe_names(curves) == ["same_row", "same_col", "same_row_or_col"]
+    _, derived, curves, tables = load_run(DOCS / "h100-paper-sin2d-6k")
     final = curves[curves["step"] == curves["step"].max()].sort_values("model_id")
     assert len(derived) == 3 and not tables
     np.testing.assert_array_equal(derived.sort_values("model_id")["ood_acc"], final["ood_acc"])

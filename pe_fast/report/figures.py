@@ -1,19 +1,7 @@
-"""`python -m pe_fast.report DIR`: tables, figures and a plain summary of a sweep's results folder.
-
-    python -m pe_fast.report runs/lst-20260101-120000
-
-writes DIR/report.md and DIR/figures/*.png. Works on a finished sweep (DIR/results.parquet, curves.parquet,
-pe_tables.npz) and on one still running (the finished packs in DIR/packs/<index>/). Every number in the report is
-computed from those files; nothing is hard-coded. A missing or empty folder stops with one line, exit code 2.
-"""
+"""The report's figures (matplotlib, PNG files only)."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import os
-import re
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -25,283 +13,16 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
-from scipy import stats
 
 from pe_fast import run_folder
 from pe_fast.metrics import pe_geometry
-from pe_fast.tasks import KINDS
+from pe_fast.report.numbers import Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names
+from pe_fast.report.reading import Run, read_npz
 from pe_fast.tasks.base import TaskView
-
-BASELINE_PREFIX = "baseline:"  # non-transformer reference rows (fMRI / netsim): test_mse / test_r2 only
-PAPER_RHO = 0.96  # the paper's attention-alignment vs generalisation correlation on the LST (unverified)
-ATTN_COLUMN = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
-
-
-VIEWS = {name: kind.view for name, kind in KINDS.items()}  # what the report shows of each task
 
 # Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
 FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
            "attention_over_training", "pe_drift", "learned_pe")
-
-
-class ReportError(Exception):
-    """A results folder the report cannot read: reported as one line, exit code 2."""
-
-
-@dataclasses.dataclass
-class Run:
-    config: dict
-    results: pd.DataFrame
-    curves: pd.DataFrame
-    pe_tables: dict[str, np.ndarray]
-    notes: list[str]  # how the run was read (partial, derived results): shown at the top of report.md
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reading a results folder, finished or running
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _read_parquet(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_parquet(path)
-    except Exception as error:  # pyarrow raises several types for a truncated or foreign file
-        raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
-
-
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path) as data:
-            return {key: data[key] for key in data.files}
-    except Exception as error:
-        raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
-
-
-def _pack_count(config: dict) -> int | None:
-    """How many packs the sweep planned: config["packs"] (a count or a list), else the models' "pack" field."""
-    packs = config.get("packs")
-    if isinstance(packs, int):
-        return packs
-    if isinstance(packs, (list, dict)):
-        return len(packs)
-    models = config.get("models") or []
-    if models and all(isinstance(m, dict) and "pack" in m for m in models):
-        return len({m["pack"] for m in models})
-    return None
-
-
-def _last_evaluation(curves: pd.DataFrame) -> pd.DataFrame:
-    """Each model's final row of curves.parquet: the same columns as results.parquet (bar train_seconds)."""
-    last = curves.groupby("model_id")["step"].transform("max")
-    return curves[curves["step"] == last].drop(columns="step").reset_index(drop=True)
-
-
-def load_run(directory: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
-    """(config, results, curves, pe_tables) of a results folder; see _load for the rules."""
-    run = _load(Path(directory))
-    return run.config, run.results, run.curves, run.pe_tables
-
-
-def _load(directory: Path) -> Run:
-    """Top-level files when the sweep has finished; otherwise the finished packs (DIR/packs/<index>/).
-    Without results.parquet but with curves.parquet, each model's last evaluation stands in for its results."""
-    if not directory.is_dir():
-        raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
-    config = {}
-    if (directory / run_folder.CONFIG).is_file():
-        try:
-            config = run_folder.read_config(directory)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ReportError(f"{directory / run_folder.CONFIG} is not valid JSON ({error})")
-    notes: list[str] = []
-    top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
-    if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():
-        curves = _read_parquet(top[run_folder.CURVES]) if top[run_folder.CURVES].is_file() else pd.DataFrame()
-        if top[run_folder.RESULTS].is_file():
-            results = _read_parquet(top[run_folder.RESULTS])
-        elif {"model_id", "step"} <= set(curves.columns):
-            results = _last_evaluation(curves)
-            notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
-        else:
-            raise ReportError(f"{directory}: no results.parquet, and curves.parquet lacks model_id / step")
-        pe_tables = _read_npz(top[run_folder.PE_TABLES]) if top[run_folder.PE_TABLES].is_file() else {}
-    else:
-        packs = [run_folder.pack_folder(directory, index) for index in sorted(run_folder.finished_packs(directory))]
-        if not packs:
-            raise ReportError(f"{directory} holds no results yet (no results.parquet, curves.parquet or finished "
-                              f"packs/<index>/results.parquet)")
-        results = pd.concat([_read_parquet(p / run_folder.RESULTS) for p in packs], ignore_index=True)
-        curve_parts = [_read_parquet(p / run_folder.CURVES) for p in packs if (p / run_folder.CURVES).is_file()]
-        curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame()
-        pe_tables = {}
-        for p in packs:
-            if (p / run_folder.PE_TABLES).is_file():
-                pe_tables.update(_read_npz(p / run_folder.PE_TABLES))
-        planned, models = _pack_count(config), len(config.get("models") or [])
-        of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
-        of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
-        notes.append(f"partial: {of_packs} ({of_models}) finished; the sweep is still running or was stopped.")
-    missing = [c for c in ("pe", "sigma") if c not in results]
-    if missing or results.empty:
-        raise ReportError(f"{directory}: the results have no rows or lack the columns {missing}; not a pe_fast "
-                          f"results folder")
-    if "model_id" not in results:
-        results = results.assign(model_id=np.arange(len(results)))
-    # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
-    results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
-    if "sigma" in curves:
-        curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
-    return Run(config, results, curves, pe_tables, notes)
-
-
-def task_name(run: Run) -> str:
-    name = (run.config.get("settings") or {}).get("task")
-    if name is None and "task" in run.results:
-        name = str(run.results["task"].iloc[0])
-    if name not in VIEWS:
-        raise ReportError(f"unknown task {name!r} in the results; the report knows {', '.join(VIEWS)}")
-    return name
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Numbers
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def is_baseline(pe: pd.Series) -> pd.Series:
-    return pe.astype(str).str.startswith(BASELINE_PREFIX)
-
-
-def grouped(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Mean, sd (population, as summary.txt) and count of a metric per (pe, σ), in the run's order; NaN skipped."""
-    rows = []
-    for (pe, sigma), group in frame.groupby(["pe", "sigma"], dropna=False, sort=False):
-        values = group[metric].to_numpy(dtype=float) if metric in group else np.array([np.nan])
-        values = values[np.isfinite(values)]
-        rows.append(dict(pe=pe, sigma=sigma, mean=values.mean() if len(values) else np.nan,
-                         sd=values.std() if len(values) else np.nan, n=len(values)))
-    return pd.DataFrame(rows, columns=["pe", "sigma", "mean", "sd", "n"])
-
-
-def layer_head_mean(frame: pd.DataFrame, prefix: str, stat: str) -> pd.Series | None:
-    """Mean over layers and heads of the columns {prefix}_l{l}_h{h}_{stat}; None when there are none."""
-    columns = [c for c in frame.columns
-               if (m := ATTN_COLUMN.match(c)) and m["prefix"] == prefix and m["stat"] == stat]
-    return frame[columns].mean(axis=1) if columns else None
-
-
-def probe_names(frame: pd.DataFrame) -> list[str]:
-    """The probes present, read from the attention columns (attn_l0_h0_probe_<name>)."""
-    names = [m["stat"][len("probe_"):] for c in frame.columns
-             if (m := ATTN_COLUMN.match(c)) and m["stat"].startswith("probe_")]
-    return list(dict.fromkeys(names))
-
-
-@dataclasses.dataclass
-class Alignment:
-    x: pd.Series            # per model: attention mass on the probe, mean over layers and heads
-    y: pd.Series            # per model: the generalisation score
-    rho: float
-    n: int
-    source: str             # which columns x averages, for the caption
-
-
-def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
-    """Attention mass on the task's ground-truth probe against generalisation, across all models. The attention
-    is taken on the split the score comes from (ood_attn_* for ood_acc) when recorded, else the training window."""
-    split = view.score.split("_")[0]
-    for prefix in (f"{split}_attn", "attn"):
-        x = layer_head_mean(results, prefix, f"probe_{view.probe}")
-        if x is not None and x.notna().any():
-            break
-    else:
-        return None
-    if view.score not in results:
-        return None
-    y = results[view.score].astype(float)
-    keep = x.notna() & y.notna()
-    x, y = x[keep], y[keep]
-    n = len(x)
-    rho = float(stats.spearmanr(x, y).statistic) if n >= 3 else math.nan
-    return Alignment(x, y, rho, n, f"{prefix}_l*_h*_probe_{view.probe}")
-
-
-def fmt(value: float, digits: int = 3) -> str:
-    return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
-
-
-def sigma_label(sigma: float) -> str:
-    return "" if not np.isfinite(sigma) else f"{sigma:g}"
-
-
-def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
-    """Mean ± sd over seeds per (PE, σ) of the task's main metrics, as a markdown table."""
-    metrics = [m for m in view.summary if m in results and results[m].notna().any()]
-    per_metric = {m: grouped(results, m) for m in metrics}
-    keys = grouped(results, metrics[0] if metrics else "")
-    header = "| PE | σ | models | " + " | ".join(metrics) + " |"
-    lines = [header, "|" + "---|" * (3 + len(metrics))]
-    counts = results.groupby(["pe", "sigma"], dropna=False, sort=False).size()
-    for i, key in keys.iterrows():
-        cells = []
-        for m in metrics:
-            row = per_metric[m].iloc[i]
-            cells.append("–" if row.n == 0 else f"{fmt(row['mean'])} ± {fmt(row['sd'])}")
-        count = int(counts.iloc[i])
-        lines.append(f"| {key.pe} | {sigma_label(key.sigma)} | {count} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def statement(run: Run, view: TaskView) -> str:
-    """One plain paragraph of what the numbers show, every figure computed here from the results."""
-    results = run.results
-    models = results[~is_baseline(results["pe"])]
-    parts = []
-    score = view.score
-    if score not in results:
-        return f"The results hold no {score} column, so there is nothing to compare yet."
-    for pe in dict.fromkeys(models["pe"]):
-        rows = models[models["pe"] == pe]
-        g = grouped(rows, score).dropna(subset=["mean"])
-        if g.empty:
-            continue
-        if g["sigma"].notna().all() and len(g) >= 2:
-            lo, hi = g.loc[g["sigma"].idxmin()], g.loc[g["sigma"].idxmax()]
-            best = g.loc[g["mean"].idxmax()] if not score.endswith("mse") else g.loc[g["mean"].idxmin()]
-            text = (f"{pe} PE: σ={lo.sigma:g} {score} {fmt(lo['mean'])} ± {fmt(lo.sd)} vs σ={hi.sigma:g} "
-                    f"{fmt(hi['mean'])} ± {fmt(hi.sd)} (best mean at σ={best.sigma:g}, {fmt(best['mean'])})")
-            per_model = rows[["sigma", score]].dropna()
-            if per_model["sigma"].nunique() >= 2:
-                rho = stats.spearmanr(per_model["sigma"], per_model[score]).statistic
-                text += f"; Spearman ρ(σ, {score}) = {fmt(rho, 2)} over {len(per_model)} models"
-            if view.fit and view.fit in rows:
-                fit = grouped(rows, view.fit).dropna(subset=["mean"])
-                if len(fit) >= 2:
-                    f_lo, f_hi = fit.loc[fit["sigma"].idxmin()], fit.loc[fit["sigma"].idxmax()]
-                    text += (f"; {view.fit} {fmt(f_lo['mean'])} at σ={f_lo.sigma:g} and {fmt(f_hi['mean'])} "
-                             f"at σ={f_hi.sigma:g}")
-            for metric in view.similarity[:1]:
-                sim = grouped(rows, metric).dropna(subset=["mean"])
-                if len(sim) >= 2:
-                    s_lo, s_hi = sim.loc[sim["sigma"].idxmin()], sim.loc[sim["sigma"].idxmax()]
-                    text += f"; {metric} {fmt(s_lo['mean'])} at σ={s_lo.sigma:g} and {fmt(s_hi['mean'])} at σ={s_hi.sigma:g}"
-            parts.append(text + ".")
-        else:
-            desc = ", ".join((f"σ={r.sigma:g} " if np.isfinite(r.sigma) else "") + f"{fmt(r.mean)} ± {fmt(r.sd)}"
-                             for r in g.itertuples())
-            parts.append(f"{pe}: {score} {desc}.")
-    baselines = results[is_baseline(results["pe"])]
-    if not baselines.empty:
-        g = grouped(baselines, score).dropna(subset=["mean"])
-        if not g.empty:
-            parts.append("Non-transformer references: " + ", ".join(
-                f"{r.pe} {fmt(r.mean)}" for r in g.itertuples()) + f" ({score}).")
-    return " ".join(parts) if parts else f"No model has a finite {score} yet."
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Figures
-# ----------------------------------------------------------------------------------------------------------------
 
 
 class Styles:
@@ -520,7 +241,7 @@ def brain_pe_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     chosen = chosen_models(results, pe_tables)
     if not chosen:
         return "no pe_tables.npz entry for a learned or random PE model."
-    truth = _read_npz(ground_truth)
+    truth = read_npz(ground_truth)
     if "fc" not in truth:
         return f"{ground_truth.name} has no 'fc' array."
     networks = truth.get("networks")
@@ -549,39 +270,10 @@ def brain_pe_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     return None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# report.md
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def config_markdown(config: dict) -> str:
-    if not config:
-        return "No config.json in the folder."
-    settings = config.get("settings") or {}
-    lines = ["| setting | value |", "|---|---|"]
-    for key, value in settings.items():
-        if isinstance(value, list):
-            value = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
-        lines.append(f"| {key} | {value} |")
-    for key in ("torch", "time"):
-        if key in config:
-            lines.append(f"| {key} | {config[key]} |")
-    if "models" in config:
-        lines.append(f"| models planned | {len(config['models'])} |")
-    task = config.get("task") or {}
-    for key in ("pool_source", "ood_source", "sizes", "ood_min_distance_achieved", "source", "tokens"):
-        if key in task:
-            value = json.dumps(task[key]) if isinstance(task[key], (dict, list)) else task[key]
-            lines.append(f"| task {key} | {value} |")
-    return "\n".join(lines)
-
-
-def write_report(directory: str | os.PathLike) -> Path:
-    """Write DIR/report.md and DIR/figures/*.png from the results in DIR; return the report's path."""
-    directory = Path(directory)
-    run = _load(directory)
-    task = task_name(run)
-    view = VIEWS[task]
+def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, directory: Path
+                 ) -> tuple[dict[str, str], list[str]]:
+    """Every figure the results allow, into DIR/figures/: (figure name -> caption, why each other one is not
+    drawn). A figure from an earlier report that this one cannot draw is removed: it would mislead."""
     results, curves = run.results, run.curves
     figures_dir = directory / run_folder.FIGURES
     figures_dir.mkdir(exist_ok=True)
@@ -608,7 +300,6 @@ def write_report(directory: str | os.PathLike) -> Path:
     else:
         skipped.append(f"PE similarity vs σ: none of {', '.join(view.similarity)} has values.")
 
-    align = alignment(results, view)
     if align is not None and align.n:
         alignment_figure(results, align, view, styles, figures_dir / "alignment_vs_generalisation.png")
         drawn["alignment_vs_generalisation"] = (f"Each point is one model: final attention mass on the "
@@ -655,51 +346,7 @@ def write_report(directory: str | os.PathLike) -> Path:
     else:
         drawn["learned_pe"] = caption
 
-    for name in FIGURES:  # a figure from an earlier report that this one could not draw would mislead
+    for name in FIGURES:
         if name not in drawn and (figures_dir / f"{name}.png").exists():
             (figures_dir / f"{name}.png").unlink()
-
-    lines = [f"# pe_fast report: {directory.resolve().name}", ""]
-    lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
-    baselines = int(is_baseline(results["pe"]).sum())
-    kinds = results["data_kind"].dropna() if "data_kind" in results else pd.Series(dtype=str)
-    data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
-    lines += [f"Task **{task}**" + (f" on data: **{data_kind}**" if data_kind else "")
-              + f", {len(results) - baselines} trained models"
-              + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
-              "## What the numbers show", "", statement(run, view), ""]
-    if align is not None:
-        lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "
-                  f"models (alignment = {align.source} averaged over layers and heads; generalisation = "
-                  f"{view.score})" + (f"; the paper reports {PAPER_RHO} on the LST." if task == "lst" else "."), ""]
-    lines += ["## Summary (mean ± sd over seeds)", "", summary_markdown(results, view), "",
-              "sd is the population standard deviation over seeds (as in summary.txt).", "", "## Figures", ""]
-    for name, caption in drawn.items():
-        lines += [f"### {name.replace('_', ' ')}", "", caption, "", f"![{name}](figures/{name}.png)", ""]
-    if skipped:
-        lines += ["Not drawn:", ""] + [f"* {s}" for s in skipped] + [""]
-    lines += ["## Configuration", "", config_markdown(run.config), ""]
-    report = directory / run_folder.REPORT
-    run_folder.write_atomic(report, lambda tmp: tmp.write_text("\n".join(lines)))
-    return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[1].strip())
-        return 0
-    if len(argv) != 1:
-        print("error: usage: python -m pe_fast.report DIR (one results folder)", file=sys.stderr)
-        return 2
-    try:
-        report = write_report(argv[0])
-    except ReportError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"report written to {report}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return drawn, skipped

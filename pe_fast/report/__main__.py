@@ -1,0 +1,5 @@
+import sys
+
+from pe_fast.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""report.md from a results folder, and `python -m pe_fast.report DIR`."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from pe_fast import run_folder
+from pe_fast.report.figures import draw_figures
+from pe_fast.report.numbers import Alignment, alignment, fmt, is_baseline, statement, summary_markdown
+from pe_fast.report.reading import ReportError, Run, read_run, task_name
+from pe_fast.tasks import KINDS
+from pe_fast.tasks.base import TaskView
+
+PAPER_RHO = 0.96  # the paper's attention-alignment vs generalisation correlation on the LST (unverified)
+
+
+def config_markdown(config: dict) -> str:
+    if not config:
+        return "No config.json in the folder."
+    settings = config.get("settings") or {}
+    lines = ["| setting | value |", "|---|---|"]
+    for key, value in settings.items():
+        if isinstance(value, list):
+            value = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        lines.append(f"| {key} | {value} |")
+    for key in ("torch", "time"):
+        if key in config:
+            lines.append(f"| {key} | {config[key]} |")
+    if "models" in config:
+        lines.append(f"| models planned | {len(config['models'])} |")
+    task = config.get("task") or {}
+    for key in ("pool_source", "ood_source", "sizes", "ood_min_distance_achieved", "source", "tokens"):
+        if key in task:
+            value = json.dumps(task[key]) if isinstance(task[key], (dict, list)) else task[key]
+            lines.append(f"| task {key} | {value} |")
+    return "\n".join(lines)
+
+
+def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Alignment | None,
+                    drawn: dict[str, str], skipped: list[str]) -> str:
+    results = run.results
+    lines = [f"# pe_fast report: {name}", ""]
+    lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
+    baselines = int(is_baseline(results["pe"]).sum())
+    kinds = results["data_kind"].dropna() if "data_kind" in results else pd.Series(dtype=str)
+    data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
+    lines += [f"Task **{task}**" + (f" on data: **{data_kind}**" if data_kind else "")
+              + f", {len(results) - baselines} trained models"
+              + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
+              "## What the numbers show", "", statement(run, view), ""]
+    if align is not None:
+        lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "
+                  f"models (alignment = {align.source} averaged over layers and heads; generalisation = "
+                  f"{view.score})" + (f"; the paper reports {PAPER_RHO} on the LST." if task == "lst" else "."), ""]
+    lines += ["## Summary (mean ± sd over seeds)", "", summary_markdown(results, view), "",
+              "sd is the population standard deviation over seeds (as in summary.txt).", "", "## Figures", ""]
+    for name, caption in drawn.items():
+        lines += [f"### {name.replace('_', ' ')}", "", caption, "", f"![{name}](figures/{name}.png)", ""]
+    if skipped:
+        lines += ["Not drawn:", ""] + [f"* {s}" for s in skipped] + [""]
+    lines += ["## Configuration", "", config_markdown(run.config), ""]
+    return "\n".join(lines)
+
+
+def write_report(directory: str | os.PathLike) -> Path:
+    """Write DIR/report.md and DIR/figures/*.png from the results in DIR; return the report's path."""
+    directory = Path(directory)
+    run = read_run(directory)
+    task = task_name(run)
+    view = KINDS[task].view
+    align = alignment(run.results, view)
+    drawn, skipped = draw_figures(run, task, view, align, directory)
+    text = report_markdown(directory.resolve().name, run, task, view, align, drawn, skipped)
+    report = directory / run_folder.REPORT
+    run_folder.write_atomic(report, lambda tmp: tmp.write_text(text))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        from pe_fast import report  # the package's docstring holds the usage
+        print(report.__doc__.split("\n\n")[1].strip())
+        return 0
+    if len(argv) != 1:
+        print("error: usage: python -m pe_fast.report DIR (one results folder)", file=sys.stderr)
+        return 2
+    try:
+        report = write_report(argv[0])
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"report written to {report}", file=sys.stderr)
+    return 0

@@ -1,0 +1,148 @@
+"""The report's numbers: per-(PE, σ) statistics, attention alignment against generalisation, the summary table
+and the plain-language statement."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from pe_fast.report.reading import Run
+from pe_fast.tasks.base import TaskView
+
+BASELINE_PREFIX = "baseline:"  # non-transformer reference rows (fMRI / netsim): test_mse / test_r2 only
+ATTN_COLUMN = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
+
+
+def is_baseline(pe: pd.Series) -> pd.Series:
+    return pe.astype(str).str.startswith(BASELINE_PREFIX)
+
+
+def grouped(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Mean, sd (population, as summary.txt) and count of a metric per (pe, σ), in the run's order; NaN skipped."""
+    rows = []
+    for (pe, sigma), group in frame.groupby(["pe", "sigma"], dropna=False, sort=False):
+        values = group[metric].to_numpy(dtype=float) if metric in group else np.array([np.nan])
+        values = values[np.isfinite(values)]
+        rows.append(dict(pe=pe, sigma=sigma, mean=values.mean() if len(values) else np.nan,
+                         sd=values.std() if len(values) else np.nan, n=len(values)))
+    return pd.DataFrame(rows, columns=["pe", "sigma", "mean", "sd", "n"])
+
+
+def layer_head_mean(frame: pd.DataFrame, prefix: str, stat: str) -> pd.Series | None:
+    """Mean over layers and heads of the columns {prefix}_l{l}_h{h}_{stat}; None when there are none."""
+    columns = [c for c in frame.columns
+               if (m := ATTN_COLUMN.match(c)) and m["prefix"] == prefix and m["stat"] == stat]
+    return frame[columns].mean(axis=1) if columns else None
+
+
+def probe_names(frame: pd.DataFrame) -> list[str]:
+    """The probes present, read from the attention columns (attn_l0_h0_probe_<name>)."""
+    names = [m["stat"][len("probe_"):] for c in frame.columns
+             if (m := ATTN_COLUMN.match(c)) and m["stat"].startswith("probe_")]
+    return list(dict.fromkeys(names))
+
+
+@dataclasses.dataclass
+class Alignment:
+    x: pd.Series            # per model: attention mass on the probe, mean over layers and heads
+    y: pd.Series            # per model: the generalisation score
+    rho: float
+    n: int
+    source: str             # which columns x averages, for the caption
+
+
+def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
+    """Attention mass on the task's ground-truth probe against generalisation, across all models. The attention
+    is taken on the split the score comes from (ood_attn_* for ood_acc) when recorded, else the training window."""
+    split = view.score.split("_")[0]
+    for prefix in (f"{split}_attn", "attn"):
+        x = layer_head_mean(results, prefix, f"probe_{view.probe}")
+        if x is not None and x.notna().any():
+            break
+    else:
+        return None
+    if view.score not in results:
+        return None
+    y = results[view.score].astype(float)
+    keep = x.notna() & y.notna()
+    x, y = x[keep], y[keep]
+    n = len(x)
+    rho = float(stats.spearmanr(x, y).statistic) if n >= 3 else math.nan
+    return Alignment(x, y, rho, n, f"{prefix}_l*_h*_probe_{view.probe}")
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def sigma_label(sigma: float) -> str:
+    return "" if not np.isfinite(sigma) else f"{sigma:g}"
+
+
+def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
+    """Mean ± sd over seeds per (PE, σ) of the task's main metrics, as a markdown table."""
+    metrics = [m for m in view.summary if m in results and results[m].notna().any()]
+    per_metric = {m: grouped(results, m) for m in metrics}
+    keys = grouped(results, metrics[0] if metrics else "")
+    header = "| PE | σ | models | " + " | ".join(metrics) + " |"
+    lines = [header, "|" + "---|" * (3 + len(metrics))]
+    counts = results.groupby(["pe", "sigma"], dropna=False, sort=False).size()
+    for i, key in keys.iterrows():
+        cells = []
+        for m in metrics:
+            row = per_metric[m].iloc[i]
+            cells.append("–" if row.n == 0 else f"{fmt(row['mean'])} ± {fmt(row['sd'])}")
+        count = int(counts.iloc[i])
+        lines.append(f"| {key.pe} | {sigma_label(key.sigma)} | {count} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def statement(run: Run, view: TaskView) -> str:
+    """One plain paragraph of what the numbers show, every figure computed here from the results."""
+    results = run.results
+    models = results[~is_baseline(results["pe"])]
+    parts = []
+    score = view.score
+    if score not in results:
+        return f"The results hold no {score} column, so there is nothing to compare yet."
+    for pe in dict.fromkeys(models["pe"]):
+        rows = models[models["pe"] == pe]
+        g = grouped(rows, score).dropna(subset=["mean"])
+        if g.empty:
+            continue
+        if g["sigma"].notna().all() and len(g) >= 2:
+            lo, hi = g.loc[g["sigma"].idxmin()], g.loc[g["sigma"].idxmax()]
+            best = g.loc[g["mean"].idxmax()] if not score.endswith("mse") else g.loc[g["mean"].idxmin()]
+            text = (f"{pe} PE: σ={lo.sigma:g} {score} {fmt(lo['mean'])} ± {fmt(lo.sd)} vs σ={hi.sigma:g} "
+                    f"{fmt(hi['mean'])} ± {fmt(hi.sd)} (best mean at σ={best.sigma:g}, {fmt(best['mean'])})")
+            per_model = rows[["sigma", score]].dropna()
+            if per_model["sigma"].nunique() >= 2:
+                rho = stats.spearmanr(per_model["sigma"], per_model[score]).statistic
+                text += f"; Spearman ρ(σ, {score}) = {fmt(rho, 2)} over {len(per_model)} models"
+            if view.fit and view.fit in rows:
+                fit = grouped(rows, view.fit).dropna(subset=["mean"])
+                if len(fit) >= 2:
+                    f_lo, f_hi = fit.loc[fit["sigma"].idxmin()], fit.loc[fit["sigma"].idxmax()]
+                    text += (f"; {view.fit} {fmt(f_lo['mean'])} at σ={f_lo.sigma:g} and {fmt(f_hi['mean'])} "
+                             f"at σ={f_hi.sigma:g}")
+            for metric in view.similarity[:1]:
+                sim = grouped(rows, metric).dropna(subset=["mean"])
+                if len(sim) >= 2:
+                    s_lo, s_hi = sim.loc[sim["sigma"].idxmin()], sim.loc[sim["sigma"].idxmax()]
+                    text += f"; {metric} {fmt(s_lo['mean'])} at σ={s_lo.sigma:g} and {fmt(s_hi['mean'])} at σ={s_hi.sigma:g}"
+            parts.append(text + ".")
+        else:
+            desc = ", ".join((f"σ={r.sigma:g} " if np.isfinite(r.sigma) else "") + f"{fmt(r.mean)} ± {fmt(r.sd)}"
+                             for r in g.itertuples())
+            parts.append(f"{pe}: {score} {desc}.")
+    baselines = results[is_baseline(results["pe"])]
+    if not baselines.empty:
+        g = grouped(baselines, score).dropna(subset=["mean"])
+        if not g.empty:
+            parts.append("Non-transformer references: " + ", ".join(
+                f"{r.pe} {fmt(r.mean)}" for r in g.itertuples()) + f" ({score}).")
+    return " ".join(parts) if parts else f"No model has a finite {score} yet."

@@ -1,0 +1,131 @@
+"""Reading a sweep's results folder, finished or still running, through pe_fast.run_folder."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pe_fast import run_folder
+from pe_fast.tasks import KINDS
+
+
+class ReportError(Exception):
+    """A results folder the report cannot read: reported as one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class Run:
+    config: dict
+    results: pd.DataFrame
+    curves: pd.DataFrame
+    pe_tables: dict[str, np.ndarray]
+    notes: list[str]  # how the run was read (partial, derived results): shown at the top of report.md
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading a results folder, finished or running
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as error:  # pyarrow raises several types for a truncated or foreign file
+        raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            return {key: data[key] for key in data.files}
+    except Exception as error:
+        raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
+
+
+def _pack_count(config: dict) -> int | None:
+    """How many packs the sweep planned: config["packs"] (a count or a list), else the models' "pack" field."""
+    packs = config.get("packs")
+    if isinstance(packs, int):
+        return packs
+    if isinstance(packs, (list, dict)):
+        return len(packs)
+    models = config.get("models") or []
+    if models and all(isinstance(m, dict) and "pack" in m for m in models):
+        return len({m["pack"] for m in models})
+    return None
+
+
+def _last_evaluation(curves: pd.DataFrame) -> pd.DataFrame:
+    """Each model's final row of curves.parquet: the same columns as results.parquet (bar train_seconds)."""
+    last = curves.groupby("model_id")["step"].transform("max")
+    return curves[curves["step"] == last].drop(columns="step").reset_index(drop=True)
+
+
+def load_run(directory: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
+    """(config, results, curves, pe_tables) of a results folder; see read_run for the rules."""
+    run = read_run(Path(directory))
+    return run.config, run.results, run.curves, run.pe_tables
+
+
+def read_run(directory: Path) -> Run:
+    """Top-level files when the sweep has finished; otherwise the finished packs (DIR/packs/<index>/).
+    Without results.parquet but with curves.parquet, each model's last evaluation stands in for its results."""
+    if not directory.is_dir():
+        raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
+    config = {}
+    if (directory / run_folder.CONFIG).is_file():
+        try:
+            config = run_folder.read_config(directory)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ReportError(f"{directory / run_folder.CONFIG} is not valid JSON ({error})")
+    notes: list[str] = []
+    top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
+    if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():
+        curves = _read_parquet(top[run_folder.CURVES]) if top[run_folder.CURVES].is_file() else pd.DataFrame()
+        if top[run_folder.RESULTS].is_file():
+            results = _read_parquet(top[run_folder.RESULTS])
+        elif {"model_id", "step"} <= set(curves.columns):
+            results = _last_evaluation(curves)
+            notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
+        else:
+            raise ReportError(f"{directory}: no results.parquet, and curves.parquet lacks model_id / step")
+        pe_tables = read_npz(top[run_folder.PE_TABLES]) if top[run_folder.PE_TABLES].is_file() else {}
+    else:
+        packs = [run_folder.pack_folder(directory, index) for index in sorted(run_folder.finished_packs(directory))]
+        if not packs:
+            raise ReportError(f"{directory} holds no results yet (no results.parquet, curves.parquet or finished "
+                              f"packs/<index>/results.parquet)")
+        results = pd.concat([_read_parquet(p / run_folder.RESULTS) for p in packs], ignore_index=True)
+        curve_parts = [_read_parquet(p / run_folder.CURVES) for p in packs if (p / run_folder.CURVES).is_file()]
+        curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame()
+        pe_tables = {}
+        for p in packs:
+            if (p / run_folder.PE_TABLES).is_file():
+                pe_tables.update(read_npz(p / run_folder.PE_TABLES))
+        planned, models = _pack_count(config), len(config.get("models") or [])
+        of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
+        of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
+        notes.append(f"partial: {of_packs} ({of_models}) finished; the sweep is still running or was stopped.")
+    missing = [c for c in ("pe", "sigma") if c not in results]
+    if missing or results.empty:
+        raise ReportError(f"{directory}: the results have no rows or lack the columns {missing}; not a pe_fast "
+                          f"results folder")
+    if "model_id" not in results:
+        results = results.assign(model_id=np.arange(len(results)))
+    # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
+    results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
+    if "sigma" in curves:
+        curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
+    return Run(config, results, curves, pe_tables, notes)
+
+
+def task_name(run: Run) -> str:
+    name = (run.config.get("settings") or {}).get("task")
+    if name is None and "task" in run.results:
+        name = str(run.results["task"].iloc[0])
+    if name not in KINDS:
+        raise ReportError(f"unknown task {name!r} in the results; the report knows {', '.join(KINDS)}")
+    return name
