@@ -25,14 +25,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_training import SWEEP_OPTIMIZER, lst_model, random_batch, training_step  # noqa: E402
 
-import pe_fast.models.layers as layers  # noqa: E402
+import pe_fast.nn as layers  # noqa: E402
 import pe_fast.models.transformer as transformer  # noqa: E402
 from pe_fast.memory import keep_freed_memory  # noqa: E402
 from pe_fast.ops import reference  # noqa: E402
 from pe_fast.train import make_optimizer  # noqa: E402
 
 
-def values_only(h, pe, w_qkv, b_qkv, num_heads, probes=None, rope=None, bias=None):
+def values_only(h, pe, w_qkv, b_qkv, num_heads, probes=None, rope=None, bias=None, backend=None):
     """The QKV projection of pe_attention without the attention: returns v."""
     qkv = reference.project_qkv(h, pe, w_qkv, b_qkv)
     D = h.shape[-1]
@@ -47,7 +47,7 @@ def replace(module, name, value):
 
 VARIANTS = {
     "full": lambda: (lambda: None),
-    "no-attention-core": lambda: replace(transformer, "pe_attention", values_only),
+    "no-attention-core": lambda: replace(layers, "pe_attention", values_only),
     "no-gelu": lambda: replace(transformer.F, "gelu", lambda x: x),
     "no-layernorm": lambda: replace(layers.StackedLayerNorm, "forward", lambda self, x: x),
 }

@@ -1,41 +1,99 @@
-"""PEAttention: the fused op as an nn.Module, for use in other people's models."""
+"""Layers whose parameters carry a leading model axis M: one module holds a pack of independent models.
+
+Each model's slice is initialised from that model's own torch.Generator, so a model gets the same initial
+weights whether it is trained alone or inside a pack. PEAttention is the fused op as such a layer, for pe_fast's
+blocks and for other people's models.
+"""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
+
+
+def uniform_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> Tensor:
+    """U(-bound, bound) of `shape` for each model, drawn from that model's generator: [M, *shape]."""
+    return torch.stack([(torch.rand(shape, generator=g) * 2 - 1) * bound for g in generators])
+
+
+def normal_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], std: Sequence[float]) -> Tensor:
+    return torch.stack([torch.randn(shape, generator=g) * s for g, s in zip(generators, std)])
+
+
+def xavier_uniform_per_model(generators: Sequence[torch.Generator], fan_in: int, fan_out: int) -> Tensor:
+    return uniform_per_model(generators, (fan_in, fan_out), math.sqrt(6.0 / (fan_in + fan_out)))
+
+
+class StackedLinear(nn.Module):
+    """y = x @ W_m + b_m for every model m; x [M, ..., in] -> [M, ..., out]. Initialised like nn.Linear."""
+
+    def __init__(self, generators: Sequence[torch.Generator], d_in: int, d_out: int, bias: bool = True):
+        super().__init__()
+        bound = 1.0 / math.sqrt(d_in)
+        self.weight = nn.Parameter(uniform_per_model(generators, (d_in, d_out), bound))
+        self.bias = nn.Parameter(uniform_per_model(generators, (d_out,), bound)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(shape[0], -1, shape[-1])
+        y = torch.bmm(flat, self.weight) if self.bias is None else torch.baddbmm(self.bias[:, None], flat, self.weight)
+        return y.reshape(*shape[:-1], self.weight.shape[-1])
+
+
+class StackedLayerNorm(nn.Module):
+    def __init__(self, num_models: int, width: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_models, width))
+        self.bias = nn.Parameter(torch.zeros(num_models, width))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.layer_norm(x, x.shape[-1:], eps=self.eps)
+        extra = (1,) * (x.dim() - 2)
+        M, D = self.weight.shape
+        return torch.addcmul(self.bias.view(M, *extra, D), y, self.weight.view(M, *extra, D))
 
 
 class PEAttention(nn.Module):
     """Multi-head self-attention of a pack of `num_models` models, with an optional PE added to the input.
 
     Holds the QKV projection (Xavier-uniform weights, zero biases, as nn.MultiheadAttention) and, unless
-    `out_proj=False`, an output projection. forward(x [M,B,N,D], pe [M,N,D] | None, probes [K,N,N] | None)
-    returns (y [M,B,N,D], stats [M,H,3+K]); see `pe_fast.ops.pe_attention` for the statistics.
+    `out_proj=False`, an output projection `out` (a StackedLinear: nn.Linear's weights, zero bias).
+    forward(x [M,B,N,D], pe [M,N,D] | None, probes [K,N,N] | None) returns (y [M,B,N,D], stats [M,H,3+K]); see
+    `pe_fast.ops.pe_attention` for the statistics. With `generators` (one torch.Generator per model) model m's
+    weights come from generators[m] alone, so a model starts the same in any pack; without, each model's
+    generator is seeded from torch's global one.
     """
 
     def __init__(self, width: int, num_heads: int, num_models: int = 1, bias: bool = True, out_proj: bool = True,
-                 backend: str | None = None):
+                 backend: str | None = None, generators: Sequence[torch.Generator] | None = None):
         super().__init__()
         if width % num_heads:
             raise ValueError(f"width {width} is not divisible by num_heads {num_heads}")
-        bound = math.sqrt(6.0 / (4 * width))  # Xavier-uniform for a [width, 3·width] matrix
-        self.w_qkv = nn.Parameter(torch.empty(num_models, width, 3 * width).uniform_(-bound, bound))
+        if generators is None:
+            generators = [torch.Generator().manual_seed(int(seed)) for seed in torch.randint(2 ** 62, (num_models,))]
+        elif len(generators) != num_models:
+            raise ValueError(f"{len(generators)} generators for {num_models} models")
+        self.w_qkv = nn.Parameter(xavier_uniform_per_model(generators, width, 3 * width))
         self.b_qkv = nn.Parameter(torch.zeros(num_models, 3 * width)) if bias else None
-        if out_proj:
-            self.w_out = nn.Parameter(torch.empty(num_models, width, width).uniform_(-1 / math.sqrt(width),
-                                                                                    1 / math.sqrt(width)))
-            self.b_out = nn.Parameter(torch.zeros(num_models, width))
-        else:
-            self.w_out = self.b_out = None
+        self.out = StackedLinear(generators, width, width) if out_proj else None
+        if self.out is not None:
+            with torch.no_grad():
+                self.out.bias.zero_()
         self.num_heads, self.backend = num_heads, backend
 
-    def forward(self, x: Tensor, pe: Tensor | None = None, probes: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        out, stats = pe_attention(x, pe, self.w_qkv, self.b_qkv, self.num_heads, probes, backend=self.backend)
-        if self.w_out is not None:
-            M, B, N, D = out.shape
-            out = torch.baddbmm(self.b_out[:, None], out.reshape(M, B * N, D), self.w_out).reshape(M, B, N, D)
-        return out, stats
+    def forward(self, x: Tensor, pe: Tensor | None = None, probes: Tensor | None = None, *,
+                rope: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None,
+                only_token: int | None = None) -> tuple[Tensor, Tensor]:
+        """only_token: the output at this token alone, [M,B,1,D] (every token still serves as a key): a model
+        that reads out one token needs no other's output projection."""
+        out, stats = pe_attention(x, pe, self.w_qkv, self.b_qkv, self.num_heads, probes, rope=rope, bias=bias,
+                                  backend=self.backend)
+        if only_token is not None:
+            out = out[:, :, only_token:only_token + 1]
+        return (out if self.out is None else self.out(out)), stats

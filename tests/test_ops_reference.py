@@ -150,13 +150,13 @@ def test_pe_attention_module_matches_multihead_attention_with_output_projection(
     module = PEAttention(8, 2, num_models=1).double()
     with torch.no_grad():
         module.b_qkv.normal_()
-        module.b_out.normal_()
+        module.out.bias.normal_()
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
         mha.in_proj_weight.copy_(module.w_qkv[0].T)
         mha.in_proj_bias.copy_(module.b_qkv[0])
-        mha.out_proj.weight.copy_(module.w_out[0].T)
-        mha.out_proj.bias.copy_(module.b_out[0])
+        mha.out_proj.weight.copy_(module.out.weight[0].T)
+        mha.out_proj.bias.copy_(module.out.bias[0])
     x, pe = torch.randn(1, 3, 5, 8, dtype=torch.float64), torch.randn(1, 5, 8, dtype=torch.float64)
     y, stats = module(x, pe)
     h = x[0] + pe[0]

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pe_fast.models.layers import normal_per_model
+from pe_fast.nn import normal_per_model
 
 
 def sinusoidal_1d(positions: np.ndarray, width: int, base: float = 10000.0) -> np.ndarray:

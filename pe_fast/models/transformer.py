@@ -15,10 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import AbsolutePE
-from pe_fast.models.layers import StackedLayerNorm, StackedLinear, xavier_uniform_per_model
+from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
-from pe_fast.ops import pe_attention
 
 ABSOLUTE_PES = ("learned", "random", "sin1d", "sin2d", "sinnd", "none")
 ROTARY_PES = ("rope", "rope2d")
@@ -51,32 +50,36 @@ class ModelConfig:
 
 
 class Block(nn.Module):
+    # Parameter names from before the block held a PEAttention, for checkpoints written then.
+    OLD_NAMES = {"w_qkv": "attention.w_qkv", "b_qkv": "attention.b_qkv", "attn_out.weight": "attention.out.weight",
+                 "attn_out.bias": "attention.out.bias"}
+
     def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
         super().__init__()
         M, D = len(generators), config.width
-        # nn.MultiheadAttention's initialisation: Xavier-uniform in-projection, zero biases.
-        self.w_qkv = nn.Parameter(xavier_uniform_per_model(generators, D, 3 * D))
-        self.b_qkv = nn.Parameter(torch.zeros(M, 3 * D))
-        self.attn_out = StackedLinear(generators, D, D)
-        with torch.no_grad():
-            self.attn_out.bias.zero_()
+        self.attention = PEAttention(D, config.heads, M, generators=generators)
         self.norm_attn = StackedLayerNorm(M, D)
         self.mlp_in = StackedLinear(generators, D, config.mlp_width)
         self.mlp_out = StackedLinear(generators, config.mlp_width, D)
         self.norm_mlp = StackedLayerNorm(M, D)
-        self.heads = config.heads
 
     def forward(self, h, pe, probes, rope, bias, only_token: int | None = None):
         """only_token: compute the block's output at this token alone (the last block of a model that reads
         out one token: every token still serves as a key, but the other tokens' outputs are never used)."""
-        attended, stats = pe_attention(h, pe, self.w_qkv, self.b_qkv, self.heads, probes, rope=rope, bias=bias)
+        attended, stats = self.attention(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
         if pe is not None:
             h = h + pe[:, None]
         if only_token is not None:
-            attended, h = attended[:, :, only_token:only_token + 1], h[:, :, only_token:only_token + 1]
-        h = self.norm_attn(self.attn_out(attended) + h)
+            h = h[:, :, only_token:only_token + 1]
+        h = self.norm_attn(attended + h)
         h = self.norm_mlp(F.gelu(self.mlp_out(F.gelu(self.mlp_in(h)))) + h)
         return h, stats
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for old, new in self.OLD_NAMES.items():
+            if prefix + old in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class StackedTransformer(nn.Module):
