@@ -3,7 +3,7 @@
     python bench/bench_op_overhead.py [--device cpu|cuda] [--out bench/results/op_overhead_cpu.json]
 
 Plain eager calls run the backend inside an autograd.Function; traced or transformed calls go through the
-`torch.library` custom op, whose Python dispatch layers cost host time on every call (pe_attention.is_traced).
+`torch.library` custom op, whose Python dispatch layers cost host time on every call (pe_fast.ops.transforms.is_traced).
 This times both paths on the device's default backend (cpp on CPU when built, triton on CUDA), forward (no
 autograd) and forward+backward, in alternating rounds (this machine's speed drifts between runs), each round
 `--calls` calls and one synchronize; it reports the median µs per call and the ratio op / direct.
@@ -28,7 +28,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from pe_fast.ops import BACKENDS, pe_attention  # noqa: E402
 
 SHAPES = {"tiny": dict(M=1, B=1, N=4, D=8, H=1, K=0), "lst": dict(M=64, B=64, N=16, D=160, H=1, K=3)}
-# the modules that choose between the direct path and the op, by pe_attention.is_traced
+# the modules that choose between the direct path and the op, by pe_fast.ops.transforms.is_traced
 CHOOSERS = ("pe_fast.ops.pe_attention", "pe_fast.ops.triton_attention")
 
 

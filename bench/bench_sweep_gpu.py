@@ -37,7 +37,7 @@ from bench_training import step_flops  # noqa: E402
 
 from pe_fast import memory, precision  # noqa: E402
 from pe_fast.models import ModelConfig  # noqa: E402
-from pe_fast.ops.pe_attention import resolve_backend  # noqa: E402
+from pe_fast.ops.backends import resolve_backend  # noqa: E402
 from pe_fast.tasks.lst import LSTTask  # noqa: E402
 from pe_fast.train import PackTrainer, TrainConfig  # noqa: E402
 

@@ -13,7 +13,7 @@ import torch
 
 from op_harness import make_inputs, run
 from pe_fast.ops import BACKENDS, pe_attention, reference
-from pe_fast.ops.pe_attention import _warn_fallback, resolve_backend
+from pe_fast.ops.backends import _warn_fallback, resolve_backend
 
 pytestmark = pytest.mark.skipif("cpp" not in BACKENDS, reason="pe_fast._C (the C++ CPU kernels) is not built")
 

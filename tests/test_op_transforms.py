@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import vmap
 
 from pe_fast.ops import pe_attention
-from pe_fast.ops.pe_attention import is_traced
+from pe_fast.ops.transforms import is_traced
 
 pe_attention_module = importlib.import_module("pe_fast.ops.pe_attention")  # the package's name is the function
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pe_fast.ops import STAT_NAMES, pe_attention
+from pe_fast.ops import STAT_NAMES, pe_attention, reference
 
 
 def random_inputs(M=2, B=3, N=7, D=12, K=2, dtype=torch.float64, seed=0):
@@ -162,3 +162,16 @@ def test_pe_attention_module_matches_multihead_attention_with_output_projection(
     h = x[0] + pe[0]
     torch.testing.assert_close(y[0], mha(h, h, h, need_weights=False)[0])
     assert stats.shape == (1, 2, 3)
+
+
+def test_default_backend_follows_the_preference_not_the_import_order(monkeypatch):
+    from pe_fast.ops import backends
+    fake = backends.Backend(reference.forward, reference.backward, ("cpu",))
+    # registered in the "wrong" order: the reference first, then cpp, then triton claiming the CPU
+    monkeypatch.setattr(backends, "BACKENDS", {"reference": backends.BACKENDS["reference"]})
+    backends.register_backend("cpp", fake)
+    assert backends.resolve_backend(None, torch.device("cpu")) == "cpp"
+    backends.register_backend("triton", fake)
+    assert backends.resolve_backend(None, torch.device("cpu")) == "triton"
+    with pytest.raises(ValueError, match="PREFERENCE"):
+        backends.register_backend("mine", fake)

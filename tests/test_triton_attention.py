@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("triton")
 from op_harness import make_inputs, run  # noqa: E402
 from pe_fast.ops import pe_attention, projection, reference, triton_attention  # noqa: E402
-from pe_fast.ops.pe_attention import _warn_fallback, resolve_backend  # noqa: E402
+from pe_fast.ops.backends import _warn_fallback, resolve_backend  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU, compiled Triton")

@@ -2,7 +2,8 @@
 import importlib.util
 
 import pe_fast.ops.cpp_attention  # noqa: F401  registers the "cpp" backend (CPU) when pe_fast._C is built
-from pe_fast.ops.pe_attention import BACKENDS, pe_attention
+from pe_fast.ops.backends import BACKENDS
+from pe_fast.ops.pe_attention import pe_attention
 from pe_fast.ops.reference import STAT_NAMES
 
 if importlib.util.find_spec("triton") is not None:  # registers the "triton" backend (CUDA); optional

@@ -21,7 +21,8 @@ import logging
 import torch
 
 from pe_fast.ops import projection, reference
-from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, register_backend
+from pe_fast.ops.backends import Backend, register_backend
+from pe_fast.ops.transforms import fold_into_model_axis
 
 log = logging.getLogger("pe_fast")
 

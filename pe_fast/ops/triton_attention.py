@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 
 from pe_fast.ops import projection
-from pe_fast.ops.pe_attention import Backend, fold_into_model_axis, is_traced, register_backend
+from pe_fast.ops.backends import Backend, register_backend
+from pe_fast.ops.transforms import fold_into_model_axis, is_traced
 
 log = logging.getLogger("pe_fast")
 
@@ -412,7 +413,7 @@ def launch_backward(qkv: torch.Tensor, addend: torch.Tensor | None, grad_out: to
 
 
 # An op of its own: autograd tracing (torch.compile, opcheck) runs `backward` with fake tensors, and must see this
-# op instead of kernel launches. Plain eager backwards call `launch_backward` directly (pe_attention.is_traced).
+# op instead of kernel launches. Plain eager backwards call `launch_backward` directly (pe_fast.ops.transforms.is_traced).
 attention_backward = torch.library.custom_op("pe_fast::triton_attention_backward", launch_backward, mutates_args=())
 
 

@@ -69,7 +69,7 @@ def choose_pack_size(s: Settings, task) -> int:
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         return 64  # a Ray cluster's GPU, not visible from here: a pack size that fits any current GPU
-    from pe_fast.ops.pe_attention import resolve_backend
+    from pe_fast.ops.backends import resolve_backend
     per_model = memory.bytes_per_model(model_config(s, task, s.pe[0]), s.batch_size, s.optimizer,
                                        resolve_backend(s.backend, device), task.coordinates)
     return memory.pack_size(per_model, memory.free_bytes(device))

@@ -236,7 +236,7 @@ def from_flags(args: argparse.Namespace) -> Settings:
         if s.get(path_flag) and not Path(s[path_flag]).exists():
             raise UsageError(f"--{path_flag.replace('_', '-')}: {s[path_flag]} does not exist")
     if s["backend"] is not None:
-        from pe_fast.ops.pe_attention import BACKENDS
+        from pe_fast.ops.backends import BACKENDS
         if s["backend"] not in BACKENDS:
             raise UsageError(f"--backend: unknown {s['backend']!r}; available: {', '.join(BACKENDS)}")
     if s["ray_address"] and s["executor"] != "ray":

@@ -1,0 +1,73 @@
+"""The registry of pe_attention backends and the choice among them.
+
+A backend is a pair of functions with the signatures of `reference.forward` and `reference.backward`, the
+devices it runs on, and the inputs it hands to the reference instead (one logged warning per reason). The
+plain-PyTorch reference runs everywhere and is the oracle. The fused backends register themselves when their
+module is imported (pe_fast.ops does); which one is the default on a device is PREFERENCE's order, not the order
+of the imports.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from pe_fast.ops import reference
+
+log = logging.getLogger("pe_fast")
+
+PREFERENCE = ("triton", "cpp", "reference")  # the first registered one that runs on the tensors' device
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    forward: Callable
+    backward: Callable
+    devices: tuple[str, ...]  # torch device types it runs on
+    # (x, num_heads, bias) -> why these inputs go to the reference instead (a feature or dtype the kernels
+    # lack), or None
+    reference_reason: Callable | None = None
+
+
+BACKENDS: dict[str, Backend] = {
+    "reference": Backend(reference.forward, reference.backward, ("cpu", "cuda", "meta")),
+}
+
+
+def register_backend(name: str, backend: Backend) -> None:
+    if name not in PREFERENCE:
+        raise ValueError(f"backend {name!r} has no place in PREFERENCE {PREFERENCE}")
+    BACKENDS[name] = backend
+
+
+@functools.cache
+def _warn_fallback(backend: str, reason: str) -> None:
+    log.warning("pe_attention backend '%s' runs the reference instead: %s", backend, reason)
+
+
+def implementation(backend: str, x: Tensor, num_heads: int, bias: Tensor | None) -> Backend:
+    """The backend's functions, or the reference's where the backend cannot take these inputs (one logged
+    warning per backend and reason)."""
+    chosen = BACKENDS[backend]
+    reason = chosen.reference_reason(x, num_heads, bias) if chosen.reference_reason else None
+    if reason is None:
+        return chosen
+    _warn_fallback(backend, reason)
+    return BACKENDS["reference"]
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """backend= argument, else $PE_FAST_BACKEND, else the preferred registered backend for the device."""
+    chosen = backend or os.environ.get("PE_FAST_BACKEND")
+    if chosen is None:
+        return next(name for name in PREFERENCE if name in BACKENDS and device.type in BACKENDS[name].devices)
+    if chosen not in BACKENDS:
+        raise ValueError(f"unknown pe_attention backend {chosen!r}; available: {', '.join(BACKENDS)}")
+    if device.type not in BACKENDS[chosen].devices:
+        raise ValueError(f"pe_attention backend {chosen!r} does not run on {device.type} tensors")
+    return chosen

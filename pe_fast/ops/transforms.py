@@ -1,0 +1,49 @@
+"""How pe_fast's ops meet torch's transforms: whether a call is traced or transformed (then only a custom op's
+registrations are right), and the vmap rule that folds a vmapped dimension into the model axis."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+
+def _is_plain(t: Tensor) -> bool:
+    """Not a subclass (fake, functional) nor wrapped by a transform. The legacy batched tensors of a batched
+    backward (autograd.grad(is_grads_batched=True)) show up nowhere else."""
+    return (type(t) in (Tensor, torch.nn.Parameter) and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+            and not torch._C._functorch.is_legacy_batchedtensor(t))
+
+
+def is_traced(*tensors: Tensor | None) -> bool:
+    """Whether this call is traced or transformed (torch.compile, vmap / grad, a dispatch or function mode,
+    tensors that are not plain): then only the custom op's registrations (fake, vmap, autograd) are right.
+    Otherwise it is plain eager mode, where calling the backend directly is the same computation."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or _get_current_dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled()
+            or not all(_is_plain(t) for t in tensors if t is not None))
+
+
+def fold_into_model_axis(info, in_dims, args, per_model, op):
+    """A vmap rule for an op whose tensors in positions `per_model` all lead with the model axis M: the
+    vmapped dim (size V) becomes part of M (V·M models; an unbatched per-model tensor is expanded), one call
+    covers everything, and each output [V·M, ...] is split back into [V, M, ...] (out_dims 0). A batched
+    tensor outside `per_model` (shared by all models, e.g. probes or RoPE tables) cannot be folded: then the
+    op runs once per vmapped index and the outputs are stacked."""
+    V = info.batch_size
+    batched = [i for i, d in enumerate(in_dims) if d is not None]
+    if any(i not in per_model for i in batched):
+        results = [op(*(a if d is None else a.select(d, v) for a, d in zip(args, in_dims))) for v in range(V)]
+        if isinstance(results[0], Tensor):
+            return torch.stack(results), 0
+        return tuple(torch.stack(outs) for outs in zip(*results)), (0,) * len(results[0])
+
+    def fold(arg, dim, i):
+        if i not in per_model or arg is None:
+            return arg
+        arg = arg.movedim(dim, 0) if dim is not None else arg.expand(V, *arg.shape)
+        return arg.reshape(V * arg.shape[1], *arg.shape[2:])
+
+    outs = op(*(fold(a, d, i) for i, (a, d) in enumerate(zip(args, in_dims))))
+    if isinstance(outs, Tensor):
+        return outs.unflatten(0, (V, -1)), 0
+    return tuple(o.unflatten(0, (V, -1)) for o in outs), (0,) * len(outs)
