@@ -138,7 +138,7 @@ class PackTrainer:
     curves so far, the initial PE), so that run() after load_state_dict() continues exactly where it stopped."""
 
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
-                 sigmas: list[float], device: torch.device):
+                 sigmas: list[float | None], device: torch.device):
         self.task, self.model_config, self.config, self.device = task, model_config, train_config, device
         self.model = StackedTransformer(model_config, seeds, sigmas, task.coordinates).to(device)
         self.M = M = self.model.num_models

@@ -51,13 +51,15 @@ class AbsolutePE(nn.Module):
     "sin2d" / "sinnd" (the task's coordinates), "none".
     """
 
-    def __init__(self, kind: str, generators: Sequence[torch.Generator], sigmas: Sequence[float],
+    def __init__(self, kind: str, generators: Sequence[torch.Generator], sigmas: Sequence[float | None],
                  num_tokens: int, width: int, num_blocks: int, coordinates: np.ndarray | None):
         super().__init__()
         self.kind = kind
         self.num_blocks = num_blocks
         M = len(generators)
         if kind in SIGMA_PES:
+            if any(sigma is None for sigma in sigmas):
+                raise ValueError(f"PE {kind!r} is drawn from N(0, σ²): every model needs a σ, got {list(sigmas)}")
             # One independent PE per block, each N(0, σ²) (the authors' design).
             tables = [normal_per_model(generators, (num_tokens, width), sigmas) for _ in range(num_blocks)]
             if kind == "learned":

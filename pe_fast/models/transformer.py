@@ -85,14 +85,14 @@ class Block(nn.Module):
 class StackedTransformer(nn.Module):
     """M models in one module. forward(tokens [M,B,N,token_dim]) -> (outputs, stats [L,M,H,S])."""
 
-    def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float] | None = None,
+    def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float | None],
                  coordinates: np.ndarray | None = None):
+        """sigmas: each model's σ of its N(0, σ²) PE (learned and random PEs); None for a PE without one."""
         super().__init__()
-        if sigmas is None:
-            sigmas = [1.0] * len(seeds)
         if len(sigmas) != len(seeds):
             raise ValueError("one σ per model is needed")
-        self.config, self.seeds, self.sigmas = config, list(seeds), [float(s) for s in sigmas]
+        self.config, self.seeds = config, list(seeds)
+        self.sigmas = [None if s is None else float(s) for s in sigmas]
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.embed = StackedLinear(generators, config.token_dim, config.width)
         self.blocks = nn.ModuleList(Block(generators, config) for _ in range(config.depth))

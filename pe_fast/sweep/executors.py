@@ -34,7 +34,7 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
     """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
     DIR/packs/<index>/. Returns {index, models, trained_steps}."""
     trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s), [m["seed"] for m in pack],
-                          [1.0 if math.isnan(m["sigma"]) else m["sigma"] for m in pack], torch.device(s.device))
+                          [m["sigma"] for m in pack], torch.device(s.device))
     state = run_folder.load_checkpoint(out, index)
     if state is not None:
         trainer.load_state_dict(state)
@@ -43,7 +43,9 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
                          checkpoint_every=s.checkpoint_every)
     final_rows, curve_rows, pe_tables = [], [], {}
     for local, model in enumerate(pack):
-        identity = dict(task=s.task, **model, steps=s.steps, precision=s.precision, pack=index)
+        # results.parquet's sigma is a float column: "no σ" is stored as NaN there
+        stored = {**model, "sigma": math.nan if model["sigma"] is None else model["sigma"]}
+        identity = dict(task=s.task, **stored, steps=s.steps, precision=s.precision, pack=index)
         final_rows.append({**identity, **{k: v for k, v in result.final[local].items() if k not in ("model", "step")},
                            "train_seconds": result.seconds / len(pack)})
         curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}

@@ -21,10 +21,10 @@ def model_seeds(count: int) -> list[int]:
 
 
 def expand_grid(s: Settings) -> list[dict]:
-    """One entry per model: its PE kind, σ (NaN where the PE has none) and seed, in a stable order."""
+    """One entry per model: its PE kind, σ (None where the PE has none) and seed, in a stable order."""
     models = []
     for kind in s.pe:
-        for sigma in (s.sigmas if kind in SIGMA_PES else [math.nan]):
+        for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
             for seed in model_seeds(s.seeds):
                 models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed))
     return models
