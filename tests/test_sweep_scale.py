@@ -6,10 +6,13 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -37,15 +40,18 @@ def start_sweep(*args):
                             stderr=subprocess.PIPE, text=True)
 
 
+def run_sweep(*args, timeout=600, env=None):
+    """The sweep as a user types it: python -m pe_fast.sweep in a process of its own."""
+    return subprocess.run([sys.executable, "-m", "pe_fast.sweep", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run, in this process (saves a Python start-up)."""
+    """The uninterrupted run of the local executor."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    threads = torch.get_num_threads()
-    try:
-        assert main([*NETSIM, "--out", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    proc = run_sweep(*NETSIM, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
     return out
 
 
@@ -157,14 +163,33 @@ def test_executor_ray_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
-def test_ray_executor_equals_local(tmp_path, reference):
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def test_ray_executor_from_the_command_line_equals_local(tmp_path, reference):
+    """python -m pe_fast.sweep --executor ray: a local Ray instance started by the sweep (run as __main__, the Ray
+    task's function must be importable by the workers: it once was not)."""
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    proc = run_sweep(*NETSIM, "--executor", "ray", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert_same_results(out, reference)
+
+
+def test_ray_executor_joins_a_running_cluster(tmp_path, reference):
+    """`ray start --head`, then --ray-address auto, as the README's cluster recipe does."""
+    pytest.importorskip("ray")
+    ray_cli = Path(sys.executable).with_name("ray")
+    # A cluster of this test's own, in a short folder: Ray's socket paths must stay under 108 bytes.
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": ray_dir}
+    started = subprocess.run([str(ray_cli), "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
+                              "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=300)
+    assert started.returncode == 0, started.stderr
     try:
         out = tmp_path / "run"
-        assert main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 0
+        proc = run_sweep(*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out), env=env)
+        assert proc.returncode == 0, proc.stderr
     finally:
-        ray.shutdown()
+        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        shutil.rmtree(ray_dir, ignore_errors=True)
     assert_same_results(out, reference)
 
 
