@@ -12,18 +12,17 @@ no peak counter, and tracemalloc does not see it).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
+
+import measure
 
 from pe_fast.ops import BACKENDS, pe_attention
 
@@ -97,14 +96,6 @@ def peak_memory() -> dict:
             "op_peak_mb": {k: v / 2**20 for k, v in op.items()}, "cpp_over_reference": op["cpp"] / op["reference"]}
 
 
-def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"cpu": model, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "load_average_1_5_15": list(os.getloadavg())}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=7)
@@ -123,8 +114,8 @@ def main() -> None:
     op_mb = memory["op_peak_mb"]
     print(f"peak memory of forward + backward at N = 360: reference {op_mb['reference']:.0f} MB, "
           f"cpp {op_mb['cpp']:.0f} MB ({memory['cpp_over_reference']:.2f}×)", flush=True)
-    result = {"benchmark": "pe_attention_cpu", "machine_at_start": machine(), "D": D, "H": H, "probes": K,
-              "dtype": "float32", "repeats": args.repeats, "rows": [], "peak_memory": memory}
+    result = {"benchmark": "pe_attention_cpu", "machine_at_start": measure.environment("cpu"), "D": D, "H": H,
+              "probes": K, "dtype": "float32", "repeats": args.repeats, "rows": [], "peak_memory": memory}
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         for N in SHAPES:
@@ -133,11 +124,8 @@ def main() -> None:
                 result["rows"].append(row)
                 print(f"threads={threads} N={N:3d} {row['mode']:7s}: reference {row['reference_ms']:8.1f} ms, "
                       f"cpp {row['cpp_ms']:8.1f} ms, {row['speedup']:.2f}×", flush=True)
-    result["machine_at_end"] = machine()
-    result["command"] = " ".join(sys.argv)
-    result["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    result["machine_at_end"] = measure.environment("cpu")
+    measure.write_result(args.out, result)
     print(f"written to {args.out}")
 
 

@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository, if not installed
-from pe_fast.ops import BACKENDS, pe_attention  # noqa: E402
+import measure
+from pe_fast.ops import pe_attention
+from pe_fast.ops.backends import resolve_backend
 
 SHAPES = {"tiny": dict(M=1, B=1, N=4, D=8, H=1, K=0), "lst": dict(M=64, B=64, N=16, D=160, H=1, K=3)}
 # the modules that choose between the direct path and the op, by pe_fast.ops.transforms.is_traced
@@ -68,16 +66,6 @@ def make_call(shape, device, mode):
     return call
 
 
-def machine_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
-
-
 def per_call_us(call, calls, sync):
     sync()
     t0 = time.perf_counter()
@@ -100,11 +88,11 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.calls < 1:
         print("bench_op_overhead.py: --repeats and --calls must be at least 1", file=sys.stderr)
         return 2
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    backend = next(name for name, b in BACKENDS.items() if args.device in b.devices)
+    sync = lambda: measure.synchronize(args.device)  # noqa: E731
+    backend = resolve_backend(None, torch.device(args.device))
     shapes = ["tiny", "lst"] if args.device == "cuda" else ["tiny"]
     results = []
-    print(f"{args.device} ({machine_name(args.device)}), backend {backend}, torch {torch.__version__}, "
+    print(f"{args.device} ({measure.device_name(args.device)}), backend {backend}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     print(f"{'shape':6s} {'mode':17s} {'direct µs':>10s} {'op µs':>10s} {'op/direct':>9s}")
     for shape in shapes:
@@ -126,10 +114,9 @@ def main(argv=None) -> int:
             print(f"{shape:6s} {mode:17s} {row['direct_us']:10.1f} {row['op_us']:10.1f} {row['op_over_direct']:9.2f}")
     if args.out:
         info = dict(device=args.device, backend=backend, torch=torch.__version__, threads=torch.get_num_threads(),
-                    machine=machine_name(args.device),
+                    machine=measure.device_name(args.device),
                     repeats=args.repeats, calls=args.calls, results=results)
-        with open(args.out, "w") as f:
-            json.dump(info, f, indent=1)
+        measure.write_result(args.out, info)
         print(f"wrote {args.out}")
     return 0
 

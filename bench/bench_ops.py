@@ -21,7 +21,6 @@ fraction of the H100 roofline, max(bytes / 3.0 TB/s, flops / peak) / time, with 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -30,8 +29,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository, if not installed
-from pe_fast.ops import pe_attention, reference  # noqa: E402
+from measure import environment, write_result  # bench/measure.py (this file's `measure` times one op)
+
+from pe_fast.ops import pe_attention, reference
 
 SHAPES = {  # name: (M, B, N, D, H, K probes)
     "lst": (32, 128, 16, 160, 1, 3),
@@ -154,31 +154,6 @@ def set_tf32(enabled: bool):
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def device_info() -> dict:
-    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        info["nvml"] = {
-            "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "memory_total_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
-            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
-        }
-    except Exception as e:  # nvidia-ml-py missing or no NVML: the timings stand without it
-        info["nvml"] = f"unavailable: {e!r}"
-    return info
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON results path")
@@ -205,12 +180,11 @@ def main(argv=None) -> int:
         print("bench_ops.py: torch.nn.attention.flex_attention is not available in this torch; no FlexAttention "
               "baseline", file=sys.stderr)
     start, results = time.perf_counter(), []
-    report = {**device_info(), "shapes": {k: dict(zip("MBNDHK", v)) for k, v in SHAPES.items() if k in shapes},
+    report = {**environment("cuda"), "shapes": {k: dict(zip("MBNDHK", v)) for k, v in SHAPES.items() if k in shapes},
               "peak_tflops": PEAK_TFLOPS, "peak_bytes_per_s": PEAK_BYTES_PER_S, "results": results}
 
     def write_report():
-        with open(args.out, "w") as f:
-            json.dump({**report, "wall_s": time.perf_counter() - start}, f, indent=1)
+        write_result(args.out, {**report, "wall_s": time.perf_counter() - start})
 
     print(f"{'shape':6s} {'prec':5s} {'provider':11s} {'mode':17s} {'ms':>9s} {'attn TF/s':>9s} {'GB/s':>7s} "
           f"{'roofline':>8s}")

@@ -14,22 +14,19 @@ A profiler attributes time less reliably here: it inflates small ops and hides p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_training import SWEEP_OPTIMIZER, lst_model, random_batch, training_step  # noqa: E402
+import measure
+from bench_training import SWEEP_OPTIMIZER, lst_model, random_batch, training_step
 
-import pe_fast.nn as layers  # noqa: E402
-import pe_fast.models.transformer as transformer  # noqa: E402
-from pe_fast.memory import keep_freed_memory  # noqa: E402
-from pe_fast.ops import reference  # noqa: E402
-from pe_fast.train import make_optimizer  # noqa: E402
+import pe_fast.nn as layers
+import pe_fast.models.transformer as transformer
+from pe_fast.memory import keep_freed_memory
+from pe_fast.ops import reference
+from pe_fast.train import make_optimizer
 
 
 def values_only(h, pe, w_qkv, b_qkv, num_heads, probes=None, rope=None, bias=None, backend=None):
@@ -86,10 +83,8 @@ def main() -> None:
               ("" if name == "full" else f"   saves {100 * saved:4.1f} % of the full step"), flush=True)
     result = {"benchmark": "training_step_breakdown", "width": args.width, "batch": args.batch,
               "models": args.models, "repeats": args.repeats, "cpu_threads": torch.get_num_threads(),
-              "torch": torch.__version__, "rows": rows, "command": " ".join(sys.argv),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+              "torch": torch.__version__, "rows": rows}
+    measure.write_result(args.out, result)
     print(f"written to {args.out}")
 
 

@@ -22,24 +22,22 @@ CUDA-core rate for fp32. One JSON record per configuration, written after each (
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_training import step_flops  # noqa: E402
+import measure
+from bench_training import step_flops
 
-from pe_fast import memory, precision  # noqa: E402
-from pe_fast.models import ModelConfig  # noqa: E402
-from pe_fast.ops.backends import resolve_backend  # noqa: E402
-from pe_fast.tasks.lst import LSTTask  # noqa: E402
-from pe_fast.train import PackTrainer, TrainConfig  # noqa: E402
+from pe_fast import memory, precision
+from pe_fast.models import ModelConfig
+from pe_fast.ops.backends import resolve_backend
+from pe_fast.tasks.lst import LSTTask
+from pe_fast.train import PackTrainer, TrainConfig
 
 WIDTH, DEPTH, MLP, BATCH, LR = 160, 4, 640, 128, 1e-4
 PAPER_SIGMAS = [s / 10 for s in range(1, 21)]
@@ -55,11 +53,6 @@ def peak_tflops(device_name: str, precision_name: str) -> float | None:
         if key in device_name:
             return peaks[precision_name]
     return None
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class AuthorsLST(nn.Module):
@@ -103,11 +96,11 @@ def authors_loop(task: LSTTask, device: torch.device, steps: int, repeats: int) 
         step()
     rates = []
     for _ in range(repeats):
-        synchronize(device)
+        measure.synchronize(device)
         start = time.perf_counter()
         for _ in range(steps):
             step()
-        synchronize(device)
+        measure.synchronize(device)
         rates.append(steps / (time.perf_counter() - start))
     return statistics.median(rates)
 
@@ -134,23 +127,23 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compiled: b
     started = time.perf_counter()
     for _ in range(warmup):
         trainer.train_step()
-    synchronize(device)
+    measure.synchronize(device)
     warmup_s = time.perf_counter() - started
     rounds = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
             trainer.train_step()
-        synchronize(device)
+        measure.synchronize(device)
         rounds.append((time.perf_counter() - start) / steps)
     step_s = statistics.median(rounds)
     trainer.evaluate(trainer.step, final=False)  # warm: the evaluation's shapes are new
     evals = []
     for final in (False, True):
-        synchronize(device)
+        measure.synchronize(device)
         start = time.perf_counter()
         trainer.evaluate(trainer.step, final=final)
-        synchronize(device)
+        measure.synchronize(device)
         evals.append(time.perf_counter() - start)
     intermediate = PAPER_STEPS // PAPER_EVAL_EVERY  # at step 0 and every 12,600 before the last
     pack_seconds = PAPER_STEPS * step_s + intermediate * evals[0] + evals[1]
@@ -194,14 +187,12 @@ def main() -> int:
         return 2
     memory.keep_freed_memory()
     task = LSTTask()
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    device_name = measure.device_name(device)
     precision.apply("fp32")
     baseline = authors_loop(task, device, args.baseline_steps, args.repeats)
     print(f"{device_name}: authors' one-model loop (fp32) {baseline:.1f} model-steps/s", flush=True)
     flops = step_flops(WIDTH, DEPTH, BATCH, MLP)
     records = []
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     for precision_name in precisions:
         for compiled in compiles:
             for count in models:
@@ -230,9 +221,8 @@ def main() -> int:
                 else:
                     print(f"{precision_name} compile={compiled} M={count}: {row['error']}", flush=True)
                 records.append(record)
-                out.write_text(json.dumps({"benchmark": "sweep_gpu", "command": " ".join(sys.argv),
-                                           "records": records}, indent=1))
-    print(f"written to {out}")
+                measure.write_result(args.out, {"benchmark": "sweep_gpu", "records": records})
+    print(f"written to {args.out}")
     return 0
 
 

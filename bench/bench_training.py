@@ -13,15 +13,13 @@ it first sets pe_fast.memory.keep_freed_memory (--default-malloc does not). `--d
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
+
+import measure
 
 from pe_fast.memory import keep_freed_memory
 from pe_fast.models import ModelConfig, StackedTransformer
@@ -40,19 +38,6 @@ def step_flops(width: int, depth: int, batch: int, mlp: int) -> float:
     forward = (depth * attention + ((depth - 1) * tokens + batch) * per_token_rest
                + 2 * tokens * TOKEN_DIM * width + 2 * batch * width * CLASSES)
     return 3.0 * forward
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def seconds(fn, inner: int, device: torch.device) -> float:
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / inner
 
 
 def large_matmul(device: torch.device):
@@ -109,9 +94,9 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, d
     # alike; ratios are taken per repeat, then the median.
     stacked_s, loop_s, matmul_gflops = [], [], []
     for _ in range(repeats):
-        stacked_s.append(seconds(stacked, 1, device))
-        loop_s.append(seconds(one_by_one, 1, device))
-        matmul_gflops.append(matmul_flops / seconds(matmul, 3, device) / 1e9)
+        stacked_s.append(measure.seconds(stacked, 1, device))
+        loop_s.append(measure.seconds(one_by_one, 1, device))
+        matmul_gflops.append(matmul_flops / measure.seconds(matmul, 3, device) / 1e9)
     flops = step_flops(width, depth, batch, 4 * width) * models
     med = statistics.median
     return {"width": width, "batch": batch, "models": models, "depth": depth,
@@ -165,14 +150,12 @@ def main() -> None:
               f"model-steps/s, one by one {row['one_by_one_model_steps_per_s']:8.1f} ({row['speedup']:.2f}×); "
               f"{row['stacked_gflops']:.1f} GFLOP/s = {100 * row['stacked_fraction_of_large_matmul']:.0f} % "
               f"of large matmul ({row['large_matmul_gflops']:.1f})", flush=True)
-    result = {"benchmark": "training_step", "machine": platform.processor() or platform.machine(),
+    result = {"benchmark": "training_step", "machine": measure.cpu_name(),
               "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "device": measure.device_name(device),
               "backend": os.environ.get("PE_FAST_BACKEND", "default"), "keep_freed_memory": kept,
-              "load_average_at_start": os.getloadavg(), "repeats": args.repeats, "rows": rows,
-              "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+              "load_average_at_start": os.getloadavg(), "repeats": args.repeats, "rows": rows}
+    measure.write_result(args.out, result)
     print(f"written to {args.out}")
 
 

@@ -15,16 +15,14 @@ backend are reported. Everything else in the step (embedding, MLPs, layer norms,
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+import measure
 
 from pe_fast.memory import keep_freed_memory
 from pe_fast.models import ModelConfig, StackedTransformer
@@ -94,12 +92,10 @@ def main() -> None:
         rows.append(row)
         print(f"{name:10s} " + ", ".join(f"{b} {1e3 * median[b]:8.1f} ms" for b in backends) + "; " +
               ", ".join(f"{b} {median[backends[0]] / median[b]:.2f}×" for b in backends[1:]), flush=True)
-    result = {"benchmark": "training_step_per_backend", "cpu": platform.processor() or platform.machine(),
+    result = {"benchmark": "training_step_per_backend", "cpu": measure.cpu_name(),
               "logical_cpus": os.cpu_count(), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-              "load_average_1_5_15_at_end": list(os.getloadavg()), "repeats": args.repeats, "rows": rows,
-              "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+              "load_average_1_5_15_at_end": list(os.getloadavg()), "repeats": args.repeats, "rows": rows}
+    measure.write_result(args.out, result)
     print(f"written to {args.out}")
 
 

@@ -16,23 +16,18 @@ Writes bench/results/training_bound_cpu.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_training import (SWEEP_OPTIMIZER, large_matmul, lst_model, parse_shapes, random_batch,  # noqa: E402
-                            step_flops, training_step)
+import measure
+from bench_training import (SWEEP_OPTIMIZER, large_matmul, lst_model, parse_shapes, random_batch, step_flops,
+                            training_step)
 
-from pe_fast.memory import keep_freed_memory  # noqa: E402
-from pe_fast.train import make_optimizer  # noqa: E402
+from pe_fast.memory import keep_freed_memory
+from pe_fast.train import make_optimizer
 
 aten = torch.ops.aten
 MATMULS = {aten.bmm.default, aten.baddbmm.default, aten.mm.default, aten.addmm.default}
@@ -70,13 +65,6 @@ def run_calls(calls) -> None:
         func(*args, **kwargs)  # outputs are allocated and freed as in the step
 
 
-def seconds(fn, inner: int = 1) -> float:
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - start) / inner
-
-
 def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -> dict:
     cpu = torch.device("cpu")
     tokens, targets = random_batch(models, batch, cpu)
@@ -107,8 +95,8 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -
     large_gflops = []
     for _ in range(repeats):
         for name, fn in variants.items():
-            times[name].append(seconds(fn))
-        large_gflops.append(large_flops / seconds(large, 3) / 1e9)
+            times[name].append(measure.seconds(fn))
+        large_gflops.append(large_flops / measure.seconds(large, 3) / 1e9)
     flops = step_flops(width, depth, batch, 4 * width) * models
     med = statistics.median
     rounds = range(repeats)
@@ -152,13 +140,10 @@ def main() -> None:
               f"{row['fraction_ceiling_matmuls_only']:.0%} of large matmul (matmuls only), "
               f"{row['fraction_ceiling_matmuls_and_gelus']:.0%} (matmuls + GELUs); the real step "
               f"{row['stacked_fraction_of_large_matmul']:.0%}", flush=True)
-    result = {"benchmark": "training_step_bound", "machine": platform.processor() or platform.machine(),
+    result = {"benchmark": "training_step_bound", "machine": measure.cpu_name(),
               "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
-              "load_average_at_start": load_average,
-              "command": " ".join(["bench/bench_training_bound.py", *sys.argv[1:]]),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+              "load_average_at_start": load_average, "rows": rows}
+    measure.write_result(args.out, result)
     print(f"written to {args.out}")
 
 

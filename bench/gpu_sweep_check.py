@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+import measure
+
 from pe_fast import memory
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.train import TrainConfig, make_optimizer
@@ -111,11 +113,11 @@ def resume_check() -> dict:
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result = {"device": measure.device_name("cuda"), "torch": torch.__version__,
               "free_gb": torch.cuda.mem_get_info()[0] / 2**30, "memory": memory_check()}
     result["resume"] = resume_check()
     print(json.dumps(result["resume"], indent=1))
-    (OUT / "gpu_sweep_check.json").write_text(json.dumps(result, indent=1))
+    measure.write_result(OUT / "gpu_sweep_check.json", result)
 
 
 if __name__ == "__main__":

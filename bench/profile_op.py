@@ -14,8 +14,6 @@ autograd) and forward+backward, it reports:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -23,10 +21,10 @@ from collections import defaultdict
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ops import PRECISIONS, SHAPES, device_info, make_inputs, set_tf32  # noqa: E402
+import measure
+from bench_ops import PRECISIONS, SHAPES, make_inputs, set_tf32
 
-from pe_fast.ops import pe_attention  # noqa: E402
+from pe_fast.ops import pe_attention
 
 PROFILE_SHAPES = {"lst": dict(M=64, B=64, N=16, D=160, H=1, K=3),
                   **{name: dict(zip("MBNDHK", shape)) for name, shape in SHAPES.items() if name != "lst"}}
@@ -97,7 +95,7 @@ def main(argv=None) -> int:
         print("profile_op.py: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     shape = PROFILE_SHAPES[args.shape]
-    report = {**device_info(), "shape_name": args.shape, "shape": shape, "iters": args.iters, "cases": []}
+    report = {**measure.environment("cuda"), "shape_name": args.shape, "shape": shape, "iters": args.iters, "cases": []}
     start = time.perf_counter()
     for prec in args.precisions.split(","):
         for mode in ("forward", "forward+backward"):
@@ -130,8 +128,7 @@ def main(argv=None) -> int:
                     print(f"  {row['us']:9.1f} us {row['share']:6.1%} x{row['launches']:<4.0f} {row['name'][:110]}")
     set_tf32(False)
     report["wall_s"] = time.perf_counter() - start
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    measure.write_result(args.out, report)
     print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
     return 0
 

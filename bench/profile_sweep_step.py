@@ -6,18 +6,16 @@ configuration (bench_sweep_gpu), one precision, eager or compiled; prints the to
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sweep_gpu import BATCH, DEPTH, LR, MLP, PAPER_SIGMAS, WIDTH  # noqa: E402
+from bench_sweep_gpu import BATCH, DEPTH, LR, MLP, PAPER_SIGMAS, WIDTH
 
-from pe_fast import precision  # noqa: E402
-from pe_fast.models import ModelConfig  # noqa: E402
-from pe_fast.tasks.lst import LSTTask  # noqa: E402
-from pe_fast.train import PackTrainer, TrainConfig  # noqa: E402
+from pe_fast import precision
+from pe_fast.models import ModelConfig
+from pe_fast.tasks.lst import LSTTask
+from pe_fast.train import PackTrainer, TrainConfig
 
 
 def main() -> None:

@@ -13,17 +13,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
-import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ops import PRECISIONS, SHAPES, device_info, measure, set_tf32  # noqa: E402
+from bench_ops import PRECISIONS, SHAPES, measure, set_tf32
+from measure import environment, write_result  # bench/measure.py (`measure` above is bench_ops' op timing)
 
-from pe_fast.ops import pe_attention, triton_attention  # noqa: E402
+from pe_fast.ops import pe_attention, triton_attention
 
 # (shape, precision), most important first: issue 3's unmet goals are N = 360 against SDPA (bf16) and N = 16
 PLAN = [("fmri", "bf16"), ("lst", "bf16"), ("fmri", "tf32"), ("lst", "tf32"), ("mid", "bf16"), ("fmri", "fp32")]
@@ -72,11 +70,10 @@ def main(argv=None) -> int:
         return 2
     op = lambda *a: pe_attention(*a, backend="triton")  # noqa: E731
     start, results = time.perf_counter(), []
-    report = {**device_info(), "results": results}
+    report = {**environment("cuda"), "results": results}
 
     def write_report():
-        with open(args.out, "w") as f:
-            json.dump({**report, "wall_s": time.perf_counter() - start}, f, indent=1)
+        write_result(args.out, {**report, "wall_s": time.perf_counter() - start})
 
     for shape, prec in PLAN:
         M, B, N, D, H, K = SHAPES[shape]

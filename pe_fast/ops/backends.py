@@ -43,6 +43,9 @@ def register_backend(name: str, backend: Backend) -> None:
     if name not in PREFERENCE:
         raise ValueError(f"backend {name!r} has no place in PREFERENCE {PREFERENCE}")
     BACKENDS[name] = backend
+    ordered = {n: BACKENDS[n] for n in PREFERENCE if n in BACKENDS}  # listed in the order of preference
+    BACKENDS.clear()
+    BACKENDS.update(ordered)
 
 
 @functools.cache

@@ -1,0 +1,82 @@
+"""What every benchmark here shares: the machine it ran on, timing with a device sync, and writing its result.
+
+The scripts run as `python bench/NAME.py` (the script's folder is then on the import path, so `import measure`
+needs no path edit) with pe_fast installed, or with PYTHONPATH=. from the repository (bench/gpu_check.sh does).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name, or the CPU model."""
+    return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name()
+
+
+def environment(device: torch.device | str) -> dict:
+    """The machine and software a result was measured with (GPU clocks and driver through NVML where present)."""
+    info = {"device": device_name(device), "cpu": cpu_name(), "logical_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "load_average_1_5_15": list(os.getloadavg())}
+    if torch.device(device).type != "cuda":
+        return info
+    info["cuda"] = torch.version.cuda
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        info["nvml"] = {
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "memory_total_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        }
+    except Exception as e:  # nvidia-ml-py missing or no NVML: the timings stand without it
+        info["nvml"] = f"unavailable: {e!r}"
+    return info
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds(fn, inner: int = 1, device: torch.device | str = "cpu") -> float:
+    """Mean seconds of one call over `inner` calls, the device's queued work included."""
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / inner
+
+
+def write_result(path: str | os.PathLike, result: dict) -> None:
+    """The result as JSON, with the command that produced it and when."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = {**result, "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path.write_text(json.dumps(result, indent=1, default=str))
