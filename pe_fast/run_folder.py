@@ -196,11 +196,25 @@ def save_checkpoint(out: Path, index: int, state: dict):
     write_atomic(path, lambda tmp: torch.save(state, tmp))
 
 
+class UnreadableCheckpoint(Exception):
+    """A checkpoint that cannot be loaded safely: one line naming it and what to do."""
+
+
 def load_checkpoint(out: Path, index: int) -> dict | None:
+    """The training state of pack `index`, or None. Loaded with weights_only=True: tensors and plain Python
+    values only, so a crafted file (folders are shared) runs no code."""
     path = checkpoint_path(out, index)
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling refused, truncated, or not a checkpoint at all
+        # torch's message buries the cause ("unsupported GLOBAL posix.system ...") among advice
+        advice = ("Weights only load failed", "Check the documentation", "Please file an issue")
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        cause = next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
+        raise UnreadableCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {cause[:160]}); "
+                                   f"delete it to retrain pack {index} from its start")
 
 
 def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,

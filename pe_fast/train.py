@@ -132,6 +132,12 @@ def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
              for l in range(L) for h in range(H) for s in range(S)} for m in range(M)]
 
 
+def plain_row(row: dict) -> dict:
+    """A curves row with Python numbers only (metrics may return numpy scalars): a checkpoint then loads with
+    torch.load(weights_only=True), which runs no code from the file."""
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()}
+
+
 class PackTrainer:
     """The training of one pack, resumable: state_dict() holds everything the rest of the run depends on
     (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
@@ -150,7 +156,7 @@ class PackTrainer:
         subset = train_config.eval_items
         self.eval_items = {name: torch.linspace(0, len(t) - 1, min(subset, len(t))).round().long()
                            for name, t in self.eval_tokens.items()}
-        self.initial_pe = [t.detach().cpu().numpy().copy() for t in self.model.pe_tables()]
+        self.initial_pe = [t.detach().cpu().clone() for t in self.model.pe_tables()]
 
         self.optimizer = make_optimizer(self.model.parameters(), train_config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, train_config))
@@ -239,7 +245,7 @@ class PackTrainer:
             rows[m].update(task.pe_metrics(tables[0][m]) if tables else {})
             if tables and self.model_config.pe == "learned":
                 rows[m]["pe_drift"] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
-                                                                 np.stack([t[m] for t in self.initial_pe]))
+                                                                 np.stack([t[m].numpy() for t in self.initial_pe]))
         return rows
 
     def result(self) -> PackResult:
@@ -254,7 +260,7 @@ class PackTrainer:
         return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "batches": batches, "loss_buffer": self.loss_buffer, "stats_buffer": self.stats_buffer,
-                "filled": self.filled, "curves": self.curves, "initial_pe": self.initial_pe,
+                "filled": self.filled, "curves": [plain_row(row) for row in self.curves], "initial_pe": self.initial_pe,
                 "seconds": self.seconds, "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict):

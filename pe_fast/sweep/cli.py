@@ -48,6 +48,11 @@ def run(s: Settings) -> Path:
         run_folder.remove_partials(out)
         finished = run_folder.finished_packs(out)
         todo = [i for i in range(len(packs)) if i not in finished]
+        for index in todo:  # every checkpoint readable (and safely so) before any training
+            try:
+                run_folder.load_checkpoint(out, index)
+            except run_folder.UnreadableCheckpoint as error:
+                raise UsageError(str(error))
         if task.data_line is not None:
             print(task.data_line, file=sys.stderr)
         print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "
