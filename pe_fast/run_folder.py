@@ -112,12 +112,20 @@ def release_lock(out: Path):
 # ---- atomic writes -------------------------------------------------------------------------------------------
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]):
-    """write(tmp) writes the file's content to tmp; then tmp is flushed to disk and renamed over path."""
+    """write(tmp) writes the file's content to tmp; then tmp is flushed to disk and renamed over path. The file
+    gets the permissions the umask gives (mkstemp's 0600 would hide results from the rest of a group)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())
         write(tmp)
         with open(tmp, "rb+") as file:
             os.fsync(file.fileno())
@@ -224,6 +232,7 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
     # Assembled beside packs/, not in it: a reader of packs/*/ (the report) must never see a partial pack.
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the pack from the rest of a group
         results.to_parquet(tmp / RESULTS, index=False)
         curves.to_parquet(tmp / CURVES, index=False)
         np.savez_compressed(tmp / PE_TABLES, **pe_tables)

@@ -169,3 +169,9 @@ def test_without_the_extension_pe_fast_warns_once_and_runs_the_reference():
     assert "cpp" not in child.stdout
     warnings = [line for line in child.stderr.splitlines() if "C++ CPU kernels are not built" in line]
     assert len(warnings) == 1 and "pip install" in warnings[0], child.stderr
+
+
+def test_the_extension_imports_on_its_own():
+    """import pe_fast._C first thing in a process: pe_fast imports torch, whose libraries the extension needs."""
+    proc = subprocess.run([sys.executable, "-c", "import pe_fast._C"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -2,6 +2,7 @@
 and no results folder."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,11 @@ def test_tiny_sweep_writes_complete_results(tmp_path):
     assert config["settings"]["steps"] == 4 and len(config["models"]) == len(results)
     assert "ood_acc" in proc.stdout  # the summary table
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left
+    umask = os.umask(0)
+    os.umask(umask)  # results follow the umask (shared folders on a cluster), not mkstemp's 0600
+    for path in (out / "results.parquet", out / "config.json", out / "packs" / "0" / "results.parquet"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
+    assert (out / "packs" / "0").stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def malformed_puzzles(tmp_path):

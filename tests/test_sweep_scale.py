@@ -127,7 +127,10 @@ def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, caps
 
 def test_resume_refuses_changed_settings_and_missing_folder(tmp_path, reference, capsys):
     assert main(["--resume", "--out", str(reference), "--steps", "50"]) == 2
-    assert "--steps cannot change" in capsys.readouterr().err
+    assert "--steps 50 differs from its 160" in capsys.readouterr().err
+    # the same command again, with --resume: every value equals the recorded one
+    assert main([*NETSIM, "--out", str(reference), "--resume"]) == 0
+    assert "nothing to resume" in capsys.readouterr().err
     assert main(["--resume", "--out", str(tmp_path / "nothing")]) == 2
     assert "config.json does not exist" in capsys.readouterr().err
     assert main(["--resume", "--out", str(reference)]) == 0  # finished: nothing to do

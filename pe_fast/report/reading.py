@@ -81,6 +81,9 @@ def read_run(directory: Path) -> Run:
             config = run_folder.read_config(directory)
         except (ValueError, UnicodeDecodeError) as error:
             raise ReportError(f"{directory / run_folder.CONFIG} is not valid JSON ({error})")
+        if not isinstance(config, dict) or not isinstance(config.get("settings", {}), dict):
+            raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config (a JSON object with "
+                              f"settings, models and packs)")
     notes: list[str] = []
     top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
     if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():

@@ -3,22 +3,53 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from pe_fast import run_folder
+from pe_fast.models import StackedTransformer
+from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.sweep import executors, folder, grid, settings
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.sweep.task_loading import load_task
 
 
+def check_out_folder(out: Path):
+    """--out must be a folder, or creatable: where it or its nearest existing parent is writable."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, so the folder cannot be made")
+    try:  # a real probe: permission bits do not bind root, and some file systems are read-only
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot write in {existing} ({error.strerror or error})")
+
+
+def check_against_task(s: Settings, task):
+    """What only the loaded task can tell, before the folder exists: the batch fits its training set, and each
+    PE kind can be built on its tokens (e.g. sinnd needs the regions' centroids)."""
+    train_items = len(task.splits["train"])
+    if s.batch_size > train_items:
+        raise UsageError(f"--batch-size {s.batch_size} exceeds the {train_items} training items of --task {s.task}")
+    for kind in s.pe:
+        try:  # one small model of each kind: the constructors hold the rules
+            StackedTransformer(grid.model_config(s, task, kind), [0], [1.0 if kind in SIGMA_PES else None],
+                               task.coordinates)
+        except ValueError as error:
+            raise UsageError(f"--pe {kind}: {error}")
+
+
 def run(s: Settings) -> Path:
     resume = s.packs is not None
     out = Path(s.out) if s.out else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     s = dataclasses.replace(s, out=str(out))
+    check_out_folder(out)
     holder = run_folder.lock_holder(out) if out.is_dir() else None
     if holder is not None:
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
@@ -31,6 +62,7 @@ def run(s: Settings) -> Path:
         return out
     executors.apply_runtime(s)
     task = load_task(s)
+    check_against_task(s, task)
     models = grid.expand_grid(s)
     if not resume:
         how = "--max-pack" if s.max_pack else f"fits half the free memory of {s.device}"
@@ -81,7 +113,10 @@ def run(s: Settings) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = settings.build_parser().parse_args(argv)  # exits 2 with one line on an unknown flag
+    try:
+        args = settings.build_parser().parse_args(argv)  # one line and 2 for an unknown flag; 0 after --help
+    except SystemExit as exit_:
+        return exit_.code
     out = args.out or "DIR"
     try:
         run(settings.from_resume(args) if args.resume else settings.from_flags(args))

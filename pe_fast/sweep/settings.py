@@ -7,12 +7,14 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import socket
 from pathlib import Path
 
 import torch
 
 from pe_fast import precision, run_folder
 from pe_fast.models import PE_KINDS
+from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.fmri import ATLASES
 from pe_fast.tasks.netsim import NETWORK_SETTINGS
@@ -200,32 +202,22 @@ def from_flags(args: argparse.Namespace) -> Settings:
         if pe not in kind.pe_kinds:
             raise UsageError(f"--pe: {pe!r} is not a PE of --task {task}; choose from {', '.join(kind.pe_kinds)}")
     s["sigmas"] = parse_list(str(s["sigmas"]), float, "--sigmas")
-    if any(not (math.isfinite(v) and v > 0) for v in s["sigmas"]):
-        raise UsageError(f"--sigmas: every σ must be a positive number, got {list(s['sigmas'])}")
-    positive = ["seeds", "steps", "batch_size", "width", "depth", "heads", "eval_every", "eval_items", "max_pack",
-                "checkpoint_every"]
-    for name in positive:
-        if s[name] is not None and s[name] <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {s[name]}")
-    if not (s["lr"] > 0 and math.isfinite(s["lr"])):
-        raise UsageError(f"--lr must be positive, got {s['lr']}")
-    if s["warmup"] < 0 or s["weight_decay"] < 0:
-        raise UsageError("--warmup and --weight-decay must not be negative")
+    if any(not (math.isfinite(v) and 0 < v <= MAX_SIGMA) for v in s["sigmas"]):
+        raise UsageError(f"--sigmas: every σ must be a number in (0, {MAX_SIGMA:g}] (the PE is float32), "
+                         f"got {list(s['sigmas'])}")
+    check_ranges(s, args)
+    models = s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
+    if models > MAX_MODELS:
+        raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
     if s["width"] % s["heads"]:
         raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
     if s["mlp_width"] is None:
         s["mlp_width"] = 4 * s["width"]
-    if s["threads"] is not None and s["threads"] <= 0:
-        raise UsageError(f"--threads must be positive, got {s['threads']}")
     resolve_runtime(s)
     if s["precision"] is None:
         s["precision"] = precision.default(torch.device(s["device"]))
     if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--precision {s['precision']}: {why}")
-    if not 0 < s["mask_fraction"] < 1:
-        raise UsageError(f"--mask-fraction must be between 0 and 1, got {s['mask_fraction']}")
-    if s["window"] < 1:
-        raise UsageError(f"--window must be at least 1, got {s['window']}")
     for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
         if flag not in kind.flags and getattr(args, flag) is not None:
             owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
@@ -241,10 +233,62 @@ def from_flags(args: argparse.Namespace) -> Settings:
             raise UsageError(f"--backend: unknown {s['backend']!r}; available: {', '.join(BACKENDS)}")
     if s["ray_address"] and s["executor"] != "ray":
         raise UsageError("--ray-address applies to --executor ray only")
+    check_ray_address(s["ray_address"])
     for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
         if s.get(path_flag):  # absolute, so that a resume from elsewhere or a Ray worker finds them
             s[path_flag] = str(Path(s[path_flag]).resolve())
     return Settings(**s)
+
+
+# ---- the rules every setting must satisfy (one place; from_flags and from_resume apply them) ----
+
+MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
+MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
+RAY_CONNECT_TIMEOUT_S = 10
+# name -> (lowest, highest, whether the lowest is allowed); None: unbounded on that side
+RANGES = {
+    "seeds": (1, None, True), "steps": (1, None, True), "batch_size": (1, None, True), "width": (1, None, True),
+    "depth": (1, None, True), "heads": (1, None, True), "mlp_width": (1, None, True), "eval_every": (1, None, True),
+    "eval_items": (1, None, True), "max_pack": (1, None, True), "checkpoint_every": (1, None, True),
+    "threads": (1, None, True), "warmup": (0, None, True), "lr": (0, None, False), "weight_decay": (0, None, True),
+    "momentum": (0, 1, True), "mask_fraction": (0, 1, False), "window": (1, None, True),
+    "nodes": (2, None, True), "modules": (1, None, True), "timepoints": (2, None, True), "runs": (1, None, True),
+    "p_within": (0, 1, True), "p_between": (0, 1, True), "coupling": (0, None, True),
+    "inhibition": (0, None, True), "noise": (0, None, True), "netsim_seed": (0, None, True),
+}
+# flag -> (the setting it depends on, the values under which it means something)
+APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
+
+
+def check_ranges(s: dict, args: argparse.Namespace | None = None):
+    """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
+    for name, (low, high, low_allowed) in RANGES.items():
+        value = s.get(name)
+        if value is None:
+            continue
+        allowed = (f"{'≥' if low_allowed else '>'} {low:g}" + (f" and < {high:g}" if high is not None else ""))
+        ok = math.isfinite(value) and (value >= low if low_allowed else value > low) and \
+            (high is None or value < high or (name in ("p_within", "p_between") and value == high))
+        if not ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
+    for flag, (setting, values) in APPLIES_ONLY_WITH.items():
+        if args is not None and getattr(args, flag, None) is not None and s[setting] not in values:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --{setting} {' or '.join(values)} only "
+                             f"(here --{setting} {s[setting]}), where it would be ignored")
+
+
+def check_ray_address(address: str | None):
+    """A host:port that does not answer is one line within seconds (ray.init would retry it for ever)."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address!r}: expected auto or HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise UsageError(f"--ray-address {address}: no Ray cluster answers there ({error.strerror or error}); "
+                         f"start one with ray start --head, or use --ray-address auto")
 
 
 def resolve_runtime(s: dict):
@@ -263,39 +307,52 @@ def resolve_runtime(s: dict):
                          "(or pip install 'ray>=2.9')")
 
 
+def as_recorded(name: str, value):
+    """A flag's value as config.json records it, to compare a flag given with --resume."""
+    if name == "pe":
+        return list(parse_list(value, str.strip, "--pe"))
+    if name == "sigmas":
+        return list(parse_list(value, float, "--sigmas"))
+    if name in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
+        return str(Path(value).resolve())
+    return value
+
+
 def from_resume(args: argparse.Namespace) -> Settings:
-    """--resume: the settings of DIR/config.json; only the flags of RESUME_FLAGS may be given."""
+    """--resume: the settings of DIR/config.json. The flags of RESUME_FLAGS may change; any other flag may be
+    repeated with its recorded value (rerunning the same command with --resume works) but not changed."""
     if not args.out:
         raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
-    changed = [name for name, value in vars(args).items()
-               if name not in RESUME_FLAGS and value is not None and value is not False]
-    if changed:
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
-        raise UsageError(f"--resume takes the experiment's settings from {args.out}/config.json; {flags} cannot "
-                         f"change (allowed: --threads, --device, --executor, --ray-address, --checkpoint-every, "
-                         f"--compile)")
     path = Path(args.out) / run_folder.CONFIG
     try:
         config = run_folder.read_config(Path(args.out))
         s = dict(config["settings"])
         packs = config["packs"]
-        s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
-        for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile"):
-            if getattr(args, name) not in (None, False):
-                s[name] = getattr(args, name)
-        s["out"] = args.out
-        resolve_runtime(s)
-        settings = Settings.from_json(s, packs)
     except FileNotFoundError:
         raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
     except (ValueError, KeyError, TypeError) as error:
         raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
-    if settings.threads is not None and settings.threads <= 0:
-        raise UsageError(f"--threads must be positive, got {settings.threads}")
-    if settings.checkpoint_every is not None and settings.checkpoint_every <= 0:
-        raise UsageError(f"--checkpoint-every must be positive, got {settings.checkpoint_every}")
+    given = {name: value for name, value in vars(args).items()
+             if name not in RESUME_FLAGS and value is not None and value is not False}
+    for name, value in given.items():
+        if as_recorded(name, value) != s.get(name):
+            raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
+                             f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor, "
+                             f"--ray-address, --checkpoint-every, --compile)")
+    s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
+    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile"):
+        if getattr(args, name) not in (None, False):
+            s[name] = getattr(args, name)
+    s["out"] = args.out
+    try:
+        check_ranges(s)
+        resolve_runtime(s)
+        settings = Settings.from_json(s, packs)
+    except (ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
     if settings.ray_address and settings.executor != "ray":
         raise UsageError("--ray-address applies to --executor ray only")
+    check_ray_address(settings.ray_address)
     if (why := precision.problem(settings.precision, torch.device(settings.device))) is not None:
         raise UsageError(f"--resume: this sweep trains in {settings.precision}, and {why}")
     return settings
