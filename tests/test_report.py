@@ -225,3 +225,32 @@ def test_bad_input_stops_with_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert not (empty / "report.md").exists() and not (empty / "figures").exists()
+
+
+def test_convergence_against_curves_of_known_shape():
+    """Flat, linear and geometrically slowing ood_acc curves, and a model that does not fit: the verdicts and the
+    step estimate follow from the shapes (closed forms), not from this code's own earlier output."""
+    from pe_fast.report.numbers import convergence, convergence_lines
+    steps = np.arange(0, 4001, 500)
+    shapes = {
+        0.1: (0.9 + 0 * steps, 1.0),                       # flat: converged
+        0.5: (0.5 + 0.1 * steps / 1000, 1.0),              # +0.1 per 1000 steps, not slowing: no estimate
+        1.0: (0.9 - 0.32 * 0.5 ** (steps / 1000), 1.0),    # gains halve every 1000 steps (one quarter)
+        2.0: (0.9 + 0 * steps, 0.8),                       # flat, but its training accuracy ends at 0.8
+    }
+    curves = pd.DataFrame([dict(pe="learned", sigma=sigma, step=s, ood_acc=v, train_acc=fit)
+                           for sigma, (values, fit) in shapes.items() for s, v in zip(steps, values)])
+    (check,) = convergence(curves, KINDS["lst"].view)
+    assert not check.converged and not check.too_short
+    improving = {sigma: (gain, more) for sigma, gain, more in check.still_improving}
+    assert set(improving) == {0.5, 1.0}
+    assert improving[0.5] == (pytest.approx(0.1), None)
+    # the last quarter gains 0.32·(0.5³ − 0.5⁴) = 0.02, the one before 0.04: ratio ½, so one more quarter
+    # (1000 steps) gains 0.01, which is not more than the tolerance
+    assert improving[1.0][0] == pytest.approx(0.02) and improving[1.0][1] == 1000
+    assert check.unfit == [(2.0, pytest.approx(0.8))]
+    text = " ".join(convergence_lines([check], KINDS["lst"].view))
+    assert "not converged" in text and "about 1,000 more steps" in text and "σ=2 does not fit" in text
+    flat = curves[curves["sigma"] == 0.1]
+    assert convergence(flat, KINDS["lst"].view)[0].converged
+    assert convergence(flat[flat["step"] <= 1000], KINDS["lst"].view)[0].too_short

@@ -10,7 +10,8 @@ import pandas as pd
 
 from pe_fast import run_folder
 from pe_fast.report.figures import draw_figures
-from pe_fast.report.numbers import Alignment, alignment, fmt, is_baseline, statement, summary_markdown
+from pe_fast.report.numbers import (Alignment, alignment, convergence, convergence_lines, fmt, is_baseline, statement,
+                                    summary_markdown)
 from pe_fast.report.reading import ReportError, Run, read_run, task_name
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
@@ -51,6 +52,8 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
     lines += [f"Task **{task}**" + (f" on data: **{data_kind}**" if data_kind else "")
               + f", {len(results) - baselines} trained models"
               + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
+              "## Convergence", "", *(convergence_lines(convergence(run.curves, view), view)
+                                       or ["No curves.parquet: convergence cannot be judged."]), "",
               "## What the numbers show", "", statement(run, view), ""]
     if align is not None:
         lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "

@@ -109,7 +109,9 @@ def statement(run: Run, view: TaskView) -> str:
     score = view.score
     if score not in results:
         return f"The results hold no {score} column, so there is nothing to compare yet."
+    provisional = {c.pe for c in convergence(run.curves, view) if not c.converged}
     for pe in dict.fromkeys(models["pe"]):
+        start = len(parts)
         rows = models[models["pe"] == pe]
         g = grouped(rows, score).dropna(subset=["mean"])
         if g.empty:
@@ -139,6 +141,8 @@ def statement(run: Run, view: TaskView) -> str:
             desc = ", ".join((f"σ={r.sigma:g} " if np.isfinite(r.sigma) else "") + f"{fmt(r.mean)} ± {fmt(r.sd)}"
                              for r in g.itertuples())
             parts.append(f"{pe}: {score} {desc}.")
+        if pe in provisional and len(parts) > start:  # a finding only once the curves have flattened
+            parts[start] = "Provisional, not converged: " + parts[start]
     baselines = results[is_baseline(results["pe"])]
     if not baselines.empty:
         g = grouped(baselines, score).dropna(subset=["mean"])
@@ -146,3 +150,89 @@ def statement(run: Run, view: TaskView) -> str:
             parts.append("Non-transformer references: " + ", ".join(
                 f"{r.pe} {fmt(r.mean)}" for r in g.itertuples()) + f" ({score}).")
     return " ".join(parts) if parts else f"No model has a finite {score} yet."
+
+
+# ---- convergence: whether the verdicts are those of trained models ----
+
+PLATEAU_TOLERANCE = 0.01  # a score (accuracy, R²) that moved less than this over the last quarter has plateaued
+FIT_THRESHOLD = 0.99      # a training accuracy below this at the end: the model does not fit its training set
+
+
+@dataclasses.dataclass
+class Convergence:
+    pe: str
+    still_improving: list[tuple[float, float, int | None]]  # (σ, gain over the last quarter, more steps or None)
+    unfit: list[tuple[float, float]]                          # (σ, final training fit)
+    too_short: bool                                           # too few evaluations to tell
+
+    @property
+    def converged(self) -> bool:
+        return not (self.still_improving or self.unfit or self.too_short)
+
+
+def _value_at(curve: pd.Series, step: float) -> float:
+    """The curve (indexed by step) at its last evaluation at or before `step`."""
+    return float(curve[curve.index <= step].iloc[-1])
+
+
+def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
+    """Per PE kind: which σ still gained more than PLATEAU_TOLERANCE in the generalisation score over the last
+    quarter of training (and, where the quarter before gained more, how many more steps a geometric slow-down
+    of the gains suggests until a quarter gains less), and which do not fit their training set."""
+    score, lower_is_better = view.score, view.score.endswith("mse")
+    if curves.empty or score not in curves or "step" not in curves:
+        return []
+    rows = curves[~is_baseline(curves["pe"])]
+    out = []
+    for pe in dict.fromkeys(rows["pe"]):
+        of_pe = rows[rows["pe"] == pe]
+        result = Convergence(pe, [], [], False)
+        for sigma, group in of_pe.groupby("sigma", dropna=False, sort=False):
+            curve = group.groupby("step")[score].mean().dropna().sort_index()
+            end = curve.index.max() if len(curve) else 0
+            if len(curve) < 4 or end <= 0:
+                result.too_short = True
+                continue
+            sign = -1.0 if lower_is_better else 1.0
+            last = sign * (curve.iloc[-1] - _value_at(curve, 0.75 * end))
+            before = sign * (_value_at(curve, 0.75 * end) - _value_at(curve, 0.5 * end))
+            if last > PLATEAU_TOLERANCE:
+                more = None
+                # slowing down by last/before a quarter (clearly: a ratio near 1 gives no estimate): quarters
+                # until one gains no more than the tolerance
+                if 0 < last < 0.9 * before:
+                    quarters = math.ceil(math.log(PLATEAU_TOLERANCE / last) / math.log(last / before) - 1e-9)
+                    more = int(quarters * end / 4)
+                result.still_improving.append((sigma, last, more))
+            if view.fit and view.fit in group:
+                fit = group.groupby("step")[view.fit].mean().dropna().sort_index()
+                if len(fit) and fit.iloc[-1] < FIT_THRESHOLD:
+                    result.unfit.append((sigma, float(fit.iloc[-1])))
+        out.append(result)
+    return out
+
+
+def _who(sigma: float) -> str:
+    return f"σ={sigma:g}" if np.isfinite(sigma) else "it"
+
+
+def convergence_lines(checks: list[Convergence], view: TaskView) -> list[str]:
+    """One line per PE kind for the top of report.md."""
+    lines = []
+    for c in checks:
+        if c.converged:
+            lines.append(f"* **{c.pe}: converged**: every σ's {view.score} moved less than {PLATEAU_TOLERANCE:g} "
+                         f"over the last quarter of training" + (" and it fits its training set." if view.fit
+                                                                  else "."))
+            continue
+        reasons = []
+        if c.too_short:
+            reasons.append("too few evaluations to tell (fewer than 4)")
+        for sigma, gain, more in c.still_improving:
+            hint = (f"the slowing gains suggest about {more:,} more steps" if more is not None
+                    else "its gains are not slowing: train at least twice as long")
+            reasons.append(f"{_who(sigma)} still gained {gain:.3f} {view.score} in the last quarter ({hint})")
+        for sigma, fit in c.unfit:
+            reasons.append(f"{_who(sigma)} does not fit its training set ({view.fit} {fit:.3f})")
+        lines.append(f"* **{c.pe}: not converged**: " + "; ".join(reasons) + ". Its verdicts below are provisional.")
+    return lines
