@@ -254,3 +254,8 @@ def test_convergence_against_curves_of_known_shape():
     flat = curves[curves["sigma"] == 0.1]
     assert convergence(flat, KINDS["lst"].view)[0].converged
     assert convergence(flat[flat["step"] <= 1000], KINDS["lst"].view)[0].too_short
+    # flat, but under a cosine schedule whose rate is at 1/2·(1 + cos(3π/4)) ≈ 15 % of its peak at 3/4 of the run
+    cosine = flat.assign(lr=0.5 * (1 + np.cos(np.pi * flat["step"] / 4000)))
+    (check,) = convergence(cosine, KINDS["lst"].view)
+    assert not check.converged and check.decayed == pytest.approx(0.5 * (1 + np.cos(0.75 * np.pi)))
+    assert convergence(flat.assign(lr=1e-3), KINDS["lst"].view)[0].converged  # a constant rate: a real plateau

@@ -155,6 +155,7 @@ def statement(run: Run, view: TaskView) -> str:
 # ---- convergence: whether the verdicts are those of trained models ----
 
 PLATEAU_TOLERANCE = 0.01  # a score (accuracy, R²) that moved less than this over the last quarter has plateaued
+MOVING_LR = 0.5           # ... provided the learning rate there was at least this fraction of its peak
 FIT_THRESHOLD = 0.99      # a training accuracy below this at the end: the model does not fit its training set
 
 
@@ -164,10 +165,12 @@ class Convergence:
     still_improving: list[tuple[float, float, int | None]]  # (σ, gain over the last quarter, more steps or None)
     unfit: list[tuple[float, float]]                          # (σ, final training fit)
     too_short: bool                                           # too few evaluations to tell
+    decayed: float | None = None  # the learning rate over the last quarter as a fraction of its peak, when so low
+    #                               that a flat end may be the schedule's rather than a plateau
 
     @property
     def converged(self) -> bool:
-        return not (self.still_improving or self.unfit or self.too_short)
+        return not (self.still_improving or self.unfit or self.too_short or self.decayed is not None)
 
 
 def _value_at(curve: pd.Series, step: float) -> float:
@@ -196,6 +199,11 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
             sign = -1.0 if lower_is_better else 1.0
             last = sign * (curve.iloc[-1] - _value_at(curve, 0.75 * end))
             before = sign * (_value_at(curve, 0.75 * end) - _value_at(curve, 0.5 * end))
+            if "lr" in group:
+                lr = group.groupby("step")["lr"].mean().sort_index()
+                fraction = _value_at(lr, 0.75 * end) / lr.max() if lr.max() > 0 else 1.0
+                if fraction < MOVING_LR and last <= PLATEAU_TOLERANCE:
+                    result.decayed = min(fraction, result.decayed if result.decayed is not None else 1.0)
             if last > PLATEAU_TOLERANCE:
                 more = None
                 # slowing down by last/before a quarter (clearly: a ratio near 1 gives no estimate): quarters
@@ -228,6 +236,10 @@ def convergence_lines(checks: list[Convergence], view: TaskView) -> list[str]:
         reasons = []
         if c.too_short:
             reasons.append("too few evaluations to tell (fewer than 4)")
+        if c.decayed is not None:
+            reasons.append(f"flat over the last quarter, but at a learning rate down to {100 * c.decayed:.0f} % of "
+                           f"its peak (a cosine schedule's end): a plateau of the schedule, not shown to be the "
+                           f"model's; a longer or constant-rate run would tell")
         for sigma, gain, more in c.still_improving:
             hint = (f"the slowing gains suggest about {more:,} more steps" if more is not None
                     else "its gains are not slowing: train at least twice as long")
