@@ -10,5 +10,6 @@ The package: reading.py (the folder, through pe_fast.run_folder), numbers.py (st
 statement), figures.py, cli.py (report.md: write_report, and main).
 """
 from pe_fast.report.cli import main, write_report
+from pe_fast.report.reading import load_run
 
-__all__ = ["main", "write_report"]
+__all__ = ["load_run", "main", "write_report"]
