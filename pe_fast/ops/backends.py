@@ -21,7 +21,7 @@ from pe_fast.ops import reference
 
 log = logging.getLogger("pe_fast")
 
-PREFERENCE = ("triton", "cpp", "reference")  # the first registered one that runs on the tensors' device
+PREFERENCE = ("triton", "cpp", "reference")  # BACKENDS keeps this order: the default is the first that runs there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
     """backend= argument, else $PE_FAST_BACKEND, else the preferred registered backend for the device."""
     chosen = backend or os.environ.get("PE_FAST_BACKEND")
     if chosen is None:
-        return next(name for name in PREFERENCE if name in BACKENDS and device.type in BACKENDS[name].devices)
+        return next(name for name, b in BACKENDS.items() if device.type in b.devices)
     if chosen not in BACKENDS:
         raise ValueError(f"unknown pe_attention backend {chosen!r}; available: {', '.join(BACKENDS)}")
     if device.type not in BACKENDS[chosen].devices:
