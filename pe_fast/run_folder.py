@@ -208,14 +208,16 @@ class UnreadableCheckpoint(Exception):
     """A checkpoint that cannot be loaded safely: one line naming it and what to do."""
 
 
-def load_checkpoint(out: Path, index: int) -> dict | None:
-    """The training state of pack `index`, or None. Loaded with weights_only=True: tensors and plain Python
-    values only, so a crafted file (folders are shared) runs no code."""
-    path = checkpoint_path(out, index)
-    if not path.is_file():
-        return None
+# numpy arrays and scalars as plain data (checkpoints from before 2026-11-26 hold the initial PE tables as
+# arrays): rebuilding them calls numpy's constructors only, nothing named by the file
+_NUMPY_DATA = [np._core.multiarray._reconstruct, np._core.multiarray.scalar, np.ndarray, np.dtype,
+               *(type(np.dtype(t)) for t in (np.float32, np.float64, np.int64, np.bool_))]
+
+
+def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_NUMPY_DATA):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # unpickling refused, truncated, or not a checkpoint at all
         # torch's message buries the cause ("unsupported GLOBAL posix.system ...") among advice
         advice = ("Weights only load failed", "Check the documentation", "Please file an issue")
@@ -223,6 +225,21 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
         cause = next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
         raise UnreadableCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {cause[:160]}); "
                                    f"delete it to retrain pack {index} from its start")
+
+
+def load_checkpoint(out: Path, index: int) -> dict | None:
+    """The training state of pack `index`, or None. Loaded with weights_only=True: tensors and plain Python and
+    numpy values only, so a crafted file (folders are shared) runs no code."""
+    path = checkpoint_path(out, index)
+    return _load_checkpoint(path, index, mmap=False) if path.is_file() else None
+
+
+def check_checkpoint(out: Path, index: int) -> None:
+    """Raise UnreadableCheckpoint unless pack `index`'s checkpoint (if any) loads safely; memory-mapped, so the
+    check reads the pickle and not the tensors."""
+    path = checkpoint_path(out, index)
+    if path.is_file():
+        _load_checkpoint(path, index, mmap=True)
 
 
 def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,

@@ -132,12 +132,6 @@ def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
              for l in range(L) for h in range(H) for s in range(S)} for m in range(M)]
 
 
-def plain_row(row: dict) -> dict:
-    """A curves row with Python numbers only (metrics may return numpy scalars): a checkpoint then loads with
-    torch.load(weights_only=True), which runs no code from the file."""
-    return {k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()}
-
-
 class PackTrainer:
     """The training of one pack, resumable: state_dict() holds everything the rest of the run depends on
     (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
@@ -260,7 +254,7 @@ class PackTrainer:
         return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "batches": batches, "loss_buffer": self.loss_buffer, "stats_buffer": self.stats_buffer,
-                "filled": self.filled, "curves": [plain_row(row) for row in self.curves], "initial_pe": self.initial_pe,
+                "filled": self.filled, "curves": self.curves, "initial_pe": self.initial_pe,
                 "seconds": self.seconds, "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict):
@@ -273,5 +267,6 @@ class PackTrainer:
         self.loss_buffer = state["loss_buffer"].to(self.device)
         self.stats_buffer = None if state["stats_buffer"] is None else state["stats_buffer"].to(self.device)
         self.step, self.filled, self.seconds = state["step"], state["filled"], state["seconds"]
-        self.curves, self.initial_pe = list(state["curves"]), list(state["initial_pe"])
+        # tensors; numpy arrays in checkpoints written before 2026-11-26
+        self.curves, self.initial_pe = list(state["curves"]), [torch.as_tensor(t) for t in state["initial_pe"]]
         torch.set_rng_state(state["torch_rng"])

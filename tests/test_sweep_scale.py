@@ -281,3 +281,19 @@ def test_keep_freed_memory_stops_page_faults_on_reused_blocks():
         return int(run.stdout.split()[-1])
     assert faults("default") > 5 * 10_000
     assert faults("keep") < 1_000
+
+
+def test_checkpoints_with_numpy_data_load_and_code_does_not(tmp_path):
+    """Checkpoints written before 2026-11-26 hold numpy arrays and scalars: those load (as data); a pickled
+    callable does not."""
+    (tmp_path / "packs").mkdir()
+    state = {"initial_pe": [np.arange(6, dtype=np.float32).reshape(2, 3)], "curves": [{"pe_rsa": np.float64(0.5)}],
+             "flags": np.array([True, False]), "ids": np.arange(3)}
+    torch.save(state, run_folder.checkpoint_path(tmp_path, 0))
+    loaded = run_folder.load_checkpoint(tmp_path, 0)
+    np.testing.assert_array_equal(loaded["initial_pe"][0], state["initial_pe"][0])
+    assert loaded["curves"][0]["pe_rsa"] == 0.5 and loaded["ids"].tolist() == [0, 1, 2]
+    run_folder.check_checkpoint(tmp_path, 0)
+    torch.save({"step": 1, "call": os.getcwd}, run_folder.checkpoint_path(tmp_path, 1))
+    with pytest.raises(run_folder.UnreadableCheckpoint, match="1.checkpoint.pt cannot be loaded safely"):
+        run_folder.check_checkpoint(tmp_path, 1)

@@ -82,7 +82,7 @@ def run(s: Settings) -> Path:
         todo = [i for i in range(len(packs)) if i not in finished]
         for index in todo:  # every checkpoint readable (and safely so) before any training
             try:
-                run_folder.load_checkpoint(out, index)
+                run_folder.check_checkpoint(out, index)
             except run_folder.UnreadableCheckpoint as error:
                 raise UsageError(str(error))
         if task.data_line is not None:
