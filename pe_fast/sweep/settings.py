@@ -23,6 +23,7 @@ from pe_fast.train import OPTIMIZERS, SCHEDULES
 EXECUTORS = ("local", "ray")
 COMPILE_CHOICES = ("auto", "on", "off")
 
+PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
                 "compile")
@@ -55,7 +56,7 @@ class Settings:
     weight_decay: float = 0.0
     momentum: float = 0.0
     pe_at: str = "every"
-    precision: str = "fp32"  # sweeps from before --precision trained in float32
+    precision: str = "fp32"
     preset: str | None = None
     # the task's data
     lst_train: str | None = None
@@ -214,29 +215,22 @@ def from_flags(args: argparse.Namespace) -> Settings:
     if s["mlp_width"] is None:
         s["mlp_width"] = 4 * s["width"]
     resolve_runtime(s)
-    if s["precision"] is None:
-        s["precision"] = precision.default(torch.device(s["device"]))
-    if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
-        raise UsageError(f"--precision {s['precision']}: {why}")
     for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
         if flag not in kind.flags and getattr(args, flag) is not None:
             owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
             raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
     if task == "fmri" and (s["regions"] or s["parcellation"]) and not s["data"]:
         raise UsageError("--regions and --parcellation describe --data; give --data too")
-    for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
-        if s.get(path_flag) and not Path(s[path_flag]).exists():
-            raise UsageError(f"--{path_flag.replace('_', '-')}: {s[path_flag]} does not exist")
+    for path_flag in PATH_FLAGS:
+        if s.get(path_flag):
+            if not Path(s[path_flag]).exists():
+                raise UsageError(f"--{path_flag.replace('_', '-')}: {s[path_flag]} does not exist")
+            # absolute, so that a resume from elsewhere or a Ray worker finds them
+            s[path_flag] = str(Path(s[path_flag]).resolve())
     if s["backend"] is not None:
         from pe_fast.ops.backends import BACKENDS
         if s["backend"] not in BACKENDS:
             raise UsageError(f"--backend: unknown {s['backend']!r}; available: {', '.join(BACKENDS)}")
-    if s["ray_address"] and s["executor"] != "ray":
-        raise UsageError("--ray-address applies to --executor ray only")
-    check_ray_address(s["ray_address"])
-    for path_flag in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
-        if s.get(path_flag):  # absolute, so that a resume from elsewhere or a Ray worker finds them
-            s[path_flag] = str(Path(s[path_flag]).resolve())
     return Settings(**s)
 
 
@@ -245,16 +239,16 @@ def from_flags(args: argparse.Namespace) -> Settings:
 MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
 RAY_CONNECT_TIMEOUT_S = 10
-# name -> (lowest, highest, whether the lowest is allowed); None: unbounded on that side
+# name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
 RANGES = {
-    "seeds": (1, None, True), "steps": (1, None, True), "batch_size": (1, None, True), "width": (1, None, True),
-    "depth": (1, None, True), "heads": (1, None, True), "mlp_width": (1, None, True), "eval_every": (1, None, True),
-    "eval_items": (1, None, True), "max_pack": (1, None, True), "checkpoint_every": (1, None, True),
-    "threads": (1, None, True), "warmup": (0, None, True), "lr": (0, None, False), "weight_decay": (0, None, True),
-    "momentum": (0, 1, True), "mask_fraction": (0, 1, False), "window": (1, None, True),
-    "nodes": (2, None, True), "modules": (1, None, True), "timepoints": (2, None, True), "runs": (1, None, True),
-    "p_within": (0, 1, True), "p_between": (0, 1, True), "coupling": (0, None, True),
-    "inhibition": (0, None, True), "noise": (0, None, True), "netsim_seed": (0, None, True),
+    "seeds": (1, None, "[)"), "steps": (1, None, "[)"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
+    "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
+    "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
+    "threads": (1, None, "[)"), "warmup": (0, None, "[)"), "lr": (0, None, "()"), "weight_decay": (0, None, "[)"),
+    "momentum": (0, 1, "[)"), "mask_fraction": (0, 1, "()"), "window": (1, None, "[)"),
+    "nodes": (2, None, "[)"), "modules": (1, None, "[)"), "timepoints": (2, None, "[)"), "runs": (1, None, "[)"),
+    "p_within": (0, 1, "[]"), "p_between": (0, 1, "[]"), "coupling": (0, None, "[)"),
+    "inhibition": (0, None, "[)"), "noise": (0, None, "[)"), "netsim_seed": (0, None, "[)"),
 }
 # flag -> (the setting it depends on, the values under which it means something)
 APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
@@ -262,14 +256,15 @@ APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
-    for name, (low, high, low_allowed) in RANGES.items():
+    for name, (low, high, ends) in RANGES.items():
         value = s.get(name)
         if value is None:
             continue
-        allowed = (f"{'≥' if low_allowed else '>'} {low:g}" + (f" and < {high:g}" if high is not None else ""))
-        ok = math.isfinite(value) and (value >= low if low_allowed else value > low) and \
-            (high is None or value < high or (name in ("p_within", "p_between") and value == high))
-        if not ok:
+        above = value >= low if ends[0] == "[" else value > low
+        below = high is None or (value <= high if ends[1] == "]" else value < high)
+        if not (math.isfinite(value) and above and below):
+            allowed = f"{'≥' if ends[0] == '[' else '>'} {low:g}"
+            allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:g}"
             raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
     for flag, (setting, values) in APPLIES_ONLY_WITH.items():
         if args is not None and getattr(args, flag, None) is not None and s[setting] not in values:
@@ -292,11 +287,18 @@ def check_ray_address(address: str | None):
 
 
 def resolve_runtime(s: dict):
-    """The settings that may differ on --resume: device, executor, compilation."""
+    """The settings that may differ on --resume (device, executor, compilation), and what depends on them."""
     if s["device"] == "auto":
         s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     if s["compile"] == "auto":  # measured: bench/results/h100-20261126-sweep (1.1-1.3× on an H100)
         s["compile"] = "on" if s["device"] == "cuda" else "off"
+    if s.get("precision") is None:
+        s["precision"] = precision.default(torch.device(s["device"]))
+    if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
+        raise UsageError(f"--precision {s['precision']}: {why}")
+    if s["ray_address"] and s["executor"] != "ray":
+        raise UsageError("--ray-address applies to --executor ray only")
+    check_ray_address(s["ray_address"])
     on_ray = s["executor"] == "ray"
     if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()
                                               and not on_ray):  # a Ray cluster's workers may have the GPUs
@@ -313,7 +315,7 @@ def as_recorded(name: str, value):
         return list(parse_list(value, str.strip, "--pe"))
     if name == "sigmas":
         return list(parse_list(value, float, "--sigmas"))
-    if name in ("lst_train", "lst_ood", "data", "regions", "parcellation"):
+    if name in PATH_FLAGS:
         return str(Path(value).resolve())
     return value
 
@@ -344,15 +346,10 @@ def from_resume(args: argparse.Namespace) -> Settings:
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)
     s["out"] = args.out
+    s.setdefault("precision", "fp32")  # sweeps from before --precision trained in float32
     try:
         check_ranges(s)
         resolve_runtime(s)
-        settings = Settings.from_json(s, packs)
+        return Settings.from_json(s, packs)
     except (ValueError, KeyError, TypeError) as error:
         raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
-    if settings.ray_address and settings.executor != "ray":
-        raise UsageError("--ray-address applies to --executor ray only")
-    check_ray_address(settings.ray_address)
-    if (why := precision.problem(settings.precision, torch.device(settings.device))) is not None:
-        raise UsageError(f"--resume: this sweep trains in {settings.precision}, and {why}")
-    return settings
