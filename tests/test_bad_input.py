@@ -33,7 +33,7 @@ CASES = [
     ("sigma nan", LST + ["--sigmas", "nan"], "--sigmas"),
     ("sigma zero", LST + ["--sigmas", "0"], "--sigmas"),
     ("sigma not a number", LST + ["--sigmas", "abc"], "--sigmas"),
-    ("batch larger than the training set", LST + ["--batch-size", "20000"], "--batch-size 20000"),
+    ("batch larger than the training set", NETSIM + ["--batch-size", "20000"], "--batch-size 20000"),
     ("one training puzzle", LST + ["--lst-train", "ONE_PUZZLE"], "--batch-size"),
     ("a grid too large", LST + ["--seeds", "99999999999"], "--seeds"),
     ("mlp width zero", LST + ["--mlp-width", "0"], "--mlp-width"),
