@@ -10,8 +10,8 @@ import pandas as pd
 
 from pe_fast import run_folder
 from pe_fast.report.figures import draw_figures
-from pe_fast.report.numbers import (Alignment, alignment, convergence, convergence_lines, fmt, is_baseline, statement,
-                                    summary_markdown)
+from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
+                                    statement, summary_markdown)
 from pe_fast.report.reading import ReportError, Run, read_run, task_name
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
@@ -42,7 +42,7 @@ def config_markdown(config: dict) -> str:
 
 
 def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Alignment | None,
-                    drawn: dict[str, str], skipped: list[str]) -> str:
+                    checks: list[Convergence], drawn: dict[str, str], skipped: list[str]) -> str:
     results = run.results
     lines = [f"# pe_fast report: {name}", ""]
     lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
@@ -52,9 +52,9 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
     lines += [f"Task **{task}**" + (f" on data: **{data_kind}**" if data_kind else "")
               + f", {len(results) - baselines} trained models"
               + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
-              "## Convergence", "", *(convergence_lines(convergence(run.curves, view), view)
+              "## Convergence", "", *(convergence_lines(checks, view)
                                        or ["No curves.parquet: convergence cannot be judged."]), "",
-              "## What the numbers show", "", statement(run, view), ""]
+              "## What the numbers show", "", statement(run, view, checks), ""]
     if align is not None:
         lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "
                   f"models (alignment = {align.source} averaged over layers and heads; generalisation = "
@@ -76,8 +76,9 @@ def write_report(directory: str | os.PathLike) -> Path:
     task = task_name(run)
     view = KINDS[task].view
     align = alignment(run.results, view)
+    checks = convergence(run.curves, view)
     drawn, skipped = draw_figures(run, task, view, align, directory)
-    text = report_markdown(directory.resolve().name, run, task, view, align, drawn, skipped)
+    text = report_markdown(directory.resolve().name, run, task, view, align, checks, drawn, skipped)
     report = directory / run_folder.REPORT
     run_folder.write_atomic(report, lambda tmp: tmp.write_text(text))
     return report

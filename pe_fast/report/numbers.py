@@ -101,15 +101,16 @@ def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
     return "\n".join(lines)
 
 
-def statement(run: Run, view: TaskView) -> str:
-    """One plain paragraph of what the numbers show, every figure computed here from the results."""
+def statement(run: Run, view: TaskView, checks: list[Convergence]) -> str:
+    """One plain paragraph of what the numbers show, every figure computed here from the results; the verdicts of
+    PE kinds whose convergence checks failed are marked provisional."""
     results = run.results
     models = results[~is_baseline(results["pe"])]
     parts = []
     score = view.score
     if score not in results:
         return f"The results hold no {score} column, so there is nothing to compare yet."
-    provisional = {c.pe for c in convergence(run.curves, view) if not c.converged}
+    provisional = {c.pe for c in checks if not c.converged}
     for pe in dict.fromkeys(models["pe"]):
         start = len(parts)
         rows = models[models["pe"] == pe]
