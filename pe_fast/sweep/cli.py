@@ -16,6 +16,7 @@ from pe_fast.sweep import executors, folder, grid, settings
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.sweep.task_loading import load_task
+from pe_fast.train import BatchSampler
 
 
 def check_out_folder(out: Path):
@@ -33,12 +34,14 @@ def check_out_folder(out: Path):
 
 def check_against_task(s: Settings, task):
     """What only the loaded task can tell, before the folder exists: the batch fits its training set, and each
-    PE kind can be built on its tokens (e.g. sinnd needs the regions' centroids)."""
-    train_items = len(task.splits["train"])
-    if s.batch_size > train_items:
-        raise UsageError(f"--batch-size {s.batch_size} exceeds the {train_items} training items of --task {s.task}")
+    PE kind can be built on its tokens (e.g. sinnd needs the regions' centroids). The constructors hold the
+    rules: one batch sampler and one small model of each kind are built."""
+    try:
+        BatchSampler(len(task.splits["train"]), s.batch_size, [0], torch.device("cpu"))
+    except ValueError as error:
+        raise UsageError(f"--batch-size {s.batch_size}: {error} of --task {s.task}")
     for kind in s.pe:
-        try:  # one small model of each kind: the constructors hold the rules
+        try:
             StackedTransformer(grid.model_config(s, task, kind), [0], [1.0 if kind in SIGMA_PES else None],
                                task.coordinates)
         except ValueError as error:
