@@ -36,6 +36,7 @@ from bench_training import step_flops
 from pe_fast import memory, precision
 from pe_fast.models import ModelConfig
 from pe_fast.ops.backends import resolve_backend
+from pe_fast.sweep.grid import split_into_packs
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import PackTrainer, TrainConfig
 
@@ -110,7 +111,7 @@ def pack_size_for(models: int, config: ModelConfig, device: torch.device, task: 
     near-equal size (split_into_packs)."""
     per_model = memory.bytes_per_model(config, BATCH, "adamw", resolve_backend(None, device), task.coordinates)
     fits = memory.pack_size(per_model, memory.free_bytes(device))
-    return math.ceil(models / math.ceil(models / fits))
+    return len(split_into_packs([dict(pe="learned")] * models, fits)[0])
 
 
 def time_sweep_path(task: LSTTask, models: int, precision_name: str, compiled: bool, device: torch.device,
