@@ -19,7 +19,7 @@ from pe_fast.tasks import KINDS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
 LST_FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
-               "attention_over_training", "pe_drift", "learned_pe")
+               "attention_over_training", "pe_drift", "learned_pe", "pe_rank_vs_sigma", "pe_rank_over_training")
 RHO_LINE = re.compile(r"Spearman ρ = (-?\d+\.\d+) over (\d+) models")
 
 
@@ -49,6 +49,7 @@ def synthetic_rows(task: str, models: list[dict], layers: int, heads: int, probe
                        pe_fc_corr=quality - 0.3, pe_modularity=rng.uniform(0, .4), pe_segregation=rng.uniform(0, 1),
                        pe_dist_spearman=rng.uniform(-.2, .9), pe_procrustes=rng.uniform(0, 1))
         row["pe_drift"] = 0.5 / sigma if m["pe"] == "learned" else np.nan
+        row["pe_effective_rank"], row["pe_pc1_share"] = rng.uniform(2, 8), rng.uniform(0.1, 0.9)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -169,10 +170,11 @@ def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
     networks = np.repeat([2, 0, 1], 4)
     fc = np.where(networks[:, None] == networks[None, :], 0.6, -0.1) + np.eye(12) * 0.4
     labels = np.array([f"region{i}" for i in range(12)])  # the sweep also stores region names
-    np.savez(tmp_path / "ground_truth.npz", fc=fc, networks=networks, labels=labels)
+    gradients = np.column_stack([networks - 1.0, np.arange(12.0), np.ones(12)])
+    np.savez(tmp_path / "ground_truth.npz", fc=fc, networks=networks, labels=labels, gradients=gradients)
 
     text = report.write_report(tmp_path).read_text()
-    assert_figures(tmp_path, LST_FIGURES)
+    assert_figures(tmp_path, LST_FIGURES + ("pe_gradient",))
     rho, n = printed_rho(text)
     want, want_n = expected_alignment(results, "attn", "same_network", "test_r2")
     assert n == want_n == len(trained) and rho == pytest.approx(want, abs=5e-4)

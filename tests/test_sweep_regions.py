@@ -23,6 +23,20 @@ def sweep(*args, cwd=None):
                           timeout=600, cwd=cwd, env=env)
 
 
+def check_gradient_columns(out: Path, results: pd.DataFrame):
+    """The spectral and gradient columns, recomputed here with plain numpy from the saved PE tables and gradients."""
+    gradients = np.load(out / "ground_truth.npz")["gradients"]
+    tables = np.load(out / "pe_tables.npz")
+    for row in results[results["pe"] == "learned"].itertuples():
+        table = tables[f"model_{row.model_id}"][0]
+        s = np.linalg.svd(table - table.mean(0), compute_uv=False)
+        assert row.pe_effective_rank == pytest.approx(s.sum() ** 2 / (s ** 2).sum(), rel=1e-6)
+        assert row.pe_pc1_share == pytest.approx(s[0] ** 2 / (s ** 2).sum(), rel=1e-6)
+        u = np.linalg.svd(table - table.mean(0), full_matrices=False)[0]
+        r = [abs(np.corrcoef(gradients[:, 0], u[:, k])[0, 1]) for k in range(5)]
+        assert row.pe_gradient_corr == pytest.approx(max(r), abs=1e-6) and row.pe_gradient_pc == int(np.argmax(r))
+
+
 def test_netsim_sweep_writes_models_baselines_and_ground_truth(tmp_path):
     out = tmp_path / "run"
     done = sweep("--task", "netsim", "--pe", "learned,none", "--sigmas", "0.1,2", "--nodes", "40", "--modules",
@@ -40,6 +54,9 @@ def test_netsim_sweep_writes_models_baselines_and_ground_truth(tmp_path):
     truth = np.load(out / "ground_truth.npz")
     assert truth["fc"].shape == (40, 40) and truth["coupling"].shape == (40, 40)
     assert sorted(set(truth["networks"])) == [0, 1, 2, 3]
+    # netsim's reference gradients come from its own FC: the module structure is the first axis
+    assert truth["gradients"].shape == (40, 3)
+    check_gradient_columns(out, results)
     assert "test_r2" in (out / "summary.txt").read_text()
 
 
@@ -54,7 +71,11 @@ def test_fmri_sweep_on_real_hcp_data(tmp_path):
     assert len(learned) == 1
     for column in ("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_dist_spearman", "pe_procrustes"):
         assert np.isfinite(learned[column]).all(), column
-    assert np.load(out / "ground_truth.npz")["centroids"].shape == (100, 3)
+    truth = np.load(out / "ground_truth.npz")
+    assert truth["centroids"].shape == (100, 3)
+    # Schaefer-100's gradient 1 is cubnm's own map of Margulies et al. 2016, z-scored
+    assert truth["gradients"].shape == (100, 3) and truth["gradients"][:, 0].std() == pytest.approx(1, abs=0.02)
+    check_gradient_columns(out, results)
 
 
 def test_fmri_user_data_sweep(tmp_path):

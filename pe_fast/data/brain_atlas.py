@@ -132,6 +132,12 @@ def _cubnm_bold() -> tuple[np.ndarray, ...]:
     return tuple(runs)
 
 
+def _cubnm_gradient1() -> np.ndarray:
+    """The principal FC gradient of Margulies et al. 2016 on Schaefer-100, z-scored, as cubnm ships it."""
+    path = _data_file("cubnm", "data", "maps", "ctx_parc-schaefer-100_desc-fcgradient01_zscore.txt")
+    return _frozen(np.loadtxt(path).reshape(-1, 1))
+
+
 def load_schaefer100_hcp() -> RegionData:
     """Real HCP resting BOLD on Schaefer-100: 2 subjects x 2 runs x 1200 TRs, with Yeo-7, centroids, group FC.
 
@@ -151,8 +157,9 @@ def load_schaefer100_hcp() -> RegionData:
         kind="fmri",
         source=("HCP-YA resting BOLD, Schaefer-100, subjects 100206/100307 x REST1_LR/REST2_LR (cubnm 0.1.0); "
                 "Yeo-7 from cubnm; centroids from brainspace 0.3.0 Schaefer-100 on the Conte69 midthickness; "
-                "FC = cubnm HCP group FC (train706)"),
+                "FC = cubnm HCP group FC (train706); gradient 1 = cubnm's fcgradient01 map"),
         tr_seconds=HCP_TR_SECONDS,
+        gradients=_cubnm_gradient1(),
     )
 
 

@@ -42,6 +42,8 @@ class RegionData:
     kind:          "fmri" | "simulated from real FC" | "netsim".
     source:        one-line provenance, for reports and config.json.
     tr_seconds:    sampling interval in seconds, or None.
+    gradients:     [N, k] reference connectivity gradients (column 0 = the principal gradient), or None: the
+                   task computes them from fc (pe_fast.metrics.gradients.fc_gradients).
     """
 
     runs: list[np.ndarray]
@@ -56,6 +58,7 @@ class RegionData:
     kind: str
     source: str
     tr_seconds: float | None
+    gradients: np.ndarray | None = None
 
     def __post_init__(self):
         n = len(self.labels)
@@ -75,6 +78,8 @@ class RegionData:
                 raise ValueError("network ids must lie in 0..len(network_names)-1")
         if self.coupling is not None and self.coupling.shape != (n, n):
             raise ValueError(f"coupling of shape {self.coupling.shape} does not match {n} regions")
+        if self.gradients is not None and (self.gradients.ndim != 2 or len(self.gradients) != n):
+            raise ValueError(f"gradients of shape {self.gradients.shape} do not match {n} regions")
 
     @property
     def n_regions(self) -> int:

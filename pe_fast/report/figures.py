@@ -15,6 +15,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
 from pe_fast import run_folder
+from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.report.numbers import Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names
 from pe_fast.report.reading import Run, read_npz
@@ -22,7 +23,8 @@ from pe_fast.tasks.base import TaskView
 
 # Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
 FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
-           "attention_over_training", "pe_drift", "learned_pe")
+           "attention_over_training", "pe_drift", "learned_pe", "pe_rank_vs_sigma", "pe_rank_over_training",
+           "pe_gradient")
 
 
 class Styles:
@@ -270,6 +272,35 @@ def brain_pe_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     return None
 
 
+def gradient_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, path: Path) -> str | None:
+    """Per σ, the first seed's block-0 PE: the PC that best follows connectivity gradient 1, against it.
+    Returns why it was not drawn, or None."""
+    truth = read_npz(ground_truth)
+    if "gradients" not in truth:
+        return f"{ground_truth.name} has no 'gradients' array (a results folder from before issue 19)."
+    gradient = truth["gradients"][:, 0]
+    models = results[(results["pe"] == "learned") & results["sigma"].notna()]
+    models = models[[f"model_{i}" in pe_tables for i in models["model_id"]]]
+    if models.empty:
+        return "no pe_tables.npz entry for a learned PE model."
+    chosen = models.sort_values(["sigma", "model_id"]).groupby("sigma", sort=True).head(1)
+    fig, axes = panel_grid(len(chosen), width=3.6, height=3.4)
+    for ax, model in zip(axes, chosen.itertuples()):
+        table = pe_tables[f"model_{int(model.model_id)}"][0]
+        (r, pc), = gradient_metrics.gradient_alignment(table, gradient[:, None])
+        scores, shares = gradient_metrics.pe_principal_components(table, pc + 1)
+        sign = np.sign(np.corrcoef(scores[:, pc], gradient)[0, 1]) or 1.0  # a PC's sign is arbitrary
+        ax.scatter(gradient, sign * scores[:, pc], s=12, color="tab:blue", alpha=0.8)
+        ax.set_title(f"σ={model.sigma:g}, seed {int(model.seed)}: PC{pc + 1} ({100 * shares[pc]:.0f} % of "
+                     f"variance)\n|r| = {r:.2f}", fontsize=9)
+        ax.set_xlabel("connectivity gradient 1")
+        ax.set_ylabel(f"PE PC{pc + 1} score (sign aligned)")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Learned PE's principal axis vs the FC's principal gradient (one point per token)")
+    save(fig, path)
+    return None
+
+
 def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, directory: Path
                  ) -> tuple[dict[str, str], list[str]]:
     """Every figure the results allow, into DIR/figures/: (figure name -> caption, why each other one is not
@@ -331,6 +362,30 @@ def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, d
                              "large = rich learning, small = lazy.")
     else:
         skipped.append("PE drift: no pe_drift values in curves.parquet (learned PEs only).")
+
+    rank = [m for m in ("pe_effective_rank", "pe_pc1_share") if m in results and results[m].notna().any()]
+    if rank:
+        metric_vs_sigma(results[~is_baseline(results["pe"])], rank, styles,
+                        "Spectrum of the block-0 PE, by σ (mean ± sd over seeds)", figures_dir / "pe_rank_vs_sigma.png")
+        drawn["pe_rank_vs_sigma"] = ("Effective rank (Σs)² / Σs² of the token-centred PE table and its first "
+                                     "principal component's share of variance against σ: low rank = a PE "
+                                     "organised along few axes.")
+    else:
+        skipped.append("PE rank vs σ: no pe_effective_rank values in the results.")
+    if not curves.empty and "pe_effective_rank" in curves and curves["pe_effective_rank"].notna().any():
+        curves_by_sigma(curves, {"effective rank of the block-0 PE": curves["pe_effective_rank"]}, styles,
+                        "Effective rank of the PE over training", figures_dir / "pe_rank_over_training.png")
+        drawn["pe_rank_over_training"] = "Effective rank of the block-0 PE table against the training step, by σ."
+    else:
+        skipped.append("PE rank over training: no pe_effective_rank values in curves.parquet.")
+    if task != "lst" and (directory / run_folder.GROUND_TRUTH).is_file():
+        not_drawn = gradient_figure(results, run.pe_tables, directory / run_folder.GROUND_TRUTH,
+                                    figures_dir / "pe_gradient.png")
+        if not_drawn:
+            skipped.append(f"PE vs connectivity gradient: {not_drawn}")
+        else:
+            drawn["pe_gradient"] = ("One panel per σ (first seed): each token's score on the PE principal "
+                                    "component that best follows connectivity gradient 1, against gradient 1.")
 
     pe_path = figures_dir / "learned_pe.png"
     if task == "lst":

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import sinusoidal_nd
@@ -171,9 +172,14 @@ class LSTTask:
     def pe_metrics(self, table: np.ndarray) -> dict:
         """How well one PE table [16, D] mirrors the 4×4 grid (notes/paper.md §5.2)."""
         grid_pe = sinusoidal_nd(self.coordinates, table.shape[1])
-        return {"pe_rsa": pe_geometry.rsa(table, self.coordinates),
-                "pe_procrustes": pe_geometry.procrustes_disparity(table, grid_pe),
-                "pe_dist_spearman": pe_geometry.distance_spearman(table, self.coordinates)}
+        metrics = {"pe_rsa": pe_geometry.rsa(table, self.coordinates),
+                   "pe_procrustes": pe_geometry.procrustes_disparity(table, grid_pe),
+                   "pe_dist_spearman": pe_geometry.distance_spearman(table, self.coordinates),
+                   **gradient_metrics.rank_metrics(table)}
+        # the PE's top two principal axes against the grid's rows and columns (issue 19)
+        metrics["pe_row_axis_r2"], metrics["pe_col_axis_r2"] = gradient_metrics.grid_axis_alignment(
+            table, *self.coordinates.T)
+        return metrics
 
     def baselines(self) -> list[dict]:
         return []  # the paper's references are PE kinds (sin2d, none), trained like the others
@@ -215,7 +221,7 @@ KIND = TaskKind(
     pe_kinds=PE_KINDS,
     flags=("lst_train", "lst_ood"),
     summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
-             "pe_rsa", "pe_dist_spearman"),
+             "pe_rsa", "pe_dist_spearman", "pe_effective_rank", "pe_row_axis_r2", "pe_col_axis_r2"),
     view=TaskView(
         score="ood_acc",
         generalisation=("ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary"),

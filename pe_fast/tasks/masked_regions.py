@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
@@ -33,12 +34,12 @@ BASELINES = ("baseline:mean", "baseline:linear")
 REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
 REGION_FLAGS = ("mask_fraction", "window", "split")
 REGION_SUMMARY = ("train_mse", "test_mse", "test_r2", "pe_fc_corr", "pe_coupling_corr", "pe_modularity",
-                  "pe_segregation", "pe_dist_spearman")
+                  "pe_segregation", "pe_dist_spearman", "pe_gradient_corr", "pe_effective_rank", "pe_pc1_share")
 REGION_VIEW = TaskView(
     score="test_r2",
     generalisation=("test_r2", "test_mse"),
     similarity=("pe_fc_corr", "pe_coupling_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman",
-                "pe_procrustes"),
+                "pe_procrustes", "pe_gradient_corr"),
     summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
     probe="same_network", fit=None)
 # Sized to finish in about 10 minutes on 2 CPU cores (docs/reproduction.md).
@@ -55,6 +56,16 @@ class RegionSplit:
 
     def __len__(self) -> int:
         return len(self.values)
+
+
+def reference_gradients(data) -> np.ndarray:
+    """[N, 3] connectivity gradients of the ground-truth FC; the data's own maps (cubnm's gradient 1 for
+    Schaefer-100) replace the leading columns."""
+    gradients = gradient_metrics.fc_gradients(data.fc)
+    if data.gradients is not None:
+        k = min(data.gradients.shape[1], gradients.shape[1])
+        gradients[:, :k] = data.gradients[:, :k]
+    return gradients
 
 
 def zscore(run: np.ndarray) -> np.ndarray:
@@ -148,6 +159,7 @@ class MaskedRegionTask:
         if window < 1:
             raise ValueError(f"the window must be at least 1 TR, got {window}")
         self.name, self.data = name, data
+        self.gradients = reference_gradients(data)
         self.data_kind = data.kind  # real fMRI, simulated from real FC, or a simulated network: never mixed up
         self.data_line = f"data: {data.kind}: {data.source}"
         N = len(data.labels)
@@ -234,6 +246,11 @@ class MaskedRegionTask:
             centred = table - table.mean(0)
             top3 = np.linalg.svd(centred, full_matrices=False)[2][:3]
             metrics["pe_procrustes"] = pe_geometry.procrustes_disparity(centred @ top3.T, data.centroids)
+        metrics.update(gradient_metrics.rank_metrics(table))
+        # which of the PE's first principal components follows each connectivity gradient (issue 19)
+        for k, (r, pc) in enumerate(gradient_metrics.gradient_alignment(table, self.gradients), start=1):
+            suffix = "" if k == 1 else str(k)
+            metrics[f"pe_gradient{suffix}_corr"], metrics[f"pe_gradient{suffix}_pc"] = r, pc
         return metrics
 
     # ---- the references that are not transformers ----
@@ -285,7 +302,7 @@ class MaskedRegionTask:
 
     def ground_truth(self) -> dict[str, np.ndarray]:
         data = self.data
-        arrays = {"fc": data.fc, "labels": np.asarray(data.labels, dtype=str)}
+        arrays = {"fc": data.fc, "labels": np.asarray(data.labels, dtype=str), "gradients": self.gradients}
         for name in ("networks", "centroids", "coupling"):
             if getattr(data, name) is not None:
                 arrays[name] = getattr(data, name)
