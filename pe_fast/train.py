@@ -20,27 +20,37 @@ from torch import Tensor
 
 from pe_fast import precision
 from pe_fast.metrics import pe_geometry
+from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.ops import STAT_NAMES
+from pe_fast.stacked_optim import StackedOptimizer
 
 # Batch order uses its own stream, apart from the weights' and the PE's.
 DATA_SEED_OFFSET = 2_000_003
+# Items of the attention split on which every evaluation measures how far features and attention moved (a small
+# batch: the first block's attention maps are held in full, [M, items, H, N, N])
+RICH_LAZY_ITEMS = 16
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine")
+
+
+PerModel = float | tuple[float, ...]  # one value for every model of the pack, or one per model
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     steps: int
     batch_size: int = 128
-    lr: float = 1e-4
+    lr: PerModel = 1e-4  # each model's base rate; the schedule scales it
     optimizer: str = "adamw"
-    weight_decay: float = 0.0
-    momentum: float = 0.0  # SGD only
+    weight_decay: PerModel = 0.0
+    momentum: PerModel = 0.0  # SGD only
     schedule: str = "constant"
     warmup: int = 0
     eval_every: int = 250
-    eval_items: int = 2048  # intermediate evaluations score at most this many items per split; the last, all
+    # intermediate evaluations score at most this many items of each split but the task's attention split (in
+    # full: the convergence check compares its scores); the last evaluation scores every item
+    eval_items: int = 2048
     precision: str = "fp32"  # pe_fast.precision: fp32, tf32 or bf16 (autocast; float32 weights and optimizer)
     compile: bool = False  # torch.compile the training step's forward and loss (their backward with them)
 
@@ -54,16 +64,35 @@ class PackResult:
     seconds: float
 
 
+def _one_value(value: PerModel) -> float | None:
+    """The value shared by every model, or None when the models differ."""
+    values = set(value) if isinstance(value, tuple) else {value}
+    return values.pop() if len(values) == 1 else None
+
+
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    """torch's own optimizer when every model of the pack shares its numbers; else the stacked optimizer with
+    per-model values (exactly M torch optimizers, tests/test_stacked_optimizer.py)."""
+    if config.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {config.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+    lr, decay, momentum = (_one_value(v) for v in (config.lr, config.weight_decay, config.momentum))
+    if None in (lr, decay, momentum):
+        return StackedOptimizer(params, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+                                momentum=config.momentum if config.optimizer == "sgd" else 0.0)
     # fused: one multi-tensor kernel per step instead of about ten ops per parameter tensor: about 10 % of a
     # training step at d = 64 on the CPU (bench/bench_training.py)
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=decay, fused=True)
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    raise ValueError(f"unknown optimizer {config.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        return torch.optim.Adam(params, lr=lr, weight_decay=decay, fused=True)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
+
+
+def current_lrs(optimizer: torch.optim.Optimizer, num_models: int) -> list[float]:
+    """Each model's learning rate at the next step."""
+    if isinstance(optimizer, StackedOptimizer):
+        return optimizer.current_lrs()
+    return [optimizer.param_groups[0]["lr"]] * num_models
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -146,11 +175,17 @@ class PackTrainer:
         self.batches = task.training_batches(seeds, device)
         self.eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
         # Intermediate evaluations score an evenly spaced subset of each split (files are often sorted by
-        # condition, so a prefix would not do); the final evaluation scores every item.
-        subset = train_config.eval_items
-        self.eval_items = {name: torch.linspace(0, len(t) - 1, min(subset, len(t))).round().long()
-                           for name, t in self.eval_tokens.items()}
+        # condition, so a prefix would not do); the final evaluation scores every item. The attention split is
+        # scored in full every time: the report's convergence check compares its scores across evaluations, and
+        # a subset's score differs from the full split's by as much as the plateau tolerance.
+        def items(name, count):
+            keep = count if name == task.attention_split else min(train_config.eval_items, count)
+            return torch.linspace(0, count - 1, keep).round().long()
+        self.eval_items = {name: items(name, len(t)) for name, t in self.eval_tokens.items()}
         self.initial_pe = [t.detach().cpu().clone() for t in self.model.pe_tables()]
+        watched = self.eval_tokens[task.attention_split]
+        pick = torch.linspace(0, len(watched) - 1, min(RICH_LAZY_ITEMS, len(watched))).round().long()
+        self.rich_lazy = RichLazyProbe(self.model, watched[pick.to(device)], self.probes)
 
         self.optimizer = make_optimizer(self.model.parameters(), train_config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, train_config))
@@ -215,7 +250,7 @@ class PackTrainer:
     def evaluate(self, step: int, final: bool) -> list[dict]:
         """Score every split; one host sync. Returns one row per model."""
         task, model, M, filled = self.task, self.model, self.M, self.filled
-        rows = [{"model": m, "step": step, "lr": self.optimizer.param_groups[0]["lr"]} for m in range(M)]
+        rows = [{"model": m, "step": step, "lr_last": lr} for m, lr in enumerate(current_lrs(self.optimizer, M))]
         if filled:
             window_loss = self.loss_buffer[:filled].mean(0).cpu().numpy()
             window_stats = self.stats_buffer[:filled].mean(0).cpu().numpy()
@@ -235,6 +270,8 @@ class PackTrainer:
                     rows[m].update(extra)
         model.train()
         tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
+        for m, moved in enumerate(self.rich_lazy.measure(model)):
+            rows[m].update(moved)
         for m in range(M):
             rows[m].update(task.pe_metrics(tables[0][m]) if tables else {})
             if tables and self.model_config.pe == "learned":

@@ -156,7 +156,7 @@ def load_task(task: str):
 def tiny_trainer(task_name: str, kind: str) -> PackTrainer:
     s = task_settings(task_name)
     task = load_task(task_name)
-    return PackTrainer(task, grid.model_config(s, task, kind), grid.train_config(s), SEEDS, SIGMAS,
+    return PackTrainer(task, grid.model_config(s, task, kind), grid.train_config(s, [{}] * len(SEEDS)), SEEDS, SIGMAS,
                        torch.device("cpu"))
 
 

@@ -61,7 +61,7 @@ def synthetic_curves(results: pd.DataFrame, steps=(0, 50, 100)) -> pd.DataFrame:
         part = results.copy()
         part.insert(0, "step", step)
         numeric = [c for c in part.columns if c not in ("task", "pe", "model_id", "sigma", "seed", "steps", "pack",
-                                                          "step")]
+                                                          "step", "optimizer", "lr")]
         part[numeric] = part[numeric] * (0.5 + 0.5 * step / steps[-1])
         if step == 0:
             part[[c for c in numeric if "attn_" in c]] = np.nan
@@ -261,3 +261,21 @@ def test_convergence_against_curves_of_known_shape():
     (check,) = convergence(cosine, KINDS["lst"].view)
     assert not check.converged and check.decayed == pytest.approx(0.5 * (1 + np.cos(0.75 * np.pi)))
     assert convergence(flat.assign(lr=1e-3), KINDS["lst"].view)[0].converged  # a constant rate: a real plateau
+
+
+def test_optimizer_axes_get_their_own_rows_and_a_phase_diagram(tmp_path):
+    """σ × two learning rates × two seeds: the summary has one row per (σ, lr) with numpy's means, and the
+    σ × lr heatmaps and the rich/lazy figure are drawn."""
+    rng = np.random.default_rng(3)
+    models = grid({"learned": [0.1, 1.0]}, seeds=2)
+    models = [dict(m, model_id=2 * m["model_id"] + k, lr=lr, optimizer="adam") for m in models
+              for k, lr in enumerate((1e-3, 3e-3))]
+    results = synthetic_rows("fmri", models, layers=1, heads=1, probes=["same_network"], rng=rng)
+    for column in ("weight_drift_b0", "repr_change", "attn_change"):
+        results[column] = rng.uniform(0, 1, len(results))
+    write_folder(tmp_path, "fmri", models, results, tokens=12)
+    text = report.write_report(tmp_path).read_text()
+    assert "| PE | σ | lr | models |" in text
+    one = results[(results["sigma"] == 1.0) & (results["lr"] == 3e-3)]
+    assert f"| learned | 1 | 0.003 | 2 | {mean_sd(one['test_mse'])} |" in text
+    assert_figures(tmp_path, ("phase_diagram", "rich_lazy_vs_sigma"))

@@ -244,7 +244,7 @@ def test_pack_size_follows_free_memory_and_packs_split_by_pe(monkeypatch):
     s = settings.from_flags(args)
     task = load_task(s)
     from pe_fast.ops.backends import resolve_backend
-    per_model = memory.bytes_per_model(grid.model_config(s, task, "learned"), s.batch_size, s.optimizer,
+    per_model = memory.bytes_per_model(grid.model_config(s, task, "learned"), s.batch_size, s.optimizer[0],
                                        resolve_backend(None, torch.device("cpu")))
     monkeypatch.setattr(memory, "free_bytes", lambda device: 2 * 4 * per_model + 1)  # half of it: 4 models
     assert grid.choose_pack_size(s, task) == 4

@@ -79,14 +79,20 @@ def attention_statistics(p: Tensor, log_p: Tensor, probes: Tensor | None) -> Ten
     return torch.stack(rows, dim=-1).mean(dim=(1, 3)).float()
 
 
-def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
+def attention_map(x, pe, w_qkv, b_qkv, num_heads, rope_cos=None, rope_sin=None, bias=None):
+    """(log p [M,B,H,N,N], its logsumexp, v, qkv): the attention probabilities that the fused kernels never
+    materialise, for analyses that need the map itself."""
     qkv = project_qkv(x, pe, w_qkv, b_qkv)
     q, k, v = split_heads(qkv, num_heads)
     if rope_cos is not None:
         q, k = rotate(q, rope_cos, rope_sin), rotate(k, rope_cos, rope_sin)
     s = attention_logits(q, k, bias)
     lse = torch.logsumexp(s.to(accumulation_dtype(s)), dim=-1)
-    log_p = s - lse[..., None].to(s.dtype)
+    return s - lse[..., None].to(s.dtype), lse, v, qkv
+
+
+def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
+    log_p, lse, v, qkv = attention_map(x, pe, w_qkv, b_qkv, num_heads, rope_cos, rope_sin, bias)
     p = log_p.exp()
     o = torch.matmul(p, v)  # [M,B,H,N,dh]
     M, B, H, N, dh = o.shape

@@ -17,14 +17,16 @@ from matplotlib.lines import Line2D
 from pe_fast import run_folder
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
-from pe_fast.report.numbers import Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names
+from pe_fast.report.numbers import (Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names,
+                                    varying_axes)
 from pe_fast.report.reading import Run, read_npz
 from pe_fast.tasks.base import TaskView
 
 # Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
 FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
            "attention_over_training", "pe_drift", "learned_pe", "pe_rank_vs_sigma", "pe_rank_over_training",
-           "pe_gradient")
+           "pe_gradient", "rich_lazy_vs_sigma", "phase_diagram")
+RICH_LAZY = ("pe_drift", "weight_drift_b0", "repr_change", "attn_change")
 
 
 class Styles:
@@ -301,6 +303,35 @@ def gradient_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     return None
 
 
+def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path) -> str | None:
+    """Heatmaps over σ × learning rate of each metric, mean over seeds, for the learned (else random) PE and each
+    optimizer kind. Returns why it was not drawn, or None."""
+    models = results[results["pe"].isin(["learned", "random"]) & results["sigma"].notna()]
+    if "lr" not in models or models["sigma"].nunique() < 2 or models["lr"].nunique() < 2:
+        return "needs σ and the learning rate to vary (--sigmas and --lr lists)."
+    models = models[models["pe"] == models["pe"].iloc[0]]
+    kinds = list(dict.fromkeys(models["optimizer"])) if "optimizer" in models else [None]
+    fig, axes = plt.subplots(len(kinds), len(metrics), figsize=(4.2 * len(metrics), 3.6 * len(kinds)),
+                             squeeze=False, layout="constrained")
+    for row, kind in zip(axes, kinds):
+        of_kind = models if kind is None else models[models["optimizer"] == kind]
+        for ax, metric in zip(row, metrics):
+            table = of_kind.groupby(["lr", "sigma"])[metric].mean().unstack("sigma")
+            image = ax.imshow(table.to_numpy(), origin="lower", aspect="auto", cmap="viridis")
+            for (i, j), value in np.ndenumerate(table.to_numpy()):
+                light = image.norm(value) > 0.6  # dark text on the bright end of viridis
+                ax.annotate(f"{value:.3g}", (j, i), ha="center", va="center", fontsize=8, color="k" if light else "w")
+            ax.set_xticks(range(table.shape[1]), [f"{v:g}" for v in table.columns])
+            ax.set_yticks(range(table.shape[0]), [f"{v:g}" for v in table.index])
+            ax.set_xlabel("σ")
+            ax.set_ylabel("learning rate")
+            ax.set_title(f"{metric}" + (f" ({kind})" if kind else ""), fontsize=9)
+            fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(f"{models['pe'].iloc[0]} PE: σ × learning rate, mean over seeds")
+    save(fig, path)
+    return None
+
+
 def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, directory: Path
                  ) -> tuple[dict[str, str], list[str]]:
     """Every figure the results allow, into DIR/figures/: (figure name -> caption, why each other one is not
@@ -386,6 +417,27 @@ def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, d
         else:
             drawn["pe_gradient"] = ("One panel per σ (first seed): each token's score on the PE principal "
                                     "component that best follows connectivity gradient 1, against gradient 1.")
+
+    moved = [m for m in RICH_LAZY if m in results and results[m].notna().any()]
+    if moved:
+        metric_vs_sigma(results[~is_baseline(results["pe"])], moved, styles,
+                        "How far each model moved from its initialisation (mean ± sd over seeds)",
+                        figures_dir / "rich_lazy_vs_sigma.png")
+        drawn["rich_lazy_vs_sigma"] = ("Rich versus lazy against σ: relative drift of the PE and of block 0's "
+                                       "weights, 1 − CKA of the last block's features and the first block's "
+                                       "attention change from step 0 (0 = lazy: nothing moved)."
+                                       + (f" Pooled over {', '.join(varying_axes(results))}."
+                                          if varying_axes(results) else ""))
+    else:
+        skipped.append("rich vs lazy: none of the drift / change columns in the results.")
+    not_drawn = phase_diagram(results, [m for m in (view.score, "pe_drift", "repr_change")
+                                        if m in results and results[m].notna().any()],
+                              figures_dir / "phase_diagram.png")
+    if not_drawn:
+        skipped.append(f"phase diagram: {not_drawn}")
+    else:
+        drawn["phase_diagram"] = (f"{view.score}, PE drift and representation change over σ × learning rate "
+                                  "(mean over seeds): where training turns from rich to lazy.")
 
     pe_path = figures_dir / "learned_pe.png"
     if task == "lst":

@@ -21,15 +21,33 @@ def is_baseline(pe: pd.Series) -> pd.Series:
     return pe.astype(str).str.startswith(BASELINE_PREFIX)
 
 
-def grouped(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Mean, sd (population, as summary.txt) and count of a metric per (pe, σ), in the run's order; NaN skipped."""
+# Grid axes besides PE and σ: the summaries keep apart the models that differ in any of them
+OPTIMIZER_AXES = ("optimizer", "lr", "weight_decay", "momentum")
+
+
+def varying_axes(results: pd.DataFrame) -> list[str]:
+    """The optimizer axes whose trained models do not all share one value (none in a run without those axes)."""
+    models = results[~is_baseline(results["pe"])]
+    return [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
+
+
+def grouped(frame: pd.DataFrame, metric: str, axes: list[str] = ()) -> pd.DataFrame:
+    """Mean, sd (population, as summary.txt) and count of a metric per (pe, σ, *axes), in the run's order; NaN
+    skipped."""
+    keys = ["pe", "sigma", *axes]
     rows = []
-    for (pe, sigma), group in frame.groupby(["pe", "sigma"], dropna=False, sort=False):
+    for key, group in frame.groupby(keys, dropna=False, sort=False):
         values = group[metric].to_numpy(dtype=float) if metric in group else np.array([np.nan])
         values = values[np.isfinite(values)]
-        rows.append(dict(pe=pe, sigma=sigma, mean=values.mean() if len(values) else np.nan,
-                         sd=values.std() if len(values) else np.nan, n=len(values)))
-    return pd.DataFrame(rows, columns=["pe", "sigma", "mean", "sd", "n"])
+        rows.append(dict(zip(keys, key), mean=values.mean() if len(values) else np.nan,
+                         sd=values.std() if len(values) else np.nan, n=len(values), models=len(group)))
+    return pd.DataFrame(rows, columns=[*keys, "mean", "sd", "n", "models"])
+
+
+def axis_label(axis: str, value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def layer_head_mean(frame: pd.DataFrame, prefix: str, stat: str) -> pd.Series | None:
@@ -84,20 +102,21 @@ def sigma_label(sigma: float) -> str:
 
 
 def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
-    """Mean ± sd over seeds per (PE, σ) of the task's main metrics, as a markdown table."""
+    """Mean ± sd over seeds per (PE, σ, every optimizer axis that varies) of the task's main metrics, as a
+    markdown table."""
     metrics = [m for m in view.summary if m in results and results[m].notna().any()]
-    per_metric = {m: grouped(results, m) for m in metrics}
-    keys = grouped(results, metrics[0] if metrics else "")
-    header = "| PE | σ | models | " + " | ".join(metrics) + " |"
-    lines = [header, "|" + "---|" * (3 + len(metrics))]
-    counts = results.groupby(["pe", "sigma"], dropna=False, sort=False).size()
+    axes = varying_axes(results)
+    per_metric = {m: grouped(results, m, axes) for m in metrics}
+    keys = grouped(results, metrics[0] if metrics else "", axes)
+    header = "| PE | σ | " + "".join(f"{a} | " for a in axes) + "models | " + " | ".join(metrics) + " |"
+    lines = [header, "|" + "---|" * (3 + len(axes) + len(metrics))]
     for i, key in keys.iterrows():
         cells = []
         for m in metrics:
             row = per_metric[m].iloc[i]
             cells.append("–" if row.n == 0 else f"{fmt(row['mean'])} ± {fmt(row['sd'])}")
-        count = int(counts.iloc[i])
-        lines.append(f"| {key.pe} | {sigma_label(key.sigma)} | {count} | " + " | ".join(cells) + " |")
+        lines.append(f"| {key.pe} | {sigma_label(key.sigma)} | " + "".join(f"{axis_label(a, key[a])} | " for a in axes)
+                     + f"{int(key.models)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -200,8 +219,10 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
             sign = -1.0 if lower_is_better else 1.0
             last = sign * (curve.iloc[-1] - _value_at(curve, 0.75 * end))
             before = sign * (_value_at(curve, 0.75 * end) - _value_at(curve, 0.5 * end))
-            if "lr" in group:
-                lr = group.groupby("step")["lr"].mean().sort_index()
+            # the rate at each evaluation: lr_last; runs from before the per-model rates called it lr
+            rate = "lr_last" if "lr_last" in group else "lr" if "lr" in group else None
+            if rate is not None:
+                lr = group.groupby("step")[rate].mean().sort_index()
                 fraction = _value_at(lr, 0.75 * end) / lr.max() if lr.max() > 0 else 1.0
                 if fraction < MOVING_LR and last <= PLATEAU_TOLERANCE:
                     result.decayed = min(fraction, result.decayed if result.decayed is not None else 1.0)

@@ -33,8 +33,8 @@ def apply_runtime(s: Settings):
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:
     """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
     DIR/packs/<index>/. Returns {index, models, trained_steps}."""
-    trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s), [m["seed"] for m in pack],
-                          [m["sigma"] for m in pack], torch.device(s.device))
+    trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s, pack),
+                          [m["seed"] for m in pack], [m["sigma"] for m in pack], torch.device(s.device))
     state = run_folder.load_checkpoint(out, index)
     if state is not None:
         trainer.load_state_dict(state)

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from pe_fast import run_folder
+from pe_fast.report.numbers import axis_label, varying_axes
 from pe_fast.sweep.settings import Settings
 from pe_fast.tasks import KINDS
 
@@ -25,11 +26,15 @@ def start_folder(s: Settings, out: Path, task, models: list[dict], packs: list[l
 
 
 def summary_table(results: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Mean ± sd over seeds for each (PE, σ), of the task's summary columns that the results hold."""
+    """Mean ± sd over seeds for each (PE, σ, every optimizer axis that varies), of the task's summary columns
+    that the results hold."""
     metrics = [c for c in columns if c in results]
+    axes = varying_axes(results)
     rows = []
-    for (pe, sigma), group in results.groupby(["pe", "sigma"], dropna=False, sort=False):
-        row = {"pe": pe, "sigma": "" if math.isnan(sigma) else f"{sigma:g}", "seeds": len(group)}
+    for key, group in results.groupby(["pe", "sigma", *axes], dropna=False, sort=False):
+        pe, sigma, *values = key
+        row = {"pe": pe, "sigma": "" if math.isnan(sigma) else f"{sigma:g}",
+               **{a: axis_label(a, v) for a, v in zip(axes, values)}, "seeds": len(group)}
         for metric in metrics:
             values = group[metric].to_numpy(dtype=float)
             scale = 100.0 if metric.endswith("acc") or "_acc_" in metric else 1.0

@@ -1,5 +1,5 @@
-"""The grid: one model per (PE kind, σ, seed), split into packs of one PE kind that train together, and the
-model and training configurations of a pack."""
+"""The grid: one model per (PE kind, optimizer numbers, σ, seed), split into packs of one PE kind and one
+optimizer kind that train together, and the model and training configurations of a pack."""
 from __future__ import annotations
 
 import math
@@ -20,23 +20,33 @@ def model_seeds(count: int) -> list[int]:
     return list(AUTHOR_SEEDS[:count]) + list(range(1, count - len(AUTHOR_SEEDS) + 1))
 
 
+def optimizer_points(s: Settings) -> list[dict]:
+    """Every (optimizer, lr, weight decay, momentum) of the grid; momentum is SGD's only (None elsewhere)."""
+    return [dict(optimizer=name, lr=lr, weight_decay=decay, momentum=momentum)
+            for name in s.optimizer for lr in s.lr for decay in s.weight_decay
+            for momentum in (s.momentum if name == "sgd" else [None])]
+
+
 def expand_grid(s: Settings) -> list[dict]:
-    """One entry per model: its PE kind, σ (None where the PE has none) and seed, in a stable order."""
+    """One entry per model: its PE kind, σ (None where the PE has none), optimizer numbers and seed, in a stable
+    order (a grid without optimizer axes numbers its models as before them)."""
     models = []
     for kind in s.pe:
-        for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
-            for seed in model_seeds(s.seeds):
-                models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed))
+        for point in optimizer_points(s):
+            for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
+                for seed in model_seeds(s.seeds):
+                    models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed, **point))
     return models
 
 
 def split_into_packs(models: list[dict], max_pack: int) -> list[list[dict]]:
-    """Models that share an architecture (the PE kind) train together, at most max_pack at a time, in packs of
-    near-equal size: 315 models with room for 301 train as 158 + 157, not as 301 + 14, whose small pack would
-    run at a small pack's (host-bound) rate on a GPU."""
+    """Models that share an architecture (the PE kind) and an optimizer kind train together, at most max_pack at
+    a time, in packs of near-equal size: 315 models with room for 301 train as 158 + 157, not as 301 + 14, whose
+    small pack would run at a small pack's (host-bound) rate on a GPU. Learning rates, weight decays and momenta
+    vary within a pack (pe_fast.stacked_optim)."""
     packs = []
-    for kind in dict.fromkeys(m["pe"] for m in models):
-        same = [m for m in models if m["pe"] == kind]
+    for kind in dict.fromkeys((m["pe"], m.get("optimizer")) for m in models):
+        same = [m for m in models if (m["pe"], m.get("optimizer")) == kind]
         size = math.ceil(len(same) / math.ceil(len(same) / max_pack))
         packs.extend(same[i:i + size] for i in range(0, len(same), size))
     return packs
@@ -55,9 +65,13 @@ def model_config(s: Settings, task, kind: str) -> ModelConfig:
                        pe_at=s.pe_at, readout_token=task.readout_token)
 
 
-def train_config(s: Settings) -> TrainConfig:
-    return TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, optimizer=s.optimizer,
-                       weight_decay=s.weight_decay, momentum=s.momentum, schedule=s.schedule, warmup=s.warmup,
+def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
+    """The pack's training: one optimizer kind, each model's own lr, weight decay and momentum."""
+    def per_model(name, default):
+        return tuple(default if m.get(name) is None else m[name] for m in pack)
+    return TrainConfig(steps=s.steps, batch_size=s.batch_size, optimizer=pack[0].get("optimizer", s.optimizer[0]),
+                       lr=per_model("lr", s.lr[0]), weight_decay=per_model("weight_decay", s.weight_decay[0]),
+                       momentum=per_model("momentum", 0.0), schedule=s.schedule, warmup=s.warmup,
                        eval_every=s.eval_every, eval_items=s.eval_items, precision=s.precision,
                        compile=s.compile == "on")
 
@@ -70,6 +84,8 @@ def choose_pack_size(s: Settings, task) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         return 64  # a Ray cluster's GPU, not visible from here: a pack size that fits any current GPU
     from pe_fast.ops.backends import resolve_backend
-    per_model = memory.bytes_per_model(model_config(s, task, s.pe[0]), s.batch_size, s.optimizer,
+    # the largest optimizer state of the grid: Adam's two moments, else SGD's one buffer
+    largest = next((name for name in s.optimizer if name != "sgd"), "sgd")
+    per_model = memory.bytes_per_model(model_config(s, task, s.pe[0]), s.batch_size, largest,
                                        resolve_backend(s.backend, device), task.coordinates)
     return memory.pack_size(per_model, memory.free_bytes(device))

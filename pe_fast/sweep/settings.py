@@ -24,6 +24,9 @@ EXECUTORS = ("local", "ray")
 COMPILE_CHOICES = ("auto", "on", "off")
 
 PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
+# Comma-separated flags, each value a point of the grid: name -> how one value is read
+LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
+                 "optimizer": str}
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
                 "compile")
@@ -47,14 +50,14 @@ class Settings:
     heads: int
     mlp_width: int
     batch_size: int
-    lr: float
-    optimizer: str
+    lr: tuple[float, ...]          # grid axes: every model trains with one value of each
+    optimizer: tuple[str, ...]
     schedule: str
     warmup: int
     eval_every: int
     eval_items: int = 2048
-    weight_decay: float = 0.0
-    momentum: float = 0.0
+    weight_decay: tuple[float, ...] = (0.0,)
+    momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
     pe_at: str = "every"
     precision: str = "fp32"
     preset: str | None = None
@@ -101,7 +104,10 @@ class Settings:
     def from_json(cls, settings: dict, packs) -> "Settings":
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in settings.items() if k in known}
-        fields["pe"], fields["sigmas"] = tuple(fields["pe"]), tuple(fields["sigmas"])
+        for name in LIST_SETTINGS:  # a single number in config.json files from before the optimizer axes
+            if name in fields:
+                value = fields[name]
+                fields[name] = tuple(value) if isinstance(value, list) else (value,)
         return cls(**fields, packs=tuple(tuple(pack) for pack in packs))
 
 
@@ -124,10 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, help="number of seeds per (PE, σ)")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--optimizer", choices=OPTIMIZERS)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--momentum", type=float, help="SGD momentum")
+    p.add_argument("--lr", help="learning rate; a comma-separated list is a grid axis")
+    p.add_argument("--optimizer", help=f"{', '.join(OPTIMIZERS)}; a comma-separated list is a grid axis")
+    p.add_argument("--weight-decay", help="weight decay; a comma-separated list is a grid axis")
+    p.add_argument("--momentum", help="SGD momentum; a comma-separated list is a grid axis")
     p.add_argument("--schedule", choices=SCHEDULES)
     p.add_argument("--warmup", type=int, help="linear warm-up steps")
     p.add_argument("--width", type=int, help="model width d")
@@ -174,14 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_list(text: str, convert, flag: str) -> tuple:
+def parse_list(text, convert, flag: str) -> tuple:
+    """A comma-separated flag (or a preset's or config.json's value) as a tuple; a value given twice would
+    train the same models twice, so it is refused."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(map(str, text))
     try:
-        values = [convert(v) for v in text.split(",") if v.strip()]
+        values = [convert(v.strip()) for v in str(text).split(",") if v.strip()]
     except ValueError:
         raise UsageError(f"{flag}: cannot parse {text!r} as a comma-separated list")
     if not values:
         raise UsageError(f"{flag}: empty list")
-    return tuple(dict.fromkeys(values))  # a value given twice would train the same models twice
+    if len(set(values)) < len(values):
+        raise UsageError(f"{flag}: {text!r} names a value twice")
+    return tuple(values)
 
 
 def from_flags(args: argparse.Namespace) -> Settings:
@@ -198,16 +210,23 @@ def from_flags(args: argparse.Namespace) -> Settings:
     s = {**{f.name: f.default for f in dataclasses.fields(Settings)
             if f.default is not dataclasses.MISSING}, "mlp_width": None, "compile": "auto", "device": "auto",
          "precision": None, **s}
-    s["pe"] = parse_list(s["pe"], str.strip, "--pe")
+    s["pe"] = parse_list(s["pe"], str, "--pe")
     for pe in s["pe"]:
         if pe not in kind.pe_kinds:
             raise UsageError(f"--pe: {pe!r} is not a PE of --task {task}; choose from {', '.join(kind.pe_kinds)}")
-    s["sigmas"] = parse_list(str(s["sigmas"]), float, "--sigmas")
+    for name, convert in LIST_SETTINGS.items():
+        if name != "pe":
+            s[name] = parse_list(s[name], convert, f"--{name.replace('_', '-')}")
+    for name in s["optimizer"]:
+        if name not in OPTIMIZERS:
+            raise UsageError(f"--optimizer: unknown {name!r}; choose from {', '.join(OPTIMIZERS)}")
     if any(not (math.isfinite(v) and 0 < v <= MAX_SIGMA) for v in s["sigmas"]):
         raise UsageError(f"--sigmas: every σ must be a number in (0, {MAX_SIGMA:g}] (the PE is float32), "
                          f"got {list(s['sigmas'])}")
     check_ranges(s, args)
-    models = s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
+    optimizer_points = sum(len(s["momentum"]) if name == "sgd" else 1 for name in s["optimizer"])
+    models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
+              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points)
     if models > MAX_MODELS:
         raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
     if s["width"] % s["heads"]:
@@ -257,19 +276,25 @@ APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
     for name, (low, high, ends) in RANGES.items():
-        value = s.get(name)
-        if value is None:
-            continue
-        above = value >= low if ends[0] == "[" else value > low
-        below = high is None or (value <= high if ends[1] == "]" else value < high)
-        if not (math.isfinite(value) and above and below):
-            allowed = f"{'≥' if ends[0] == '[' else '>'} {low:g}"
-            allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:g}"
-            raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
+        values = s.get(name)
+        for value in values if isinstance(values, (tuple, list)) else (values,):
+            if value is None:
+                continue
+            check_range(name, value, low, high, ends)
     for flag, (setting, values) in APPLIES_ONLY_WITH.items():
-        if args is not None and getattr(args, flag, None) is not None and s[setting] not in values:
+        chosen = s[setting] if isinstance(s[setting], (tuple, list)) else (s[setting],)
+        if args is not None and getattr(args, flag, None) is not None and not set(chosen) & set(values):
             raise UsageError(f"--{flag.replace('_', '-')} applies to --{setting} {' or '.join(values)} only "
-                             f"(here --{setting} {s[setting]}), where it would be ignored")
+                             f"(here --{setting} {','.join(chosen)}), where it would be ignored")
+
+
+def check_range(name: str, value: float, low: float, high: float | None, ends: str):
+    above = value >= low if ends[0] == "[" else value > low
+    below = high is None or (value <= high if ends[1] == "]" else value < high)
+    if not (math.isfinite(value) and above and below):
+        allowed = f"{'≥' if ends[0] == '[' else '>'} {low:g}"
+        allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:g}"
+        raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
 
 
 def check_ray_address(address: str | None):
@@ -311,10 +336,8 @@ def resolve_runtime(s: dict):
 
 def as_recorded(name: str, value):
     """A flag's value as config.json records it, to compare a flag given with --resume."""
-    if name == "pe":
-        return list(parse_list(value, str.strip, "--pe"))
-    if name == "sigmas":
-        return list(parse_list(value, float, "--sigmas"))
+    if name in LIST_SETTINGS:
+        return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
     if name in PATH_FLAGS:
         return str(Path(value).resolve())
     return value

@@ -48,7 +48,7 @@ class Task(Protocol):
     probe_names: list[str]
     probes: Tensor                # [K, N, N] attention probes (shared by all models)
     coordinates: np.ndarray | None  # [N, k] token coordinates (sin2d / sinnd / rope2d), if any
-    attention_split: str          # the split whose attention statistics each evaluation records
+    attention_split: str          # the held-out split that every evaluation scores in full, with its attention stats
     splits: dict                  # name -> split with .x [items, N, token_dim] and __len__
     description: dict             # config.json's "task"
     data_kind: str | None         # results.parquet's data_kind column (real fMRI, simulated, ...), if any

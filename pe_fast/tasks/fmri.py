@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pe_fast.tasks.base import TaskKind
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_SUMMARY, REGION_VIEW,
-                                          MaskedRegionTask)
+from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_PRESETS,
+                                          REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
 ATLASES = ("schaefer100", "glasser360")
 
@@ -23,7 +23,7 @@ KIND = TaskKind(
     name="fmri",
     defaults=REGION_DEFAULTS,
     # Every PE family of the paper's fMRI comparison (notes/paper.md §4), not only the σ grid.
-    presets={"all-pes": dict(pe="learned,none,sin1d,random,sinnd")},
+    presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random,sinnd")},
     pe_kinds=REGION_PES,
     flags=("atlas", "data", "regions", "parcellation") + REGION_FLAGS,
     summary=REGION_SUMMARY,

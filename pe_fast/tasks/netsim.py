@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pe_fast.tasks.base import TaskKind
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_SUMMARY, REGION_VIEW,
-                                          MaskedRegionTask)
+from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_PRESETS,
+                                          REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
 # The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one).
 NETWORK_SETTINGS = {"nodes": int, "modules": int, "p_within": float, "p_between": float, "coupling": float,
@@ -20,7 +20,7 @@ def simulated_network(s):
 KIND = TaskKind(
     name="netsim",
     defaults=REGION_DEFAULTS,
-    presets={"all-pes": dict(pe="learned,none,sin1d,random")},
+    presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random")},
     pe_kinds=REGION_PES,
     flags=tuple(NETWORK_SETTINGS) + REGION_FLAGS,
     summary=REGION_SUMMARY,

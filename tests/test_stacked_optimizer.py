@@ -1,0 +1,204 @@
+"""StackedOptimizer: a pack with per-model lr, weight decay and momentum trains each model exactly as torch.optim
+trains that model alone."""
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.stacked_optim import StackedOptimizer
+from pe_fast.train import TrainConfig, lr_factor
+
+M = 6
+# The ranks of a pack's weights, biases and PE tables; rows of 40 take the CPU kernels' vectorised loops, of 7
+# and 1 their scalar tails.
+SHAPES = [(M, 16, 40), (M, 7), (M, 3, 4, 2), (M, 1)]
+LEARNING_RATES = {"adamw": (1e-3, 3e-3, 1e-2), "adam": (1e-3, 3e-3, 1e-2), "sgd": (1e-2, 3e-2, 1e-1)}
+WEIGHT_DECAYS = (0.0, 0.1)
+SGD_MOMENTUM = 0.9
+SCHEDULE = TrainConfig(steps=50, warmup=10, schedule="cosine")  # linear warm-up, then cosine decay
+TORCH_OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+# After 50 steps a model's weights in the pack and alone agree to float32 rounding. Both sides apply the same
+# formulas to the same float32 numbers in the same order (the per-model factors are computed in float64 and rounded
+# once, as torch rounds its Python-float scalars), and measured on the CPU (torch 2.13) they are bit-identical
+# for all three kinds, as they are with torch's fused Adam/AdamW. The tolerance leaves room for what may differ
+# elsewhere: a kernel that fuses a multiply-add (torch's add(alpha=) against our multiply, then add) or a GPU's
+# reassociation, a few float32 ulps per step, accumulating over 50 steps on weights of order 1.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def grid_values(kind: str) -> tuple[list[float], list[float]]:
+    """Model m's lr and weight decay: three rates × two decays over the six models."""
+    return ([LEARNING_RATES[kind][m % 3] for m in range(M)], [WEIGHT_DECAYS[m // 3] for m in range(M)])
+
+
+def initial_weights() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=g) for shape in SHAPES]
+
+
+def gradient_noise(steps: int) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [[torch.randn(shape, generator=g) for shape in SHAPES] for _ in range(steps)]
+
+
+def set_gradients(params, noise, model: slice | int = slice(None)):
+    """The gradient of 0.25·‖p‖² plus noise: it depends on the weights, so the trajectories feed back, and it is
+    elementwise, so a model's gradient is bit for bit the same in the pack and alone."""
+    for p, n in zip(params, noise):
+        p.grad = 0.5 * p.detach() + n[model]
+
+
+def train(optimizer, params, noise, steps: range, model=slice(None), scheduler=None):
+    scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, SCHEDULE))
+    for step in steps:
+        set_gradients(params, noise[step], model)
+        optimizer.step()
+        scheduler.step()
+    return scheduler
+
+
+def stacked_optimizer(kind, params, lrs, decays):
+    return StackedOptimizer(params, kind, lr=lrs, weight_decay=decays,
+                            momentum=SGD_MOMENTUM if kind == "sgd" else 0.0)
+
+
+def pack_and_models_alone(kind: str, steps: int = 50):
+    """The mixed pack's weights after `steps` steps, and each model's trained alone with torch.optim (one tensor
+    at a time: foreach=False) on the same gradients and schedule."""
+    lrs, decays = grid_values(kind)
+    noise = gradient_noise(steps)
+    pack = [w.requires_grad_() for w in initial_weights()]
+    train(stacked_optimizer(kind, pack, lrs, decays), pack, noise, range(steps))
+    models_alone = []
+    for m in range(M):
+        alone = [w[m].clone().requires_grad_() for w in initial_weights()]
+        extra = dict(momentum=SGD_MOMENTUM) if kind == "sgd" else {}
+        reference = TORCH_OPTIMIZERS[kind](alone, lr=lrs[m], weight_decay=decays[m], foreach=False, **extra)
+        train(reference, alone, noise, range(steps), model=m)
+        models_alone.append(alone)
+    return pack, models_alone
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
+def test_each_model_of_a_mixed_pack_trains_as_alone_with_torch(kind):
+    pack, models_alone = pack_and_models_alone(kind)
+    for m, alone in enumerate(models_alone):
+        for p_pack, p_alone in zip(pack, alone):
+            torch.testing.assert_close(p_pack[m], p_alone, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
+def test_every_model_moves_by_its_own_rate(kind):
+    lrs, decays = grid_values(kind)
+    noise = gradient_noise(5)
+    pack = [w.requires_grad_() for w in initial_weights()]
+    train(stacked_optimizer(kind, pack, lrs, decays), pack, noise, range(5))
+    moved = [sum((p[m] - w[m]).abs().sum().item() for p, w in zip(pack, initial_weights())) for m in range(M)]
+    assert moved[0] < moved[1] < moved[2] and moved[3] < moved[4] < moved[5]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam"])
+def test_one_value_for_all_models_matches_torch_fused_on_the_stacked_tensors(kind):
+    noise = gradient_noise(50)
+    ours = [w.requires_grad_() for w in initial_weights()]
+    fused = [w.requires_grad_() for w in initial_weights()]
+    train(StackedOptimizer(ours, kind, lr=3e-3, weight_decay=0.1), ours, noise, range(50))
+    train(TORCH_OPTIMIZERS[kind](fused, lr=3e-3, weight_decay=0.1, fused=True), fused, noise, range(50))
+    for p_ours, p_fused in zip(ours, fused):
+        torch.testing.assert_close(p_ours, p_fused, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
+def test_state_dict_roundtrip_continues_bit_for_bit(kind):
+    lrs, decays = grid_values(kind)
+    noise = gradient_noise(40)
+    uninterrupted = [w.requires_grad_() for w in initial_weights()]
+    train(stacked_optimizer(kind, uninterrupted, lrs, decays), uninterrupted, noise, range(40))
+
+    first = [w.requires_grad_() for w in initial_weights()]
+    optimizer = stacked_optimizer(kind, first, lrs, decays)
+    scheduler = train(optimizer, first, noise, range(20))
+    file = io.BytesIO()
+    torch.save({"weights": [p.detach() for p in first], "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict()}, file)
+    file.seek(0)
+    saved = torch.load(file)
+
+    resumed = [w.clone().requires_grad_() for w in saved["weights"]]
+    # Built with other numbers on purpose: the checkpoint's per-model values and schedule must win.
+    optimizer = StackedOptimizer(resumed, kind, lr=1.0, momentum=0.5 if kind == "sgd" else 0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, SCHEDULE))
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    train(optimizer, resumed, noise, range(20, 40), scheduler=scheduler)
+    for p_resumed, p_uninterrupted in zip(resumed, uninterrupted):
+        assert torch.equal(p_resumed, p_uninterrupted)
+
+
+def test_group_lr_holds_the_schedule_factor_and_current_lrs_the_rates():
+    params = [w.requires_grad_() for w in initial_weights()]
+    lrs, _ = grid_values("adam")
+    optimizer = StackedOptimizer(params, "adam", lr=lrs)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, SCHEDULE))
+    train(optimizer, params, gradient_noise(15), range(15), scheduler=scheduler)
+    factor = lr_factor(15, SCHEDULE)
+    assert optimizer.param_groups[0]["lr"] == factor
+    assert optimizer.current_lrs() == [lr * factor for lr in lrs]
+
+
+@pytest.mark.parametrize("pe, dtype", [("learned", torch.float32), ("relative", torch.float32),
+                                       ("learned", torch.float64)])  # float64: a device move, as pe_fast tests one
+def test_takes_every_parameter_of_a_stacked_transformer(pe, dtype):
+    config = ModelConfig(num_tokens=10, token_dim=2, out_dim=1, width=8, depth=2, heads=2, mlp_width=16, pe=pe)
+    model = StackedTransformer(config, seeds=[1, 2, 3], sigmas=[0.1, 0.5, 1.0],
+                               coordinates=np.random.rand(10, 3)).to(dtype)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = StackedOptimizer(model.parameters(), "adamw", lr=[1e-3, 1e-2, 1e-1], weight_decay=[0, 0.01, 0.1])
+    outputs, _ = model(torch.randn(3, 4, 10, 2, dtype=dtype))
+    outputs.square().mean().backward()
+    optimizer.step()
+    assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before) if p.grad is not None)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(lr=[1e-3] * (M - 1)), "lr has 5 values for a pack of 6 models"),
+    (dict(lr=torch.full((M + 1,), 1e-3)), "lr has 7 values for a pack of 6 models"),
+    (dict(lr=[1e-3, -1e-3, 1e-3, 1e-3, 1e-3, 1e-3]), "lr must be a finite number ≥ 0; model 1 has -0.001"),
+    (dict(lr=-1e-3), "lr must be a finite number ≥ 0; model 0 has -0.001"),
+    (dict(lr=1e-3, weight_decay=[0.1] * M + [0.1]), "weight_decay has 7 values"),
+    (dict(lr=1e-3, weight_decay=float("nan")), "weight_decay must be a finite number ≥ 0"),
+    (dict(lr="fast"), "lr takes one number, or one number per model"),
+    (dict(lr=1e-3, momentum=0.9), "momentum is SGD's; adam takes its momentum from betas[0]"),
+    (dict(lr=1e-3, kind="lion"), "unknown optimizer kind 'lion'"),
+])
+def test_bad_values_are_one_clear_error(arguments, message):
+    arguments = {"kind": "adam", **arguments}
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        StackedOptimizer([w.requires_grad_() for w in initial_weights()], **arguments)
+
+
+def test_sgd_momentum_must_be_below_one():
+    with pytest.raises(ValueError, match="momentum must be below 1"):
+        StackedOptimizer([w.requires_grad_() for w in initial_weights()], "sgd", lr=0.1, momentum=[0.9] * 5 + [1])
+
+
+def test_a_parameter_without_the_model_axis_is_refused():
+    params = [torch.zeros(M, 3, requires_grad=True), torch.zeros(M + 1, 3, requires_grad=True)]
+    with pytest.raises(ValueError, match=r"model axis first, \[M, ...\], with the same M; got leading sizes \[6, 7\]"):
+        StackedOptimizer(params, "adamw", lr=1e-3)
+    with pytest.raises(ValueError, match="model axis first"):
+        StackedOptimizer([torch.zeros((), requires_grad=True)], "adamw", lr=1e-3)
+
+
+def test_a_state_of_another_kind_or_pack_size_is_refused_before_anything_changes():
+    adam = StackedOptimizer([w.requires_grad_() for w in initial_weights()], "adam", lr=1e-3)
+    sgd = StackedOptimizer([w.requires_grad_() for w in initial_weights()], "sgd", lr=1e-3)
+    with pytest.raises(ValueError, match="not a sgd StackedOptimizer's"):
+        sgd.load_state_dict(adam.state_dict())
+    smaller = StackedOptimizer([torch.zeros(M - 1, 2, requires_grad=True)], "adam", lr=1e-3)
+    with pytest.raises(ValueError, match="for 6 models; this pack has 5"):
+        smaller.load_state_dict(StackedOptimizer([torch.zeros(M, 2, requires_grad=True)], "adam", lr=1e-3)
+                                .state_dict())
+    assert sgd.param_groups[0]["kind"] == "sgd" and smaller.param_groups[0]["model_lr"] == [1e-3] * (M - 1)
