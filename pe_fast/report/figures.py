@@ -397,7 +397,8 @@ def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, d
     rank = [m for m in ("pe_effective_rank", "pe_pc1_share") if m in results and results[m].notna().any()]
     if rank:
         metric_vs_sigma(results[~is_baseline(results["pe"])], rank, styles,
-                        "Spectrum of the block-0 PE, by σ (mean ± sd over seeds)", figures_dir / "pe_rank_vs_sigma.png")
+                        "Spectrum of the block-0 PE, by σ (mean ± sd over seeds)",
+                        figures_dir / "pe_rank_vs_sigma.png")
         drawn["pe_rank_vs_sigma"] = ("Effective rank (Σs)² / Σs² of the token-centred PE table and its first "
                                      "principal component's share of variance against σ: low rank = a PE "
                                      "organised along few axes.")

@@ -1,0 +1,164 @@
+"""Compare an LST run with the authors' own training logs (issue 17).
+
+    python -m pe_fast.compare_lst_logs DIR [--logs training_logs.csv]
+
+For every PE setting (sin2d, learned σ) that DIR trained with seeds of the authors' 15, and every epoch of the
+authors' logs (one every 200) that one of DIR's evaluations falls near, it prints our train and in-distribution
+test accuracy next to theirs: mean ± sd over the seeds both have, the mean paired difference (ours − theirs, seed
+by seed), that difference in units of their seed-sd (over all 15 of their seeds, a steadier scale than the
+few shared ones), and theirs on the human-study puzzles (human108), which are not shipped and so theirs only.
+A verdict line per setting says whether our last compared epoch lies within one of their seed-sds on both.
+
+Epochs are passes over the training split: ours is step × batch size / training puzzles, so the comparison is
+by puzzles seen. The table also goes to DIR/compare_lst_logs.md.
+
+The logs: --logs, else $PE_FAST_LST_LOGS, else ../shared/data/lst-authors-logs/training_logs.csv beside the
+repository (notes in that folder's README).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pe_fast.report.reading import ReportError, read_run
+
+LOGS_ENV = "PE_FAST_LST_LOGS"
+DEFAULT_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lst-authors-logs" / "training_logs.csv"
+LOG_COLUMNS = {"pe", "sigma", "seed", "epoch", "phase", "condition", "accuracy"}
+# An evaluation stands for a logged epoch when it lies within this share of the logs' 200-epoch spacing
+EPOCH_MATCH = 0.1
+OUTPUT = "compare_lst_logs.md"
+
+
+class CompareError(Exception):
+    """Bad input: one line, exit code 2."""
+
+
+def read_logs(path: Path) -> pd.DataFrame:
+    """The authors' average accuracies: one row per (pe, sigma, seed, epoch, phase)."""
+    if not path.is_file():
+        raise CompareError(f"the authors' logs are not at {path}; pass --logs or set {LOGS_ENV}")
+    try:
+        logs = pd.read_csv(path)
+    except Exception as error:
+        raise CompareError(f"{path} is not a readable CSV ({type(error).__name__})")
+    if not LOG_COLUMNS <= set(logs.columns):
+        raise CompareError(f"{path} lacks the columns {sorted(LOG_COLUMNS - set(logs.columns))}")
+    logs = logs[logs["condition"] == "average"]
+    return logs.pivot_table(index=["pe", "sigma", "seed", "epoch"], columns="phase", values="accuracy",
+                            dropna=False).reset_index()
+
+
+def our_epochs(config: dict, curves: pd.DataFrame) -> pd.Series:
+    """Each evaluation's step as passes over the training split (puzzles seen / training puzzles)."""
+    try:
+        train_size = config["task"]["sizes"]["train"]
+        batch = config["settings"]["batch_size"]
+    except (KeyError, TypeError):
+        raise CompareError("config.json lacks the task's training-split size or the batch size; is this an LST "
+                           "run of pe_fast?")
+    return curves["step"] * batch / train_size
+
+
+def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The comparison table (one row per setting and compared epoch) and the verdict lines."""
+    try:
+        run = read_run(directory)
+    except ReportError as error:
+        raise CompareError(str(error))
+    if (run.config.get("settings") or {}).get("task") != "lst":
+        raise CompareError(f"{directory} is not an LST run (its config.json names task "
+                           f"{(run.config.get('settings') or {}).get('task')!r})")
+    curves = run.curves[run.curves["pe"].isin(["learned", "sin2d"])].copy()
+    if curves.empty or not {"train_acc", "test_acc"} <= set(curves.columns):
+        raise CompareError(f"{directory} has no learned or sin2d curves with train_acc and test_acc to compare")
+    curves["epoch"] = our_epochs(run.config, curves)
+    logged = np.sort(logs["epoch"].unique())
+    spacing = np.diff(logged).min() if len(logged) > 1 else 200
+    curves["their_epoch"] = logged[np.abs(curves["epoch"].to_numpy()[:, None] - logged[None]).argmin(1)]
+    curves = curves[np.abs(curves["epoch"] - curves["their_epoch"]) <= EPOCH_MATCH * spacing]
+    rows, verdicts = [], []
+    for (pe, sigma), ours in curves.groupby(["pe", "sigma"], dropna=False, sort=True):
+        theirs_all = logs[(logs["pe"] == pe) & (logs["sigma"].isna() if pe == "sin2d"
+                                                 else np.isclose(logs["sigma"], sigma))]
+        shared = sorted(set(ours["seed"]) & set(theirs_all["seed"]))
+        label = "sin2d" if pe == "sin2d" else f"learned σ={sigma:g}"
+        if not shared:
+            verdicts.append(f"* **{label}**: none of its seeds is one of the authors'; nothing to compare.")
+            continue
+        for epoch, at in ours[ours["seed"].isin(shared)].groupby("their_epoch"):
+            # per seed, the evaluation nearest to their epoch
+            at = at.loc[(at["epoch"] - epoch).abs().groupby(at["seed"]).idxmin()].set_index("seed")
+            theirs_epoch = theirs_all[theirs_all["epoch"] == epoch].set_index("seed")
+            theirs = theirs_epoch.loc[at.index]
+            row = {"setting": label, "their epoch": int(epoch), "our epoch": float(at["epoch"].mean()),
+                   "seeds": len(at)}
+            for phase, column in (("train", "train_acc"), ("test", "test_acc")):
+                difference = at[column] - theirs[phase]
+                scale = theirs_epoch[phase].std(ddof=1)
+                # every seed of theirs at the same accuracy (100 % training accuracy): any difference is outside
+                in_sd = difference.mean() / scale if scale > 0 else (0.0 if difference.mean() == 0 else np.inf)
+                row.update({f"ours {phase}": at[column].mean(), f"ours {phase} sd": at[column].std(ddof=0),
+                            f"theirs {phase}": theirs[phase].mean(), f"theirs {phase} sd": theirs[phase].std(ddof=0),
+                            f"Δ {phase}": difference.mean(), f"Δ {phase} / their sd": in_sd})
+            row["theirs human108"] = theirs["human108"].mean() if "human108" in theirs else np.nan
+            rows.append(row)
+        last = rows[-1]
+        within = all(abs(last[f"Δ {p} / their sd"]) <= 1 for p in ("train", "test"))
+        verdicts.append(
+            f"* **{label}** at their epoch {last['their epoch']} (ours {last['our epoch']:.0f}, {last['seeds']} "
+            f"shared seeds): {'within' if within else 'not within'} one of their seed-sds "
+            f"(train Δ {100 * last['Δ train']:+.1f} points = {last['Δ train / their sd']:+.2f} sd, test Δ "
+            f"{100 * last['Δ test']:+.1f} points = {last['Δ test / their sd']:+.2f} sd).")
+    return pd.DataFrame(rows), verdicts
+
+
+def percent(mean: float, sd: float) -> str:
+    return f"{100 * mean:.1f} ± {100 * sd:.1f}"
+
+
+def markdown(table: pd.DataFrame, verdicts: list[str], directory: Path) -> str:
+    lines = [f"# {directory.resolve().name} against the authors' LST logs", "",
+             "Accuracy in %, mean ± sd over the seeds both runs have; Δ = ours − theirs paired by seed, also in "
+             "units of their seed-sd over all 15 seeds. human108: their generalisation puzzles (not shipped).", "",
+             "| setting | their epoch | our epoch | seeds | train: ours | theirs | Δ (sd) | test: ours | theirs | "
+             "Δ (sd) | theirs human108 |", "|" + "---|" * 11]
+    for r in table.to_dict("records"):
+        cells = [r["setting"], str(r["their epoch"]), f"{r['our epoch']:.0f}", str(r["seeds"])]
+        for p in ("train", "test"):
+            cells += [percent(r[f"ours {p}"], r[f"ours {p} sd"]), percent(r[f"theirs {p}"], r[f"theirs {p} sd"]),
+                      f"{100 * r[f'Δ {p}']:+.1f} ({r[f'Δ {p} / their sd']:+.2f})"]
+        cells.append("–" if np.isnan(r["theirs human108"]) else f"{100 * r['theirs human108']:.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", "Verdicts (the last compared epoch):", "", *verdicts, ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pe_fast.compare_lst_logs",
+                                     description="an LST run's accuracy next to the authors' own logs")
+    parser.add_argument("directory", help="an LST results folder (--out of pe_fast.sweep --task lst)")
+    parser.add_argument("--logs", help=f"the authors' training_logs.csv (default: ${LOGS_ENV} or {DEFAULT_LOGS})")
+    args = parser.parse_args(argv)
+    try:
+        logs = read_logs(Path(args.logs or os.environ.get(LOGS_ENV) or DEFAULT_LOGS))
+        directory = Path(args.directory)
+        table, verdicts = compare(directory, logs)
+        if table.empty:
+            raise CompareError(f"none of {directory}'s evaluations lies near an epoch of the authors' logs "
+                               f"(every 200 epochs) for a seed of theirs")
+    except CompareError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    text = markdown(table, verdicts, directory)
+    (directory / OUTPUT).write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

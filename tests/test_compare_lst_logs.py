@@ -1,0 +1,106 @@
+"""`python -m pe_fast.compare_lst_logs DIR`: an LST run against logs whose numbers are written here, so every
+difference and verdict is known in advance; bad input is one line and exit code 2."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pe_fast.compare_lst_logs import DEFAULT_LOGS, main
+
+SEEDS = (2235, 6312, 6068, 9742)  # the authors' logs have 4 here; the run shares the first 3
+TRAIN, BATCH = 8100, 128
+
+
+def their_accuracy(setting: str, seed: int, epoch: int, phase: str) -> float:
+    base = {"sin2d": 0.6, "learned": 0.7}[setting] + 0.01 * SEEDS.index(seed)
+    return min(1.0, base + (0.2 if epoch else 0.0) + (0.05 if phase == "train" else 0.0))
+
+
+def write_logs(path):
+    rows = []
+    for pe, sigma in (("sin2d", np.nan), ("learned", 1.0)):
+        for seed in SEEDS:
+            for epoch in (0, 200, 400):
+                for phase in ("train", "test", "human108"):
+                    rows.append(dict(pe=pe, sigma=sigma, seed=seed, epoch=epoch, phase=phase, condition="average",
+                                     loss=np.nan, accuracy=their_accuracy(pe, seed, epoch, phase)))
+                    rows.append(dict(rows[-1], condition="binary", accuracy=0.0))  # must be ignored
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def write_run(directory, test_offset: float):
+    """Our run: the same accuracies as theirs, except learned's test accuracy shifted by test_offset; evaluations
+    at epochs 0, 195 (near their 200) and 300 (near none of theirs)."""
+    directory.mkdir()
+    rows = []
+    for pe, sigma in (("sin2d", np.nan), ("learned", 1.0)):
+        for seed in SEEDS[:3]:
+            for epoch in (0, 195, 300):
+                step = round(epoch * TRAIN / BATCH)
+                near = 200 if epoch == 195 else epoch
+                train = their_accuracy(pe, seed, near, "train")
+                test = their_accuracy(pe, seed, near, "test") + (test_offset if pe == "learned" else 0.0)
+                rows.append(dict(pe=pe, sigma=sigma, seed=seed, model_id=len(rows), step=step, train_acc=train,
+                                 test_acc=test, ood_acc=0.5))
+    curves = pd.DataFrame(rows)
+    curves.to_parquet(directory / "curves.parquet")
+    curves[curves["step"] == curves["step"].max()].to_parquet(directory / "results.parquet")
+    config = {"settings": {"task": "lst", "batch_size": BATCH}, "task": {"sizes": {"train": TRAIN}}}
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_differences_and_verdicts_follow_from_the_numbers(tmp_path, capsys):
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.05)
+    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]) == 0
+    text = capsys.readouterr().out
+    assert text == (tmp_path / "run" / "compare_lst_logs.md").read_text()
+    # their test sd over all 4 seeds at epoch 200: the seeds add 0, 1, 2, 3 points
+    sd = np.std([0.0, 0.01, 0.02, 0.03], ddof=1)
+    assert f"+5.0 ({0.05 / sd:+.2f})" in text  # learned's test: +5 points, in their seed-sds
+    same = "86.0 ± 0.8 | 86.0 ± 0.8 | +0.0 (+0.00) | 81.0 ± 0.8 | 81.0 ± 0.8 | +0.0 (+0.00)"
+    assert f"| sin2d | 200 | 195 | 3 | {same} |" in text
+    assert "their epoch 200 (ours 195, 3 shared seeds): within" in text  # sin2d
+    assert "learned σ=1** at their epoch 200 (ours 195, 3 shared seeds): not within" in text
+    assert "| 400 |" not in text and "| 300 |" not in text  # no evaluation of ours near their epoch 400
+    assert "| 91.0 |" in text  # their human108 at epoch 200 for learned: mean of 0.9, 0.91, 0.92, theirs only
+
+
+def test_bad_input_is_one_line(tmp_path):
+    write_logs(tmp_path / "logs.csv")
+    not_lst = tmp_path / "fmri"
+    not_lst.mkdir()
+    pd.DataFrame([dict(pe="learned", sigma=1.0, seed=1, model_id=0, step=0, test_r2=0.1)]).to_parquet(
+        not_lst / "results.parquet")
+    (not_lst / "config.json").write_text(json.dumps({"settings": {"task": "fmri"}}))
+    logs = ["--logs", str(tmp_path / "logs.csv")]
+    for args, message in (([str(not_lst), *logs], "is not an LST run"),
+                          ([str(tmp_path / "missing"), *logs], "is not a folder"),
+                          ([str(not_lst), "--logs", str(tmp_path / "none.csv")], "logs are not at")):
+        done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", *args], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not DEFAULT_LOGS.is_file(), reason="the authors' logs (../shared/data/lst-authors-logs) are absent")
+def test_the_h100_run_against_the_real_logs(tmp_path, capsys):
+    """docs/results' H100 run (3 of their seeds, evaluations every 2,000 steps): at their epoch 200 our step
+    12,000; their numbers recomputed here from the CSV with pandas."""
+    import shutil
+    from pathlib import Path
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "docs" / "results" / "h100-paper-learned-16k", run)
+    assert main([str(run)]) == 0
+    text = capsys.readouterr().out
+    logs = pd.read_csv(DEFAULT_LOGS)
+    theirs = logs[(logs["pe"] == "learned") & np.isclose(logs["sigma"], 2.0) & (logs["epoch"] == 200)
+                  & (logs["condition"] == "average") & (logs["phase"] == "test")
+                  & logs["seed"].isin([2235, 6312, 6068])]
+    ours = pd.read_parquet(run / "curves.parquet")
+    ours = ours[(ours["sigma"] == 2.0) & (ours["step"] == 12000)]
+    want = f"| {100 * ours['test_acc'].mean():.1f} ± {100 * ours['test_acc'].std(ddof=0):.1f} | " \
+           f"{100 * theirs['accuracy'].mean():.1f} ± {100 * theirs['accuracy'].std(ddof=0):.1f} |"
+    assert want in text
