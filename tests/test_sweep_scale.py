@@ -27,10 +27,11 @@ from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
-# Long enough (160 steps a pack) that the kills below land before the end.
+# Long enough (160 steps a pack) that the kills below land before the end. Two learning rates: the middle pack
+# holds one model of each, so its optimizer is the stacked one with per-model rates, the others torch's.
 NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
-          "--width", "16", "--depth", "1", "--batch-size", "16", "--seeds", "2", "--pe", "learned",
-          "--sigmas", "0.1,1,2", "--max-pack", "2", "--steps", "160", "--eval-every", "80",
+          "--width", "16", "--depth", "1", "--batch-size", "16", "--seeds", "1", "--pe", "learned",
+          "--sigmas", "0.1,1,2", "--lr", "1e-3,3e-3", "--max-pack", "2", "--steps", "160", "--eval-every", "80",
           "--checkpoint-every", "10", "--threads", "1", "--no-report"]
 TIMING = ["train_seconds"]
 
