@@ -61,7 +61,7 @@ def synthetic_curves(results: pd.DataFrame, steps=(0, 50, 100)) -> pd.DataFrame:
         part = results.copy()
         part.insert(0, "step", step)
         numeric = [c for c in part.columns if c not in ("task", "pe", "model_id", "sigma", "seed", "steps", "pack",
-                                                          "step", "optimizer", "lr")]
+                                                          "step", "optimizer", "lr", "lr_last")]
         part[numeric] = part[numeric] * (0.5 + 0.5 * step / steps[-1])
         if step == 0:
             part[[c for c in numeric if "attn_" in c]] = np.nan
@@ -244,13 +244,13 @@ def test_convergence_against_curves_of_known_shape():
                            for sigma, (values, fit) in shapes.items() for s, v in zip(steps, values)])
     (check,) = convergence(curves, KINDS["lst"].view)
     assert not check.converged and not check.too_short
-    improving = {sigma: (gain, more) for sigma, gain, more in check.still_improving}
-    assert set(improving) == {0.5, 1.0}
-    assert improving[0.5] == (pytest.approx(0.1), None)
+    improving = {who: (gain, more) for who, gain, more in check.still_improving}
+    assert set(improving) == {"σ=0.5", "σ=1"}
+    assert improving["σ=0.5"] == (pytest.approx(0.1), None)
     # the last quarter gains 0.32·(0.5³ − 0.5⁴) = 0.02, the one before 0.04: ratio ½, so one more quarter
     # (1000 steps) gains 0.01, which is not more than the tolerance
-    assert improving[1.0][0] == pytest.approx(0.02) and improving[1.0][1] == 1000
-    assert check.unfit == [(2.0, pytest.approx(0.8))]
+    assert improving["σ=1"][0] == pytest.approx(0.02) and improving["σ=1"][1] == 1000
+    assert check.unfit == [("σ=2", pytest.approx(0.8))]
     text = " ".join(convergence_lines([check], KINDS["lst"].view))
     assert "not converged" in text and "about 1,000 more steps" in text and "σ=2 does not fit" in text
     flat = curves[curves["sigma"] == 0.1]
@@ -261,6 +261,11 @@ def test_convergence_against_curves_of_known_shape():
     (check,) = convergence(cosine, KINDS["lst"].view)
     assert not check.converged and check.decayed == pytest.approx(0.5 * (1 + np.cos(0.75 * np.pi)))
     assert convergence(flat.assign(lr=1e-3), KINDS["lst"].view)[0].converged  # a constant rate: a real plateau
+    # with a learning-rate axis each rate is judged on its own: the flat curve at one, the rising one at another
+    axis = pd.concat([flat.assign(lr=1e-3, lr_last=1e-3),
+                      curves[curves["sigma"] == 0.5].assign(sigma=0.1, lr=3e-3, lr_last=3e-3)])
+    (check,) = convergence(axis, KINDS["lst"].view)
+    assert [(who, gain) for who, gain, _ in check.still_improving] == [("σ=0.1, lr=0.003", pytest.approx(0.1))]
 
 
 def test_optimizer_axes_get_their_own_rows_and_a_phase_diagram(tmp_path):
@@ -273,6 +278,7 @@ def test_optimizer_axes_get_their_own_rows_and_a_phase_diagram(tmp_path):
     results = synthetic_rows("fmri", models, layers=1, heads=1, probes=["same_network"], rng=rng)
     for column in ("weight_drift_b0", "repr_change", "attn_change"):
         results[column] = rng.uniform(0, 1, len(results))
+    results["lr_last"] = results["lr"]  # a constant schedule
     write_folder(tmp_path, "fmri", models, results, tokens=12)
     text = report.write_report(tmp_path).read_text()
     assert "| PE | σ | lr | models |" in text

@@ -28,7 +28,9 @@ OPTIMIZER_AXES = ("optimizer", "lr", "weight_decay", "momentum")
 def varying_axes(results: pd.DataFrame) -> list[str]:
     """The optimizer axes whose trained models do not all share one value (none in a run without those axes)."""
     models = results[~is_baseline(results["pe"])]
-    return [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
+    axes = [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
+    # runs from before the optimizer axes have no lr_last: their lr was the rate at the step, not an axis
+    return [a for a in axes if a != "lr" or "lr_last" in models]
 
 
 def grouped(frame: pd.DataFrame, metric: str, axes: list[str] = ()) -> pd.DataFrame:
@@ -182,8 +184,9 @@ FIT_THRESHOLD = 0.99      # a training accuracy below this at the end: the model
 @dataclasses.dataclass
 class Convergence:
     pe: str
-    still_improving: list[tuple[float, float, int | None]]  # (σ, gain over the last quarter, more steps or None)
-    unfit: list[tuple[float, float]]                          # (σ, final training fit)
+    # who: "σ=0.1" (with the optimizer axes that vary: "σ=0.1, lr=0.003"), or "it" for a PE without σ
+    still_improving: list[tuple[str, float, int | None]]  # (who, gain over the last quarter, more steps or None)
+    unfit: list[tuple[str, float]]                          # (who, final training fit)
     too_short: bool                                           # too few evaluations to tell
     decayed: float | None = None  # the learning rate over the last quarter as a fraction of its peak, when so low
     #                               that a flat end may be the schedule's rather than a plateau
@@ -199,18 +202,20 @@ def _value_at(curve: pd.Series, step: float) -> float:
 
 
 def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
-    """Per PE kind: which σ still gained more than PLATEAU_TOLERANCE in the generalisation score over the last
-    quarter of training (and, where the quarter before gained more, how many more steps a geometric slow-down
+    """Per PE kind: which σ (and value of each optimizer axis that varies) still gained more than
+    PLATEAU_TOLERANCE in the generalisation score over the last quarter of training (and, where the quarter before gained more, how many more steps a geometric slow-down
     of the gains suggests until a quarter gains less), and which do not fit their training set."""
     score, lower_is_better = view.score, view.score.endswith("mse")
     if curves.empty or score not in curves or "step" not in curves:
         return []
     rows = curves[~is_baseline(curves["pe"])]
+    axes = varying_axes(rows)
     out = []
     for pe in dict.fromkeys(rows["pe"]):
         of_pe = rows[rows["pe"] == pe]
         result = Convergence(pe, [], [], False)
-        for sigma, group in of_pe.groupby("sigma", dropna=False, sort=False):
+        for key, group in of_pe.groupby(["sigma", *axes], dropna=False, sort=False):
+            who = _who(key[0], dict(zip(axes, key[1:])))
             curve = group.groupby("step")[score].mean().dropna().sort_index()
             end = curve.index.max() if len(curve) else 0
             if len(curve) < 4 or end <= 0:
@@ -233,17 +238,18 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
                 if 0 < last < 0.9 * before:
                     quarters = math.ceil(math.log(PLATEAU_TOLERANCE / last) / math.log(last / before) - 1e-9)
                     more = int(quarters * end / 4)
-                result.still_improving.append((sigma, last, more))
+                result.still_improving.append((who, last, more))
             if view.fit and view.fit in group:
                 fit = group.groupby("step")[view.fit].mean().dropna().sort_index()
                 if len(fit) and fit.iloc[-1] < FIT_THRESHOLD:
-                    result.unfit.append((sigma, float(fit.iloc[-1])))
+                    result.unfit.append((who, float(fit.iloc[-1])))
         out.append(result)
     return out
 
 
-def _who(sigma: float) -> str:
-    return f"σ={sigma:g}" if np.isfinite(sigma) else "it"
+def _who(sigma: float, axes: dict) -> str:
+    parts = ([f"σ={sigma:g}"] if np.isfinite(sigma) else []) + [f"{a}={axis_label(a, v)}" for a, v in axes.items()]
+    return ", ".join(parts) or "it"
 
 
 def convergence_lines(checks: list[Convergence], view: TaskView) -> list[str]:
@@ -262,11 +268,11 @@ def convergence_lines(checks: list[Convergence], view: TaskView) -> list[str]:
             reasons.append(f"flat over the last quarter, but at a learning rate down to {100 * c.decayed:.0f} % of "
                            f"its peak (a cosine schedule's end): a plateau of the schedule, not shown to be the "
                            f"model's; a longer or constant-rate run would tell")
-        for sigma, gain, more in c.still_improving:
+        for who, gain, more in c.still_improving:
             hint = (f"the slowing gains suggest about {more:,} more steps" if more is not None
                     else "its gains are not slowing: train at least twice as long")
-            reasons.append(f"{_who(sigma)} still gained {gain:.3f} {view.score} in the last quarter ({hint})")
-        for sigma, fit in c.unfit:
-            reasons.append(f"{_who(sigma)} does not fit its training set ({view.fit} {fit:.3f})")
+            reasons.append(f"{who} still gained {gain:.3f} {view.score} in the last quarter ({hint})")
+        for who, fit in c.unfit:
+            reasons.append(f"{who} does not fit its training set ({view.fit} {fit:.3f})")
         lines.append(f"* **{c.pe}: not converged**: " + "; ".join(reasons) + ". Its verdicts below are provisional.")
     return lines

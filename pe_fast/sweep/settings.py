@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pe-at", choices=("every", "input"), help="add the PE at every block or at the input only")
     p.add_argument("--eval-every", type=int, help="evaluate every this many steps")
     p.add_argument("--eval-items", type=int,
-                   help="intermediate evaluations score at most this many items per split; the last scores all")
+                   help="intermediate evaluations score at most this many items of the splits other than the "
+                        "held-out one the convergence check follows (always in full); the last scores all")
     p.add_argument("--lst-train", help="LST training puzzles: a CSV file or a folder of them")
     p.add_argument("--lst-ood", help="LST generalisation puzzles (CSV); default: generated, unlike the training set")
     p.add_argument("--atlas", choices=ATLASES,
