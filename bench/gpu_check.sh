@@ -8,9 +8,9 @@
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
 #   pe_kinds.log                  a few CUDA steps of every PE kind of lst --preset paper and netsim --preset all-pes
 #   science.log, science/         lst paper configuration, learned σ 0.2 / 2.0 and sin2d, 3 seeds, 8,000 steps, in
-#                                 fp32 and bf16 (four sweeps side by side): results.parquet and summary.txt of each
+#                                 fp32, tf32 and bf16 (six sweeps side by side): results.parquet and summary.txt of each
 #   sweep.log, sweep_gpu*.json    bench/bench_sweep_gpu.py: the sweep's training path at the paper's LST
-#                                 configuration, 90 and 315 models, per precision, eager and compiled
+#                                 configuration, 90 models per precision eager and compiled, then 315 eager
 #   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
 #   profile_n16.log/.json         bench/profile_op.py: kernels, launches, host vs GPU time at the LST shape
 #   profile_fmri.log/.json        the same at N = 360 (bf16, tf32)
@@ -80,7 +80,7 @@ fi
 # The speed must not change the science: the same sweeps in fp32 and in bf16, side by side on the one GPU.
 science() {
     local pids=() rc=0
-    for precision in fp32 bf16; do
+    for precision in fp32 tf32 bf16; do
         for pe in learned sin2d; do
             python3 -m pe_fast.sweep --task lst --preset paper --pe $pe --sigmas 0.2,2.0 --seeds 3 --steps ${SCIENCE_STEPS:-8000} \
                 --eval-every 2000 --precision $precision --out "$OUT/science/$precision-$pe" --no-report &
@@ -97,10 +97,12 @@ wanted science && step science 240 science.log bash -c science
 
 if wanted sweep; then
     # The most telling configurations first: a time limit keeps what ran.
-    step sweep 240 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90,315 --precisions bf16,tf32,fp32 \
+    step sweep 240 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90 --precisions bf16,tf32,fp32 \
             --compile off --steps 10 --warmup 3 --out $OUT/sweep_gpu_eager.json
-        python3 bench/bench_sweep_gpu.py --models 90,315 --precisions bf16,tf32 --compile on --steps 10 --warmup 3 \
-            --out $OUT/sweep_gpu_compiled.json"
+        python3 bench/bench_sweep_gpu.py --models 90 --precisions bf16,tf32 --compile on --steps 10 --warmup 3 \
+            --out $OUT/sweep_gpu_compiled.json
+        python3 bench/bench_sweep_gpu.py --models 315 --precisions bf16,tf32 --compile off --steps 10 --warmup 3 \
+            --out $OUT/sweep_gpu_eager_315.json"
 fi
 
 # CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA; the

@@ -61,8 +61,9 @@ CPU_CASES = {  # M, B, N, D, H, K, pe, b_qkv
     "long-N100-2x2-blocks-dh24": (1, 2, 100, 24, 1, 2, True, True),
     "long-N40-H3-dh16": (1, 1, 40, 48, 3, 1, True, True),
     "packed-H8-dh16": (1, 2, 16, 128, 8, 1, True, True),  # issue 3's largest head count
-    "lst-N16-dh160": (1, 3, 16, 160, 1, 2, True, True),  # head dim padded to 256: 2-problem tiles, bwd 1
-    "N20-dh160-packed-fwd-long-bwd": (1, 1, 20, 160, 1, 1, True, True),  # fp32 bwd tile 16 < N: Δ preprocess
+    "lst-N16-dh160": (1, 3, 16, 160, 1, 2, True, True),  # 2-problem tiles, head dim in 5 chunks of 32
+    "N20-dh40-partial-chunk": (1, 1, 20, 160, 4, 1, True, True),  # one problem per fp32 tile, chunks 32 + 8
+    "N32-dh48-full-tile": (1, 2, 32, 96, 2, 1, True, True),
 }
 
 

@@ -9,6 +9,9 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import re
+import subprocess
+import tempfile
 from typing import NamedTuple
 
 import pytest
@@ -16,6 +19,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from pe_fast.ops import triton_attention as ta  # noqa: E402
@@ -27,15 +31,14 @@ TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 class Job(NamedTuple):
-    kernel: str
+    kernel: str  # packed_fwd, packed_bwd, long_fwd, long_bwd, bwd_preprocess
     dtype: torch.dtype
     precision: str | None
-    head_pad: int
-    packed: bool
+    width: int  # packed: the head-dim chunk; long: the padded head dim
     blocks: tuple[int, ...]
     num_warps: int
     num_stages: int
-    addend: bool = False  # HAS_ADDEND: the kernel adds pe·W + b to q, k, v as it loads them
+    addend: bool = False  # HAS_ADDEND: the packed kernels add pe·W + b to q, k, v as they load them
     probes: str = "fp32"  # the probes' pointer type (triton_attention.kernel_probes)
 
 
@@ -44,39 +47,57 @@ def jobs() -> list[Job]:
     found = []
     for c in ta.all_kernel_configs():
         for precision in ("ieee", "tf32") if c.dtype == torch.float32 else ("ieee",):
-            # the packed kernels also come with the addend added on load (projection.kernel_operands in triton_attention.forward)
-            for addend in (False, True) if c.fwd_packed else (False,):
-                found.append(Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed,
-                                 (c.fwd_block_m, c.fwd_block_n), c.fwd_warps, c.fwd_stages, addend))
-            # narrower probes (bool/uint8, bf16/fp16) take no more shared memory than float32 ones; that they compile
-            # at all is checked on the largest tiles
+            if c.packed:  # with and without the addend added on load (projection.kernel_operands)
+                for addend in (False, True):
+                    found.append(Job("packed_fwd", c.dtype, precision, c.chunk, (c.fwd_block_m,), c.fwd_warps,
+                                     c.fwd_stages, addend))
+                    found.append(Job("packed_bwd", c.dtype, precision, c.chunk, (c.bwd_block,), c.bwd_warps,
+                                     c.bwd_stages, addend))
+            else:
+                found.append(Job("long_fwd", c.dtype, precision, c.head_pad, (c.fwd_block_m, c.fwd_block_n),
+                                 c.fwd_warps, c.fwd_stages))
+                found.append(Job("long_bwd", c.dtype, precision, c.head_pad, (c.bwd_block,), c.bwd_warps,
+                                 c.bwd_stages))
+            # narrower probes (bool/uint8, bf16/fp16) take no more shared memory than float32 ones; that they
+            # compile at all is checked on the largest tiles
             if c.head_pad == ta.MAX_HEAD_DIM and precision == "ieee":
-                found += [Job("fwd", c.dtype, precision, c.head_pad, c.fwd_packed, (c.fwd_block_m, c.fwd_block_n),
-                              c.fwd_warps, c.fwd_stages, probes=probes) for probes in ("u8", "bf16")]
-            for addend in (False, True) if c.bwd_packed else (False,):
-                found.append(Job("bwd", c.dtype, precision, c.head_pad, c.bwd_packed, (c.bwd_block,), c.bwd_warps,
-                                 c.bwd_stages, addend))
+                fwd = found[-2]
+                found += [fwd._replace(probes=probes) for probes in ("u8", "bf16")]
         if c.pre_block:
-            found.append(Job("bwd_preprocess", c.dtype, None, c.head_pad, False, (c.pre_block,), 4, 1))
+            found.append(Job("bwd_preprocess", c.dtype, None, c.head_pad, (c.pre_block,), 4, 1))
     return list(dict.fromkeys(found))
 
 
 def source(job: Job) -> ASTSource:
-    """The kernel with the launcher's argument types; shapes chosen so every mask stays (dh < head_pad)."""
+    """The kernel with the launcher's argument types; shapes chosen so every mask stays (a partial last chunk,
+    a head dim below its padding)."""
     t = "*" + TRITON_DTYPE[job.dtype]
-    heads, head_dim = 2, max(1, job.head_pad * 3 // 4)
-    const = dict(N=16 if job.packed else 360, H=heads, D=heads * head_dim, HEAD_PAD=job.head_pad)
-    if job.kernel == "fwd":
-        fn = ta._pe_attention_fwd_kernel
+    packed = job.kernel.startswith("packed")
+    heads = 2
+    head_dim = job.width * 2 + job.width // 2 if packed else max(1, job.width * 3 // 4)
+    const = dict(N=16 if packed else 360, H=heads, D=heads * head_dim)
+    const.update(CHUNK=job.width) if packed else const.update(HEAD_PAD=job.width)
+    if job.kernel == "packed_fwd":
+        fn = ta._packed_fwd_kernel
         args = {"qkv_ptr": t, "add_ptr": t, "probe_ptr": "*" + job.probes, "out_ptr": t, "lse_ptr": "*fp32",
                 "stat_ptr": "*fp32", "num_problems": "i32", "B": "i32", "qk_scale": "fp32"}
-        const.update(NUM_PROBES=2, PROBE_PAD=2, BLOCK_M=job.blocks[0], BLOCK_N=job.blocks[1], PACKED=job.packed,
-                     PRECISION=job.precision, HAS_ADDEND=job.addend)
-    elif job.kernel == "bwd":
-        fn = ta._pe_attention_bwd_kernel
-        args = {"qkv_ptr": t, "add_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dqkv_ptr": t,
-                "num_problems": "i32", "B": "i32", "sm_scale": "fp32"}
-        const.update(BLOCK=job.blocks[0], PACKED=job.packed, PRECISION=job.precision, HAS_ADDEND=job.addend)
+        const.update(NUM_PROBES=2, BLOCK=job.blocks[0], PRECISION=job.precision, HAS_ADDEND=job.addend)
+    elif job.kernel == "packed_bwd":
+        fn = ta._packed_bwd_kernel
+        args = {"qkv_ptr": t, "add_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "dqkv_ptr": t, "num_problems": "i32",
+                "B": "i32", "sm_scale": "fp32"}
+        const.update(BLOCK=job.blocks[0], PRECISION=job.precision, HAS_ADDEND=job.addend)
+    elif job.kernel == "long_fwd":
+        fn = ta._long_fwd_kernel
+        args = {"qkv_ptr": t, "probe_ptr": "*" + job.probes, "out_ptr": t, "lse_ptr": "*fp32", "stat_ptr": "*fp32",
+                "B": "i32", "qk_scale": "fp32"}
+        const.update(NUM_PROBES=2, PROBE_PAD=2, BLOCK_M=job.blocks[0], BLOCK_N=job.blocks[1],
+                     PRECISION=job.precision)
+    elif job.kernel == "long_bwd":
+        fn = ta._long_bwd_kernel
+        args = {"qkv_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dqkv_ptr": t,
+                "sm_scale": "fp32"}
+        const.update(BLOCK=job.blocks[0], PRECISION=job.precision)
     else:
         fn = ta._pe_attention_bwd_preprocess_kernel
         args = {"out_ptr": t, "do_ptr": t, "delta_ptr": "*fp32", "num_rows": "i32"}
@@ -87,22 +108,36 @@ def source(job: Job) -> ASTSource:
     return ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs)
 
 
+def register_use(ptx: str, cc: int) -> dict:
+    """ptxas -v's account of one kernel: registers per thread and bytes spilled to local memory (the H100's
+    TF32 kernels at d 160 once spilled ~5 KB per thread: 5× slower than in IEEE fp32)."""
+    ptxas = get_ptxas(cc)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        info = subprocess.run([getattr(ptxas, "path", ptxas), "-v", f"--gpu-name=sm_{cc}{'a' if cc == 90 else ''}",
+                               f.name, "-o", os.devnull], capture_output=True, text=True, check=True).stderr
+    return {"registers": int(re.search(r"Used (\d+) registers", info)[1]),
+            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", info)[1])}
+
+
 def compile_job(job: Job) -> dict:
     result = {}
     for cc in SHARED_MEMORY_LIMIT:
         compiled = triton.compile(source(job), target=GPUTarget("cuda", cc, 32),
                                   options={"num_warps": job.num_warps, "num_stages": job.num_stages})
-        result[cc] = {"cubin_bytes": len(compiled.asm.get("cubin", b"")), "shared": compiled.metadata.shared}
+        result[cc] = {"cubin_bytes": len(compiled.asm.get("cubin", b"")), "shared": compiled.metadata.shared,
+                      **register_use(compiled.asm["ptx"], cc)}
     return result
 
 
 def job_id(job: Job) -> str:
     blocks = "x".join(map(str, job.blocks))
     precision = f"-{job.precision}" if job.precision else ""
-    path = "packed" if job.packed else "long"
+    width = f"chunk{job.width}" if job.kernel.startswith("packed") else f"hd{job.width}"
     addend = "-addend" if job.addend else ""
     probes = "" if job.probes == "fp32" else f"-probes-{job.probes}"
-    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-hd{job.head_pad}-{path}{blocks}{addend}{probes}"
+    return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-{width}-{blocks}{addend}{probes}"
 
 
 JOBS = jobs()
@@ -117,7 +152,9 @@ def compiled():
     record = os.environ.get("PE_FAST_AOT_RECORD")
     if record:
         rows = [dict(job._asdict(), dtype=TRITON_DTYPE[job.dtype],
-                     shared_bytes={f"sm_{cc}": r["shared"] for cc, r in result.items()})
+                     shared_bytes={f"sm_{cc}": r["shared"] for cc, r in result.items()},
+                     registers={f"sm_{cc}": r["registers"] for cc, r in result.items()},
+                     spill_bytes={f"sm_{cc}": r["spill_bytes"] for cc, r in result.items()})
                 for job, result in results.items()]
         with open(record, "w") as f:
             json.dump({"triton": triton.__version__, "limits_bytes": {f"sm_{cc}": v for cc, v in
@@ -133,6 +170,14 @@ def test_kernel_compiles_to_cubin_within_shared_memory(compiled, job):
         assert result["shared"] <= SHARED_MEMORY_LIMIT[cc], f"sm_{cc}: {result['shared']} bytes of shared memory"
 
 
+@pytest.mark.parametrize("job", [j for j in JOBS if j.kernel.startswith("packed")], ids=job_id)
+def test_packed_kernels_keep_their_tiles_in_registers(compiled, job):
+    """The packed kernels (N ≤ 32: the paper's LST sweep) stream the head dim in chunks so that their tiles fit
+    the registers: a spill to local memory costs more than the attention's whole q, k, v traffic."""
+    spilled = compiled[job][90]["spill_bytes"]
+    assert spilled <= 64, f"sm_90: {spilled} bytes spilled per thread"
+
+
 def test_kernel_config_picks_from_the_listed_configs():
     listed = set(ta.all_kernel_configs())
     for N in (1, 16, 17, 32, 33, 100, 360, 1000):
@@ -141,15 +186,15 @@ def test_kernel_config_picks_from_the_listed_configs():
                 cfg = ta.kernel_config(N, head_dim, dtype)
                 assert cfg in listed
                 assert cfg.head_pad >= max(16, head_dim)
-                assert cfg.fwd_packed == (N <= min(ta.PACK_MAX_N, cfg.fwd_block_m)) == (cfg.fwd_stages == 1)
-                assert cfg.bwd_packed == (N <= min(ta.PACK_MAX_N, cfg.bwd_block)) == (cfg.pre_block == 0)
-                if cfg.fwd_packed:  # the keys are the query tile
-                    assert cfg.fwd_block_m == cfg.fwd_block_n
+                assert cfg.packed == (N <= ta.PACK_MAX_N) == (cfg.pre_block == 0)
+                if cfg.packed:  # the keys are the query tile, which holds whole problems
+                    assert cfg.fwd_block_m == cfg.fwd_block_n >= N and cfg.bwd_block >= N
+                    assert 16 <= cfg.chunk <= cfg.head_pad
 
 
 def test_tuning_candidates_are_configurations_the_launchers_take(monkeypatch):
-    """bench/tune_triton.py (run on a GPU by bench/gpu_check.sh) varies only tiles, warps and stages, keeps packed
-    tiles whole-problem and square, and gives `kernel_config` back afterwards; without a GPU it exits 2."""
+    """bench/tune_triton.py (run on a GPU by bench/gpu_check.sh) varies only tiles, warps, stages and the packed
+    kernels' head-dim chunk, keeps packed tiles whole-problem and square, and gives `kernel_config` back afterwards; without a GPU it exits 2."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     monkeypatch.syspath_prepend(os.path.join(root, "bench"))
     tune = __import__("tune_triton")
@@ -160,12 +205,12 @@ def test_tuning_candidates_are_configurations_the_launchers_take(monkeypatch):
                           if tune.valid(c, N)]
             assert len(candidates) > 8
             for c in candidates:
-                assert (c.dtype, c.head_pad, c.fwd_packed, c.bwd_packed, c.pre_block) == (
-                    default.dtype, default.head_pad, default.fwd_packed, default.bwd_packed, default.pre_block)
-                if c.fwd_packed:
-                    assert c.fwd_block_m == c.fwd_block_n >= N
-                if c.bwd_packed:
-                    assert c.bwd_block >= N
+                assert (c.dtype, c.head_pad, c.packed, c.pre_block) == (
+                    default.dtype, default.head_pad, default.packed, default.pre_block)
+                if c.packed:
+                    assert c.fwd_block_m == c.fwd_block_n >= N and c.bwd_block >= N and c.chunk >= 16
+                else:
+                    assert c.chunk == default.chunk
             with tune.configured(candidates[-1]):
                 assert ta.kernel_config(N, D // H, dtype) == candidates[-1]
             assert ta.kernel_config(N, D // H, dtype) == default
