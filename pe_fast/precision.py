@@ -19,7 +19,7 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 def default(device: torch.device) -> str:
     """What a run uses when --precision is not given: fp32, the reference, on every device. bf16 trains the
-    paper's LST step 3.7× faster on an H200 (compiled), but in the fp32 / bf16 science check the σ = 2.0 models
+    paper's LST step 2.5× faster on an H200 (both eager), but in the fp32 / bf16 science check the σ = 2.0 models
     fitted and generalised worse in bf16, in both runs (docs/reproduction.md, "Precision"); tf32 is unchecked."""
     return "fp32"
 

@@ -33,6 +33,9 @@ PARTIAL = ".partial-"  # the infix of temporary files and folders
 CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
 RESULTS, CURVES, PE_TABLES, SUMMARY = "results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"
 REPORT, FIGURES = "report.md", "figures"
+# pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
+# attention maps [L, N, N] on the task's attention split under "attention_map_<i>" (every model)
+ATTENTION_MAP = "attention_map_"
 
 
 class FolderLocked(Exception):

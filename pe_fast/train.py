@@ -20,6 +20,7 @@ from torch import Tensor
 
 from pe_fast import precision
 from pe_fast.metrics import pe_geometry
+from pe_fast.metrics.attention_maps import mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.ops import STAT_NAMES
@@ -61,6 +62,7 @@ class PackResult:
     final: list[dict]
     curves: list[dict]
     pe_tables: dict[int, np.ndarray]
+    attention_maps: np.ndarray  # [M, L, N, N]: mean attention maps on the attention split (metrics.attention_maps)
     seconds: float
 
 
@@ -284,7 +286,9 @@ class PackTrainer:
         final_rows = [dict(row) for row in self.curves[-M:]]
         tables = [t.detach().cpu().numpy() for t in self.model.pe_tables()]
         pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
-        return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, seconds=self.seconds)
+        maps = mean_attention_maps(self.model, self.eval_tokens[self.task.attention_split], self.probes)
+        return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, attention_maps=maps,
+                          seconds=self.seconds)
 
     def state_dict(self) -> dict:
         batches = self.batches.state_dict()

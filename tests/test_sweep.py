@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -32,6 +33,12 @@ def test_tiny_sweep_writes_complete_results(tmp_path):
     learned = results[results.pe == "learned"]
     assert learned["pe_drift"].notna().all() and results[results.pe == "relative"]["pe_rsa"].isna().all()
     assert set(results[results.pe == "sin2d"]["sigma"].map(math.isnan)) == {True}
+    # the paper's attention-map alignment with the sin2d models: every model has maps, hence a score
+    assert results["attn_map_alignment"].between(-1, 1).all()
+    with np.load(out / "pe_tables.npz") as tables:
+        maps = np.stack([tables[f"attention_map_{i}"] for i in results["model_id"]])
+    assert maps.shape == (len(results), 1, 16, 16) and np.allclose(maps.sum(-1), 1, atol=1e-5)
+    assert "Attention-map alignment with the sin2d models" in (out / "report.md").read_text()
     curves = pd.read_parquet(out / "curves.parquet")
     assert sorted(curves["step"].unique()) == [0, 2, 4]
     assert len(curves) == 3 * len(results)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pe_fast.ops import reference
+from pe_fast.metrics.attention_maps import attention_input_hook
 
 # The attention and MLP weight matrices of a block (biases and layer norms left out: they scale, not map)
 BLOCK_WEIGHTS = ("attention.w_qkv", "attention.out.weight", "mlp_in.weight", "mlp_out.weight")
@@ -48,19 +48,11 @@ class RichLazyProbe:
         """The last block's output [M, B·N', D] and the first block's attention probabilities [M,B,H,N,N]."""
         captured = {}
 
-        def first_block_input(block, args):
-            h, pe, _, rope, bias = args[:5]
-            cos, sin = rope if rope is not None else (None, None)
-            attention = block.attention
-            log_p = reference.attention_map(h, pe, attention.w_qkv, attention.b_qkv, attention.num_heads, cos, sin,
-                                            bias)[0]
-            captured["attention"] = log_p.exp()
-
         def last_block_output(block, args, output):
             h = output[0]
             captured["features"] = h.reshape(h.shape[0], -1, h.shape[-1])
 
-        hooks = [model.blocks[0].register_forward_pre_hook(first_block_input),
+        hooks = [model.blocks[0].register_forward_pre_hook(attention_input_hook(captured, "attention")),
                  model.blocks[-1].register_forward_hook(last_block_output)]
         was_training = model.training
         try:

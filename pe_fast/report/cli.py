@@ -11,7 +11,7 @@ import pandas as pd
 from pe_fast import run_folder
 from pe_fast.report.figures import draw_figures
 from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
-                                    statement, summary_markdown)
+                                    map_alignment, statement, summary_markdown)
 from pe_fast.report.reading import ReportError, Run, read_run, task_name
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
@@ -59,6 +59,18 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
         lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "
                   f"models (alignment = {align.source} averaged over layers and heads; generalisation = "
                   f"{view.score})" + (f"; the paper reports {PAPER_RHO} on the LST." if task == "lst" else "."), ""]
+    maps = map_alignment(results, view)  # None for runs from before the column
+    if maps is not None:
+        if maps.n:
+            lines += [f"**Attention-map alignment with the {view.reference_pe} models vs generalisation** (the "
+                      f"paper's measure): Spearman ρ = {fmt(maps.rho, 3)} over {maps.n} models (attn_map_alignment "
+                      f"= Pearson r of a model's attention map, mean over heads and the {view.score.split('_')[0]} "
+                      f"items, with the {view.reference_pe} models' mean map, averaged over layers; "
+                      f"{view.reference_pe} models against their other seeds)"
+                      + (f"; the paper reports {PAPER_RHO}." if task == "lst" else "."), ""]
+        else:
+            lines += [f"**Attention-map alignment** (the paper's measure) needs {view.reference_pe} models in the "
+                      f"run (add `{view.reference_pe}` to `--pe`).", ""]
     lines += ["## Summary (mean ± sd over seeds)", "", summary_markdown(results, view), "",
               "sd is the population standard deviation over seeds (as in summary.txt).", "", "## Figures", ""]
     for name, caption in drawn.items():

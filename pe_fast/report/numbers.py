@@ -68,7 +68,7 @@ def probe_names(frame: pd.DataFrame) -> list[str]:
 
 @dataclasses.dataclass
 class Alignment:
-    x: pd.Series            # per model: attention mass on the probe, mean over layers and heads
+    x: pd.Series            # per model: the alignment measure (probe mass, or attention-map alignment)
     y: pd.Series            # per model: the generalisation score
     rho: float
     n: int
@@ -85,6 +85,19 @@ def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
             break
     else:
         return None
+    return against_score(results, x, view, f"{prefix}_l*_h*_probe_{view.probe}")
+
+
+def map_alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
+    """The paper's alignment (notes/paper.md §5.3): each model's mean attention maps against those of the task's
+    ground-truth PE models (results' attn_map_alignment), against generalisation, across all models."""
+    if view.reference_pe is None or "attn_map_alignment" not in results:
+        return None
+    return against_score(results, results["attn_map_alignment"].astype(float), view, "attn_map_alignment")
+
+
+def against_score(results: pd.DataFrame, x: pd.Series, view: TaskView, source: str) -> Alignment | None:
+    """Spearman ρ of a per-model measure x with the task's generalisation score, over the models that have both."""
     if view.score not in results:
         return None
     y = results[view.score].astype(float)
@@ -92,7 +105,7 @@ def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
     x, y = x[keep], y[keep]
     n = len(x)
     rho = float(stats.spearmanr(x, y).statistic) if n >= 3 else math.nan
-    return Alignment(x, y, rho, n, f"{prefix}_l*_h*_probe_{view.probe}")
+    return Alignment(x, y, rho, n, source)
 
 
 def fmt(value: float, digits: int = 3) -> str:

@@ -52,6 +52,7 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
                           for row in result.curves if row["model"] == local)
         if local in result.pe_tables:
             pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
+        pe_tables[f"{run_folder.ATTENTION_MAP}{model['model_id']}"] = result.attention_maps[local]
     run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables)
     return {"index": index, "models": len(pack), "trained_steps": s.steps - first_step}
 

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from pe_fast import run_folder
+from pe_fast.metrics import attention_maps
 from pe_fast.report.numbers import axis_label, varying_axes
 from pe_fast.sweep.settings import Settings
 from pe_fast.tasks import KINDS
@@ -45,9 +46,20 @@ def summary_table(results: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+def attention_map_alignment(results: pd.DataFrame, pe_tables: dict, reference_pe: str | None) -> np.ndarray:
+    """Per results row, the alignment of the model's mean attention maps with those of the task's ground-truth
+    PE models (metrics.attention_maps.map_alignment); NaN where the task has none or the run trained none."""
+    maps = {i: pe_tables[f"{run_folder.ATTENTION_MAP}{i}"] for i in results["model_id"]
+            if f"{run_folder.ATTENTION_MAP}{i}" in pe_tables}
+    reference_ids = list(results.loc[results["pe"] == reference_pe, "model_id"]) if reference_pe else []
+    scores = attention_maps.map_alignment(maps, reference_ids)
+    return results["model_id"].map(scores).astype(float).to_numpy()
+
+
 def finish_folder(s: Settings, out: Path, task, models: list[dict], num_packs: int) -> pd.DataFrame:
     """Every pack together, with the task's baselines and the summary table."""
     results, curves, pe_tables = run_folder.read_packs(out, num_packs)
+    results["attn_map_alignment"] = attention_map_alignment(results, pe_tables, KINDS[s.task].view.reference_pe)
     baselines = [dict(task=s.task, model_id=len(models) + i, seed=math.nan, steps=0, pack=-1, **row)
                  for i, row in enumerate(task.baselines())]
     if baselines:

@@ -228,6 +228,6 @@ KIND = TaskKind(
         similarity=("pe_rsa", "pe_dist_spearman", "pe_procrustes"),
         summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
                  "pe_rsa"),
-        probe="same_row_or_col", fit="train_acc"),
+        probe="same_row_or_col", fit="train_acc", reference_pe="sin2d"),
     load=lambda s: LSTTask(train_path=s.lst_train, ood_path=s.lst_ood),
 )
