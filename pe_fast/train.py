@@ -210,18 +210,26 @@ class PackTrainer:
         self.seconds = 0.0  # training time so far, over all the processes that trained this pack
 
     def run(self, on_step: Callable[[int], None] | None = None,
-            checkpoint: Callable[[], None] | None = None, checkpoint_every: int | None = None) -> PackResult:
-        """Train from the current step to the last; call on_step(steps done) after every step and checkpoint()
-        every checkpoint_every steps (default: after every evaluation) before the last."""
+            checkpoint: Callable[[], None] | None = None, checkpoint_every: int | None = None,
+            on_evaluate: Callable[[list[dict]], None] | None = None) -> PackResult:
+        """Train from the current step to the last; call on_step(steps done) after every step, on_evaluate(rows)
+        after every evaluation, and checkpoint() every checkpoint_every steps (default: after every evaluation)
+        before the last."""
         config = self.config
         checkpoint_every = checkpoint_every or config.eval_every
         started = time.perf_counter() - self.seconds
+        def evaluate(final: bool):
+            rows = self.evaluate(self.step, final)
+            self.curves.extend(rows)
+            if on_evaluate is not None:
+                on_evaluate(rows)
+
         if self.step == 0 and not self.curves:
-            self.curves.extend(self.evaluate(0, final=False))
+            evaluate(final=False)
         while self.step < config.steps:
             self.train_step()
             if self.filled == config.eval_every or self.step == config.steps:
-                self.curves.extend(self.evaluate(self.step, final=self.step == config.steps))
+                evaluate(final=self.step == config.steps)
                 self.filled = 0
             self.seconds = time.perf_counter() - started
             if on_step is not None:

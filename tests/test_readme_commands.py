@@ -62,6 +62,8 @@ HOW = {
     "python -m pe_fast.sweep --task lst --preset paper --device cuda --executor ray --ray-address auto "
     "--out /shared/runs/paper": ("run", f"--device cpu {TINY} --pe learned,sin2d --sigmas 0.2 --out runs/paper"),
     "python -m pe_fast.report runs/mine": ("run", ""),
+    "python -m pe_fast.sweep --task fmri --tensorboard --out runs/fmri-watched": (
+        "run", f"{TINY} --sigmas 0.5 --no-report"),
     "python -m pe_fast.compare_lst_logs runs/mine": (
         "skip", "the authors' logs lie in ../shared, which a clone does not have; tests/test_compare_lst_logs.py "
                 "runs it on logs it writes, and on the real ones when present"),

@@ -62,7 +62,7 @@ def assert_same_results(run, reference):
         pd.testing.assert_frame_equal(got.drop(columns=TIMING, errors="ignore"),
                                       want.drop(columns=TIMING, errors="ignore"), check_exact=True)
     with np.load(run / "pe_tables.npz") as got, np.load(reference / "pe_tables.npz") as want:
-        assert sorted(got.files) == sorted(want.files) and len(got.files) == 6
+        assert sorted(got.files) == sorted(want.files) and len(got.files) == 2 * 6  # PE tables, attention maps
         for key in want.files:
             np.testing.assert_array_equal(got[key], want[key])
 

@@ -13,7 +13,9 @@ import pandas as pd
 import torch
 
 from pe_fast import memory, precision, run_folder
+from pe_fast.sweep import live_curves
 from pe_fast.sweep.grid import model_config, train_config
+from pe_fast.sweep.live_curves import LiveCurves
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.settings import Settings
 from pe_fast.sweep.task_loading import load_task
@@ -39,8 +41,11 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
     if state is not None:
         trainer.load_state_dict(state)
     first_step = trainer.step
+    live = LiveCurves(out, pack, live_curves.varying_axes(s), first_step) if s.tensorboard else None
     result = trainer.run(on_step, checkpoint=lambda: run_folder.save_checkpoint(out, index, trainer.state_dict()),
-                         checkpoint_every=s.checkpoint_every)
+                         checkpoint_every=s.checkpoint_every, on_evaluate=live and live.evaluation)
+    if live is not None:
+        live.finish(result.final, trainer.step)
     final_rows, curve_rows, pe_tables = [], [], {}
     for local, model in enumerate(pack):
         # results.parquet's sigma is a float column: "no σ" is stored as NaN there

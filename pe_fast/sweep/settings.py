@@ -29,7 +29,7 @@ LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float,
                  "optimizer": str}
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
-                "compile")
+                "compile", "tensorboard")
 
 
 class UsageError(Exception):
@@ -92,6 +92,7 @@ class Settings:
     ray_address: str | None = None
     compile: str = "off"
     no_report: bool = False
+    tensorboard: bool = False
     # the packs, by model_id: planned at the start of a sweep, read from config.json on --resume
     packs: tuple[tuple[int, ...], ...] | None = None
 
@@ -162,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
     p.add_argument("--precision", choices=precision.PRECISIONS,
-                   help="fp32, tf32 (CUDA) or bf16 (autocast, float32 weights); default: bf16 on CUDA, fp32 on CPU")
+                   help="fp32 (default), tf32 (CUDA) or bf16 (autocast, float32 weights)")
     p.add_argument("--compile", choices=COMPILE_CHOICES,
                    help="torch.compile the training step (about 20 s per pack on a GPU); auto (default): on CUDA")
     p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
@@ -176,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local (default): packs one after the other here; ray: packs as Ray tasks")
     p.add_argument("--ray-address",
                    help="--executor ray: the cluster to join (e.g. auto); default: a local Ray instance")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="write every evaluation to DIR/tensorboard as it happens (tensorboard --logdir DIR/tensorboard)")
     p.add_argument("--no-report", action="store_true",
                    help="skip report.md and the figures at the end (python -m pe_fast.report DIR writes them)")
     return p
@@ -330,6 +333,9 @@ def resolve_runtime(s: dict):
                                               and not on_ray):  # a Ray cluster's workers may have the GPUs
         raise UsageError(f"--device {s['device']!r} is not available here "
                          f"(cpu{', cuda' if torch.cuda.is_available() else ''})")
+    if s.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
+        raise UsageError("--tensorboard needs TensorBoard, which is not installed: pip install 'pe_fast[tensorboard]' "
+                         "(or pip install tensorboard)")
     if on_ray and importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray, which is not installed: pip install 'pe_fast[ray]' "
                          "(or pip install 'ray>=2.9')")
@@ -364,9 +370,10 @@ def from_resume(args: argparse.Namespace) -> Settings:
         if as_recorded(name, value) != s.get(name):
             raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
                              f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor, "
-                             f"--ray-address, --checkpoint-every, --compile)")
+                             f"--ray-address, --checkpoint-every, --compile, --tensorboard)")
     s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
-    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile"):
+    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile",
+                 "tensorboard"):
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)
     s["out"] = args.out
