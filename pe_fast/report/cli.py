@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from pe_fast import run_folder
+from pe_fast.report import rsa
 from pe_fast.report.figures import draw_figures
 from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
-                                    map_alignment, statement, summary_markdown)
+                                    map_alignment, sigma_label, statement, summary_markdown)
 from pe_fast.report.reading import ReportError, Run, read_run, task_name
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
@@ -41,8 +42,28 @@ def config_markdown(config: dict) -> str:
     return "\n".join(lines)
 
 
+def rsa_markdown(run: Run, task: str, directory: Path) -> list[str]:
+    """The report's RSA section: rsatoolbox's ρ_a of the PE RDMs with the ground truth's, per (PE, σ)."""
+    lines = ["## RSA with rsatoolbox", ""]
+    if not rsa.available():
+        return lines + ["rsatoolbox is not installed (pip install \"pe_fast[rsa]\"); `python -m pe_fast.report DIR "
+                        "--rdms` exports the RDMs once it is.", ""]
+    table = rsa.rank_table(run, task, directory)
+    if table.empty:
+        return lines + ["No model with a PE table, or no ground truth to compare with.", ""]
+    lines += ["Rank correlation ρ_a (rsatoolbox, `rho-a`) of each model's PE dissimilarities (1 − cosine similarity "
+              "of its first PE table's rows) with the ground truth's; mean over the models of a (PE, σ), with a 95 % "
+              "bootstrap interval over them.", "",
+              "| PE | σ | ground truth | models | ρ_a | 95 % interval |", "|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        lines.append(f"| {row.pe} | {sigma_label(row.sigma)} | {row.ground_truth} | {row.models} | {fmt(row.rho_a)} | "
+                     f"{fmt(row.ci_low)} … {fmt(row.ci_high)} |")
+    return lines + [""]
+
+
 def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Alignment | None,
-                    checks: list[Convergence], drawn: dict[str, str], skipped: list[str]) -> str:
+                    checks: list[Convergence], drawn: dict[str, str], skipped: list[str],
+                    rsa_lines: list[str] = ()) -> str:
     results = run.results
     lines = [f"# pe_fast report: {name}", ""]
     lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
@@ -72,7 +93,8 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
             lines += [f"**Attention-map alignment** (the paper's measure) needs {view.reference_pe} models in the "
                       f"run (add `{view.reference_pe}` to `--pe`).", ""]
     lines += ["## Summary (mean ± sd over seeds)", "", summary_markdown(results, view), "",
-              "sd is the population standard deviation over seeds (as in summary.txt).", "", "## Figures", ""]
+              "sd is the population standard deviation over seeds (as in summary.txt).", "", *rsa_lines,
+              "## Figures", ""]
     for name, caption in drawn.items():
         lines += [f"### {name.replace('_', ' ')}", "", caption, "", f"![{name}](figures/{name}.png)", ""]
     if skipped:
@@ -90,7 +112,8 @@ def write_report(directory: str | os.PathLike) -> Path:
     align = alignment(run.results, view)
     checks = convergence(run.curves, view)
     drawn, skipped = draw_figures(run, task, view, align, directory)
-    text = report_markdown(directory.resolve().name, run, task, view, align, checks, drawn, skipped)
+    text = report_markdown(directory.resolve().name, run, task, view, align, checks, drawn, skipped,
+                           rsa_markdown(run, task, directory))
     report = directory / run_folder.REPORT
     run_folder.write_atomic(report, lambda tmp: tmp.write_text(text))
     return report
@@ -102,11 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         from pe_fast import report  # the package's docstring holds the usage
         print(report.__doc__.split("\n\n")[1].strip())
         return 0
-    if len(argv) != 1:
-        print("error: usage: python -m pe_fast.report DIR (one results folder)", file=sys.stderr)
+    rdms = "--rdms" in argv
+    folders = [a for a in argv if a != "--rdms"]
+    if len(folders) != 1 or any(a.startswith("-") for a in folders):
+        print("error: usage: python -m pe_fast.report DIR [--rdms] (one results folder)", file=sys.stderr)
+        return 2
+    if rdms and not rsa.available():
+        print("error: --rdms needs rsatoolbox, which is not installed: pip install \"pe_fast[rsa]\"", file=sys.stderr)
         return 2
     try:
-        report = write_report(argv[0])
+        report = write_report(folders[0])
+        if rdms:
+            run = read_run(Path(folders[0]))
+            print(f"RDMs written to {rsa.export(run, task_name(run), Path(folders[0]))}", file=sys.stderr)
     except ReportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

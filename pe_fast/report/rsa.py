@@ -1,0 +1,102 @@
+"""The learned PEs as rsatoolbox RDMs (the authors compare representations with rsatoolbox), and the report's
+rank-correlation table (issue 16 item 4). Optional: `pip install "pe_fast[rsa]"`.
+
+* A model's RDM: 1 − the cosine similarity of its first PE table's rows (the table pe_rsa reads), one
+  dissimilarity per token pair.
+* The ground truth's RDMs: LST, the tokens' Euclidean distances on the 4 × 4 grid; fMRI / netsim (from
+  DIR/ground_truth.npz), 1 − FC and, where the regions have centroids, their Euclidean distances.
+* `rank_table`: per (PE, σ) and ground truth, rsatoolbox's rank correlation ρ_a (Spearman's ρ normalised as
+  without ties, Schütt et al. 2023: the grid's many tied distances would otherwise shrink the scale) of each
+  model's RDM with the ground truth's, the mean over the models (seeds) and a 95 % bootstrap interval over them.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.spatial.distance import pdist
+
+from pe_fast import run_folder
+from pe_fast.metrics.pe_geometry import cosine_similarity_matrix, upper_triangle
+from pe_fast.report.reading import Run
+
+RDMS_FILE = "rdms.hdf5"
+BOOTSTRAP_DRAWS = 2000
+
+
+def available() -> bool:
+    return importlib.util.find_spec("rsatoolbox") is not None
+
+
+def ground_truth_dissimilarities(task: str, directory: Path) -> dict[str, np.ndarray]:
+    """Name -> the ground truth's dissimilarities, upper triangle, in pdist's pair order."""
+    if task == "lst":
+        from pe_fast.tasks.lst import grid_coordinates
+        return {"grid distance": pdist(grid_coordinates())}
+    path = directory / run_folder.GROUND_TRUTH
+    if not path.is_file():
+        return {}
+    with np.load(path) as truth:
+        found = {"1 − FC": upper_triangle(1 - truth["fc"])} if "fc" in truth.files else {}
+        if "centroids" in truth.files:
+            found["3D distance"] = pdist(truth["centroids"])
+    return found
+
+
+def model_dissimilarities(run: Run) -> tuple[pd.DataFrame, np.ndarray]:
+    """(the trained models that have a PE table: results rows, their RDMs [models, pairs])."""
+    models = run.results[[f"model_{int(i)}" in run.pe_tables for i in run.results["model_id"]]]
+    rdms = [upper_triangle(1 - cosine_similarity_matrix(run.pe_tables[f"model_{int(i)}"][0]))
+            for i in models["model_id"]]
+    return models.reset_index(drop=True), np.array(rdms).reshape(len(rdms), -1)
+
+
+def as_rdms(run: Run, task: str, directory: Path):
+    """Every model's RDM, then the ground truth's, as one rsatoolbox RDMs object with descriptors (kind: model /
+    ground truth; name; pe, sigma, seed, model_id for the models)."""
+    from rsatoolbox.rdm import RDMs
+    models, rdms = model_dissimilarities(run)
+    truth = ground_truth_dissimilarities(task, directory)
+    count = len(models) + len(truth)
+    return RDMs(np.vstack([rdms, *truth.values()]) if count else np.zeros((0, 0)),
+                dissimilarity_measure="1 − cosine similarity (models)",
+                rdm_descriptors={"kind": ["model"] * len(models) + ["ground truth"] * len(truth),
+                                 "name": [f"model_{int(i)}" for i in models["model_id"]] + list(truth),
+                                 "pe": list(models["pe"]) + [""] * len(truth),
+                                 "sigma": list(models["sigma"].astype(float)) + [np.nan] * len(truth),
+                                 "seed": list(models["seed"].astype(float)) + [np.nan] * len(truth),
+                                 "model_id": list(models["model_id"].astype(int)) + [-1] * len(truth)})
+
+
+def export(run: Run, task: str, directory: Path) -> Path:
+    path = directory / RDMS_FILE
+    rdms = as_rdms(run, task, directory)
+    run_folder.write_atomic(path, lambda tmp: rdms.save(str(tmp), file_type="hdf5", overwrite=True))
+    return path
+
+
+def bootstrap_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of the mean, resampling the values (models) with replacement."""
+    if len(values) < 2:
+        return np.nan, np.nan
+    draws = np.random.default_rng(seed).choice(values, size=(BOOTSTRAP_DRAWS, len(values))).mean(1)
+    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+
+
+def rank_table(run: Run, task: str, directory: Path) -> pd.DataFrame:
+    """Per (PE, σ, ground truth): models, mean ρ_a, and its 95 % bootstrap interval over the models."""
+    from rsatoolbox.rdm import RDMs, compare
+    models, rdms = model_dissimilarities(run)
+    rows = []
+    for name, truth in ground_truth_dissimilarities(task, directory).items():
+        if not len(models):
+            break
+        rho = compare(RDMs(rdms), RDMs(truth[None]), method="rho-a")[:, 0]
+        for (pe, sigma), group in models.groupby(["pe", "sigma"], dropna=False, sort=False):
+            values = rho[group.index]
+            low, high = bootstrap_interval(values)
+            rows.append({"pe": pe, "sigma": sigma, "ground_truth": name, "models": len(values),
+                         "rho_a": float(values.mean()), "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows)
