@@ -283,7 +283,10 @@ class PackTrainer:
         for m, moved in enumerate(self.rich_lazy.measure(model)):
             rows[m].update(moved)
         for m in range(M):
-            rows[m].update(task.pe_metrics(tables[0][m]) if tables else {})
+            # a diverged model (NaN or inf weights: too large a learning rate) keeps NaN PE metrics; the SVDs and
+            # correlations behind them cannot take it, and the pack's other models train on
+            if tables and np.isfinite(tables[0][m]).all():
+                rows[m].update(task.pe_metrics(tables[0][m]))
             if tables and self.model_config.pe == "learned":
                 rows[m]["pe_drift"] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
                                                                  np.stack([t[m].numpy() for t in self.initial_pe]))

@@ -124,3 +124,17 @@ def test_bad_data_file_stops_with_one_line_and_no_folder(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "bold.npy" in lines[0] and "nan at subject" in lines[0], done.stderr
     assert not out.exists()
+
+
+def test_a_diverging_model_leaves_nan_metrics_and_the_rest_of_the_sweep_and_report_intact(tmp_path):
+    """SGD at lr 1e4 blows one model's weights up to NaN within a few steps: its PE metrics are NaN, the other
+    model of the pack is scored as usual, and the report leaves the NaN tables out with a note."""
+    out = tmp_path / "run"
+    done = sweep("--task", "netsim", "--pe", "learned", "--sigmas", "0.5", "--nodes", "40", "--modules", "4",
+                 "--timepoints", "150", "--optimizer", "sgd", "--lr", "1e-3,1e4", *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "report failed" not in done.stderr
+    learned = pd.read_parquet(out / "results.parquet").query("pe == 'learned'").set_index("lr")
+    assert np.isfinite(learned.loc[1e-3, ["pe_fc_corr", "pe_gradient_corr", "pe_effective_rank"]]).all()
+    assert learned.loc[1e4, ["pe_fc_corr", "pe_gradient_corr"]].isna().all()
+    assert "hold NaN or inf (diverged models" in (out / "report.md").read_text()

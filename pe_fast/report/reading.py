@@ -122,6 +122,11 @@ def read_run(directory: Path) -> Run:
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
+    diverged = sorted(key for key, table in pe_tables.items() if not np.isfinite(table).all())
+    if diverged:  # NaN / inf weights (too large a learning rate): no figure or RSA can use them
+        notes.append(f"{len(diverged)} PE table(s) or attention map(s) hold NaN or inf (diverged models: "
+                     f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
+        pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
     return Run(config, results, curves, pe_tables, notes)
 
 
