@@ -82,10 +82,11 @@ def bench_kind(kind: str, models: int, repeats: int, device: torch.device) -> di
     for fn in full_steps + optimizer_steps:  # warm-up; the gradients stay for the optimizer-alone timings
         fn()
     full_s, optimizer_s = ([], []), ([], [])
+    inner = 10 if device.type == "cuda" else 1  # a GPU step takes milliseconds: time several per sample
     for r in range(repeats):
         order = (0, 1) if r % 2 == 0 else (1, 0)
         for i in order:
-            full_s[i].append(measure.seconds(full_steps[i], 1, device))
+            full_s[i].append(measure.seconds(full_steps[i], inner, device))
         for i in order:
             optimizer_s[i].append(measure.seconds(optimizer_steps[i], 20, device))
     med = statistics.median

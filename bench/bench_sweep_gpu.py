@@ -189,6 +189,10 @@ def main() -> int:
     memory.keep_freed_memory()
     task = LSTTask()
     device_name = measure.device_name(device)
+    fp32_kernel_dots = None  # how the Triton kernels multiply float32 (PE_FAST_TF32); the CPU has no Triton path
+    if device.type == "cuda":
+        from pe_fast.ops import triton_attention
+        fp32_kernel_dots = triton_attention.dot_precision(torch.float32)
     precision.apply("fp32")
     baseline = authors_loop(task, device, args.baseline_steps, args.repeats)
     print(f"{device_name}: authors' one-model loop (fp32) {baseline:.1f} model-steps/s", flush=True)
@@ -205,7 +209,8 @@ def main() -> int:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 peak = peak_tflops(device_name, precision_name)
-                record = dict(device=device_name, precision=precision_name, **row,
+                record = dict(device=device_name, precision=precision_name,
+                              fp32_kernel_dots=fp32_kernel_dots, **row,
                               baseline_model_steps_per_s=baseline, baseline_precision="fp32",
                               torch=torch.__version__, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
                 if "error" not in row:

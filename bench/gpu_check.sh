@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# On a GPU machine, from a copy of the repository (no network needed): the CUDA tests, the N = 16 and N = 360
-# profiles, the op's host overhead, the ops benchmark, the stacked-training benchmark and the tile tuning, in
-# about 7 minutes on an H100 (hard cap ≈ 8½: GPU_CHECK_BUDGET_S, 500 s, for all steps, plus the last one's grace).
+# On a GPU machine, from a copy of the repository (no network needed): every PE kind on CUDA, the precision check
+# of the science, the sweep's own training path, the CUDA tests, profiles, the op's benchmarks and the tile tuning.
+# The steps' time limits add up to about 25 minutes, and GPU_CHECK_BUDGET_S (500 s) caps one run: choose steps.
+# One 8-minute call fitted pe_kinds (in a second run, in the background), science, stacked_optimizer, sweep and
+# profile_sweep on an H200 (2026-11-27: 470 s).
 #   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
 # GPU_CHECK_STEPS="pe_kinds science sweep" runs those steps only (default: all, in the order below).
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
-#   pe_kinds.log                  a few CUDA steps of every PE kind of lst --preset paper and netsim --preset all-pes
+#   pe_kinds.log                  a few CUDA steps of every PE kind of lst --preset paper, netsim and fmri --preset all-pes
+#                                 (fmri needs what bench/gpu_carry.sh prepares)
 #   science.log, science/         lst paper configuration, learned σ 0.2 / 2.0 and sin2d, 3 seeds, 8,000 steps, in
-#                                 fp32, tf32 and bf16 (six sweeps side by side): results.parquet and summary.txt of each
+#                                 fp32, tf32 and bf16 (six sweeps side by side, in $SCIENCE_RUNS): each one's
+#                                 summary.txt and results.parquet
 #   sweep.log, sweep_gpu*.json    bench/bench_sweep_gpu.py: the sweep's training path at the paper's LST
-#                                 configuration, 90 models per precision eager and compiled, then 315 eager
+#                                 configuration, 90 models per precision compiled (tf32 also with the kernels' TF32
+#                                 dots), 315 compiled tf32, then 90 eager
+#   profile_sweep*.txt            bench/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
+#   stacked_optimizer_gpu.json    bench/bench_stacked_optimizer.py on cuda (issue 14's per-model learning rates)
 #   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
 #   profile_n16.log/.json         bench/profile_op.py: kernels, launches, host vs GPU time at the LST shape
 #   profile_fmri.log/.json        the same at N = 360 (bf16, tf32)
@@ -25,6 +32,14 @@
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# What bench/gpu_carry.sh prepared (the GPU image has no network): nibabel's wheel, the fMRI data files, the
+# authors' LST puzzles.
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site:$PYTHONPATH
+[[ -d .lstdata ]] && export PE_FAST_LST_DATA=$PWD/.lstdata
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-500}  # all steps together
@@ -64,46 +79,66 @@ step() {
 } > "$OUT/env.log"
 cat "$OUT/env.log"
 
-STEPS=${GPU_CHECK_STEPS:-pe_kinds science sweep tests profile_n16 profile_fmri op_overhead bench_ops training
-training_reference tune}
+STEPS=${GPU_CHECK_STEPS:-pe_kinds science stacked_optimizer sweep profile_sweep tests profile_n16 profile_fmri op_overhead
+bench_ops training training_reference tune}
 wanted() { [[ " ${STEPS//$'\n'/ } " == *" $1 "* ]]; }
 
 # Every PE kind moves to the GPU and trains (issue 13: the random PE's tables once stayed on the CPU).
 if wanted pe_kinds; then
-    step pe_kinds 90 pe_kinds.log bash -c "set -e
+    step pe_kinds 150 pe_kinds.log bash -c "set -e
         python3 -m pe_fast.sweep --task lst --preset paper --seeds 1 --sigmas 0.5 --steps 20 --eval-every 10 \
             --eval-items 64 --out /tmp/pe_kinds_lst --no-report
         python3 -m pe_fast.sweep --task netsim --preset all-pes --seeds 1 --sigmas 0.5 --steps 20 --eval-every 10 \
-            --eval-items 64 --out /tmp/pe_kinds_netsim --no-report"
+            --eval-items 64 --out /tmp/pe_kinds_netsim --no-report
+        python3 -m pe_fast.sweep --task fmri --preset all-pes --seeds 1 --sigmas 0.5 --steps 20 --eval-every 10 \
+            --out /tmp/pe_kinds_fmri --no-report"
 fi
 
 # The speed must not change the science: the same sweeps in fp32 and in bf16, side by side on the one GPU.
 science() {
     local pids=() rc=0
+    rm -rf "$SCIENCE_RUNS"
     for precision in fp32 tf32 bf16; do
         for pe in learned sin2d; do
             python3 -m pe_fast.sweep --task lst --preset paper --pe $pe --sigmas 0.2,2.0 --seeds 3 --steps ${SCIENCE_STEPS:-8000} \
-                --eval-every 2000 --precision $precision --out "$OUT/science/$precision-$pe" --no-report &
+                --eval-every 2000 --precision $precision --out "$SCIENCE_RUNS/$precision-$pe" --no-report &
             pids+=($!)
         done
     done
     for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-    for run in "$OUT"/science/*/; do echo "== $run"; cat "$run/summary.txt"; done
+    # Two files per run come back (a device call returns only so many): the summary and the per-model results.
+    mkdir -p "$OUT/science"
+    for run in "$SCIENCE_RUNS"/*/; do
+        name=$(basename "$run")
+        echo "== $name"; cat "$run/summary.txt"
+        cp "$run/summary.txt" "$OUT/science/$name-summary.txt"
+        cp "$run/results.parquet" "$OUT/science/$name-results.parquet"
+    done
     return $rc
 }
 export -f science
-export OUT
-wanted science && step science 240 science.log bash -c science
+export OUT SCIENCE_RUNS=${SCIENCE_RUNS:-/tmp/pe_fast_science}
+wanted science && step science 270 science.log bash -c science
+
+# Issue 14: one learning rate per model (pe_fast.stacked_optim) against torch's fused optimizer, on the GPU.
+wanted stacked_optimizer && step stacked_optimizer 60 stacked_optimizer.log python3 bench/bench_stacked_optimizer.py \
+    --device cuda --repeats 5 --out "$OUT/stacked_optimizer_gpu.json"
 
 if wanted sweep; then
-    # The most telling configurations first: a time limit keeps what ran.
-    step sweep 240 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90 --precisions bf16,tf32,fp32 \
-            --compile off --steps 10 --warmup 3 --out $OUT/sweep_gpu_eager.json
-        python3 bench/bench_sweep_gpu.py --models 90 --precisions bf16,tf32 --compile on --steps 10 --warmup 3 \
-            --out $OUT/sweep_gpu_compiled.json
-        python3 bench/bench_sweep_gpu.py --models 315 --precisions bf16,tf32 --compile off --steps 10 --warmup 3 \
-            --out $OUT/sweep_gpu_eager_315.json"
+    # The most telling configurations first (compiled is the CUDA default): a time limit keeps what ran.
+    step sweep 200 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90 --precisions fp32,tf32,bf16 \
+            --compile on --steps 10 --warmup 3 --out $OUT/sweep_gpu_compiled.json
+        PE_FAST_TF32=1 python3 bench/bench_sweep_gpu.py --models 90 --precisions tf32 --compile on --steps 10 \
+            --warmup 3 --out $OUT/sweep_gpu_compiled_kernel_tf32.json
+        python3 bench/bench_sweep_gpu.py --models 315 --precisions tf32 --compile on --steps 10 --warmup 3 \
+            --out $OUT/sweep_gpu_compiled_315.json
+        python3 bench/bench_sweep_gpu.py --models 90 --precisions bf16,tf32,fp32 --compile off --steps 10 --warmup 3 \
+            --out $OUT/sweep_gpu_eager.json"
 fi
+
+# Where the compiled TF32 step spends GPU time now.
+wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/profile_sweep_step.py --models 90 \
+    --precision tf32 --compile --out "$OUT/profile_sweep_tf32_compiled.txt"
 
 # CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA; the
 # interpreter suite is CPU-only (CI), so it is deselected here.

@@ -66,7 +66,8 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def seconds(fn, inner: int = 1, device: torch.device | str = "cpu") -> float:
-    """Mean seconds of one call over `inner` calls, the device's queued work included."""
+    """Mean seconds of one call over `inner` calls, the device's queued work included (and nothing queued before)."""
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(inner):
         fn()

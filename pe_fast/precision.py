@@ -2,9 +2,8 @@
 
 * fp32: float32 everywhere (matmuls and the fused op's dots in full float32).
 * tf32: float32 tensors, torch's matmuls on TF32 tensor cores (CUDA only). The fused op's Triton kernels keep
-  IEEE float32 dots: their TF32 path (PE_FAST_TF32=1) once spilled registers and ran slower than IEEE; with the
-  chunked packed kernels it is 1.1× faster at the op level (bench/results/h200-20261126-packed-kernels), not
-  yet measured in a sweep.
+  IEEE float32 dots: their TF32 path (PE_FAST_TF32=1) adds only 4 % to the compiled LST sweep step (4,396 against
+  4,211 model-steps/s on an H200, bench/results/h200-20261127-tf32-science), not worth a second rounding.
 * bf16: autocast to bfloat16 for matmuls and the fused op (which takes bf16 directly); weights, gradients,
   optimizer state, layer norms, the loss and the attention statistics stay float32.
 """
@@ -18,9 +17,10 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def default(device: torch.device) -> str:
-    """What a run uses when --precision is not given: fp32, the reference, on every device. bf16 trains the
-    paper's LST step 2.5× faster on an H200 (both eager), but in the fp32 / bf16 science check the σ = 2.0 models
-    fitted and generalised worse in bf16, in both runs (docs/reproduction.md, "Precision"); tf32 is unchecked."""
+    """What a run uses when --precision is not given: fp32, the reference, on every device. On an H200 (compiled)
+    bf16 trains the paper's LST step 3.4× and tf32 2.0× faster, but in the science checks (docs/reproduction.md,
+    "Precision") bf16 generalised worse at σ = 2.0 in two of three runs, and tf32's σ = 2.0 training fit fell
+    1.9 points short of fp32's (the issue's test allows 1)."""
     return "fp32"
 
 

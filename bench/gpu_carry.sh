@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Here, before a device call: what bench/gpu_check.sh needs and the GPU image lacks, in folders git ignores, so that
+# the call can carry them (its `carry`: .whl, .gpu_site, .lstdata; about 9 MB together).
+#   .whl/       nibabel's wheel (the fMRI task reads the atlases' surfaces with it), for the image's Python 3.12
+#   .gpu_site/  the brain-data files the fMRI task's default dataset reads (Schaefer-100 from brainspace and cubnm),
+#               copied from this environment's installs: the packages themselves are too large to carry whole
+#   .lstdata/   the authors' LST puzzles (PE_FAST_LST_DATA), so that the science check trains on them
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for ignored in /.whl/ /.gpu_site/ /.lstdata/; do
+    grep -qxF "$ignored" .git/info/exclude || echo "$ignored" >> .git/info/exclude
+done
+site=$(python3 -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('cubnm').origin).parent.parent)")
+nibabel=$(python3 -c "import nibabel; print(nibabel.__version__)")
+rm -rf .whl .gpu_site
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl "nibabel==$nibabel"
+files=(brainspace/datasets/parcellations/schaefer_100_conte69.csv
+       brainspace/datasets/surfaces/conte69_32k_lh.gii brainspace/datasets/surfaces/conte69_32k_rh.gii
+       cubnm/data/maps/ctx_parc-schaefer-100_desc-yeo7.txt
+       cubnm/data/maps/ctx_parc-schaefer-100_desc-fcgradient01_zscore.txt
+       cubnm/data/hcp/fc/group-train706/REST/ctx_parc-schaefer-100_desc-fc.npz)
+for subject in 100206 100307; do
+    for run in REST1_LR REST2_LR; do
+        files+=("cubnm/data/hcp/bold/$subject/$run/ctx_parc-schaefer-100_desc-bold.npz")
+    done
+done
+for f in "${files[@]}"; do
+    mkdir -p ".gpu_site/$(dirname "$f")"
+    cp "$site/$f" ".gpu_site/$f"
+done
+touch .gpu_site/brainspace/__init__.py .gpu_site/cubnm/__init__.py  # found by importlib's find_spec, never imported
+if [[ -n "${PE_FAST_LST_DATA:-}" ]]; then
+    rm -rf .lstdata && cp -r "$PE_FAST_LST_DATA" .lstdata
+fi
+du -sh .whl .gpu_site .lstdata 2>/dev/null
