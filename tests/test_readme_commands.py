@@ -61,6 +61,10 @@ HOW = {
     "ray start --address=HEAD_IP:6379": ("skip", "joins a second machine to the cluster"),
     "python -m pe_fast.sweep --task lst --preset paper --device cuda --executor ray --ray-address auto "
     "--out /shared/runs/paper": ("run", f"--device cpu {TINY} --pe learned,sin2d --sigmas 0.2 --out runs/paper"),
+    "python -m pe_fast.sweep --task lst --preset paper --device cuda --executor slurm --slurm-partition gpu "
+    "--slurm-time 120 --out /shared/runs/paper-slurm": (
+        "skip", "needs a SLURM cluster (sbatch, srun); tests/test_sweep_scale.py runs the path with --slurm-local and "
+                "checks the sbatch script these flags produce"),
     "python -m pe_fast.report runs/mine": ("run", ""),
     "python -m pe_fast.sweep --task fmri --tensorboard --out runs/fmri-watched": (
         "run", f"{TINY} --sigmas 0.5 --no-report"),

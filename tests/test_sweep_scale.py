@@ -1,10 +1,11 @@
 """Sweeps at scale: a real sweep killed (SIGKILL) twice and resumed ends with exactly the results of an
 uninterrupted run; one writer per folder (a live lock refuses, a stale one is taken over); the pack size from
-the memory estimate (checked against the tensors a real training step keeps); the Ray executor gives the local
-executor's results."""
+the memory estimate (checked against the tensors a real training step keeps); the Ray and SLURM executors give the
+local executor's results, the latter also when a job is preempted and requeued, or its driver killed and rerun."""
 import dataclasses
 import json
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from pe_fast import memory, run_folder
-from pe_fast.sweep import grid, settings
+from pe_fast.sweep import executors, grid, settings
 from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
@@ -195,6 +196,108 @@ def test_ray_executor_joins_a_running_cluster(tmp_path, reference):
         subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, env=env, timeout=120)
         shutil.rmtree(ray_dir, ignore_errors=True)
     assert_same_results(out, reference)
+
+
+def slurm_jobs(out) -> dict:
+    path = out / "slurm" / "jobs.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def child_of(pid: str) -> int | None:
+    """A process whose parent is `pid` (/proc/<pid>/stat: "pid (comm) state ppid ...")."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == pid:
+            return int(stat.parent.name)
+    return None
+
+
+def stop_jobs(jobs: dict):
+    """A failed test leaves no local job training on."""
+    for controller in jobs.values():
+        try:
+            os.kill(int(controller), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_slurm_job_preempted_requeued_and_continued_equals_local(tmp_path, reference):
+    """--executor slurm through submitit's local executor: one job per pack. Pack 0's job gets SIGUSR2, the
+    signal SLURM sends before a preemption or the time limit, after its first checkpoint: submitit requeues it,
+    it continues from that checkpoint (it trains fewer than all steps), and the results equal the local run's."""
+    pytest.importorskip("submitit")
+    out = tmp_path / "run"
+    proc = start_sweep(*NETSIM, "--executor", "slurm", "--slurm-local", "--out", str(out))
+    try:
+        wait_for(lambda: (out / "packs" / "0.checkpoint.pt").exists() and child_of(slurm_jobs(out).get("0", "")),
+                 proc)
+        os.kill(child_of(slurm_jobs(out)["0"]), signal.SIGUSR2)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        stop_jobs(slurm_jobs(out))
+    assert proc.returncode == 0, err
+    assert_same_results(out, reference)
+    job = slurm_jobs(out)["0"]
+    log = (out / "slurm" / f"{job}_0_log.err").read_text()
+    assert "Caught signal SIGUSR2" in log and "this job is preempted" in log, log
+    with open(out / "slurm" / f"{job}_0_result.pkl", "rb") as f:
+        outcome, result = pickle.load(f)
+    assert outcome == "success" and 0 < result["trained_steps"] < 160, result  # resumed, not restarted
+
+
+def test_slurm_driver_killed_and_resumed_waits_for_its_running_jobs(tmp_path, reference):
+    """The driver dies (SIGKILL) while its jobs train; --resume finds them running and waits for them instead of
+    submitting their packs again. The jobs are paused (SIGSTOP) from before the kill until the resume has found
+    them, so that none can finish in between."""
+    pytest.importorskip("submitit")
+    out = tmp_path / "run"
+    with open(tmp_path / "first.log", "w") as log:  # the orphaned jobs keep writing: no pipe they could fill
+        first = subprocess.Popen([sys.executable, "-m", "pe_fast.sweep", *NETSIM, "--executor", "slurm",
+                                  "--slurm-local", "--out", str(out)], stdout=log, stderr=log)
+    try:
+        wait_for(lambda: checkpoints(out) and len(slurm_jobs(out)) == 3
+                 and all(child_of(job) for job in slurm_jobs(out).values()), first)
+        jobs = slurm_jobs(out)
+        tasks = [child_of(job) for job in jobs.values()]
+        running = [task for task in tasks if task is not None and os.kill(task, signal.SIGSTOP) is None]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = start_sweep("--resume", "--out", str(out))
+        lines = []
+        while not lines or "pack jobs submitted" not in lines[-1]:
+            lines.append(second.stderr.readline())
+            assert lines[-1], "".join(lines)
+        for task in running:
+            os.kill(task, signal.SIGCONT)
+        _, err = second.communicate(timeout=600)
+    finally:
+        stop_jobs(slurm_jobs(out))
+    assert second.returncode == 0, err
+    assert f"0 pack jobs submitted to submitit's local executor, {len(running)} still running from before" \
+        in lines[-1], lines[-1]
+    assert slurm_jobs(out) == jobs
+    assert_same_results(out, reference)
+
+
+def test_slurm_batch_script_carries_the_flags(tmp_path, monkeypatch):
+    """What sbatch would receive (submitit writes the script; no SLURM needed beyond an srun on the PATH)."""
+    pytest.importorskip("submitit")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    args = settings.build_parser().parse_args(
+        [*NETSIM, "--executor", "slurm", "--slurm-local", "--slurm-partition", "gpu", "--slurm-time", "90",
+         "--slurm-account", "lab", "--slurm-option", "qos=short", "--slurm-option", "constraint=a100"])
+    s = dataclasses.replace(settings.from_flags(args), slurm_local=False, device="cuda")
+    script = executors.slurm_executor(s, tmp_path / "slurm")._executor._make_submission_file_text("true", "uid")
+    for line in ("--partition=gpu", "--time=90", "--account=lab", "--qos=short", "--constraint=a100",
+                 "--cpus-per-task=1", "--gpus-per-node=1", "--signal=USR2@"):
+        assert f"#SBATCH {line}" in script, script
 
 
 # ---- packs by memory ---------------------------------------------------------------------------------------

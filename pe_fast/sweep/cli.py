@@ -80,7 +80,8 @@ def run(s: Settings) -> Path:
     try:
         if not resume:
             folder.start_folder(s, out, task, models, packs)
-        run_folder.remove_partials(out)
+        if s.executor != "slurm":  # a stopped driver's SLURM jobs may still be writing
+            run_folder.remove_partials(out)
         finished = run_folder.finished_packs(out)
         todo = [i for i in range(len(packs)) if i not in finished]
         for index in todo:  # every checkpoint readable (and safely so) before any training
@@ -97,6 +98,8 @@ def run(s: Settings) -> Path:
         progress = Progress(packs, s.steps, finished)
         if s.executor == "ray":
             executors.run_ray(s, todo, packs, out, progress)
+        elif s.executor == "slurm":
+            executors.run_slurm(s, todo, packs, out, progress)
         else:
             executors.run_local(s, todo, packs, out, task, progress)
         progress.close()
@@ -126,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except executors.PackFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\ninterrupted; the finished packs and checkpoints are kept: continue with "
               f"python -m pe_fast.sweep --resume --out {out}", file=sys.stderr)

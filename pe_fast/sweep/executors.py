@@ -1,5 +1,6 @@
-"""Where the packs train: here, one after the other (local), or as Ray tasks. A pack's unit of work,
-train_and_store_pack, is the same for both: train from its checkpoint, if any, and write DIR/packs/<index>/."""
+"""Where the packs train: here, one after the other (local), as Ray tasks, or as SLURM jobs through submitit. A
+pack's unit of work, train_and_store_pack, is the same for all: train from its checkpoint, if any, and write
+DIR/packs/<index>/."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,8 @@ import functools
 import json
 import math
 import os
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -74,8 +77,8 @@ def _cached_task(settings_json: str):
     return load_task(Settings.from_json(json.loads(settings_json), packs=()))
 
 
-def ray_pack_task(s: Settings, index: int, pack: list[dict], out: str) -> dict:
-    """The body of one Ray task: a worker loads the task (once per worker process) and trains one pack."""
+def pack_job(s: Settings, index: int, pack: list[dict], out: str) -> dict:
+    """One pack in a process of its own (a Ray worker, a SLURM job): load the task (once per process) and train."""
     apply_runtime(s)
     task = _cached_task(json.dumps(s.to_json(), sort_keys=True))
     return train_and_store_pack(s, index, pack, Path(out), task)
@@ -88,10 +91,104 @@ def run_ray(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, pr
     if not ray.is_initialized():
         ray.init(address=s.ray_address, include_dashboard=False, log_to_driver=False)
     gpus = 1 if s.device == "cuda" else 0
-    remote = ray.remote(num_cpus=s.threads or 1, num_gpus=gpus, max_retries=0)(ray_pack_task)
+    remote = ray.remote(num_cpus=s.threads or 1, num_gpus=gpus, max_retries=0)(pack_job)
     settings = dataclasses.replace(s, threads=s.threads or 1)
     pending = [remote.remote(settings, index, packs[index], str(out.resolve())) for index in todo]
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         done = ray.get(ready[0])
         progress.finish_pack(done["models"], done["trained_steps"])
+
+
+SLURM_FOLDER = "slurm"  # submitit's job scripts, pickles and logs, and JOBS_FILE
+JOBS_FILE = "jobs.json"  # pack index -> the job that trains it, so that a restarted driver finds running jobs
+POLL_S = 2.0
+MAX_TIME_LIMIT_REQUEUES = 100
+
+
+class PackFailed(Exception):
+    """A pack's job ended without its results: one line naming the job and its log."""
+
+
+class PackJob:
+    """One pack as a submitit job. At preemption or near the time limit submitit calls `checkpoint`: the job is
+    requeued with the same arguments and continues from the pack's last checkpoint (every --checkpoint-every
+    steps, by default every evaluation), so at most the steps since then are trained again."""
+
+    def __call__(self, s: Settings, index: int, pack: list[dict], out: str) -> dict:
+        return pack_job(s, index, pack, out)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def slurm_executor(s: Settings, folder: Path):
+    import submitit
+    # A pack longer than the time limit is requeued near its end and continues: allow many such rounds.
+    executor = submitit.AutoExecutor(folder=folder, cluster="local" if s.slurm_local else "slurm",
+                                     slurm_max_num_timeout=MAX_TIME_LIMIT_REQUEUES)
+    gpus = s.slurm_gpus if s.slurm_gpus is not None else (1 if s.device == "cuda" else 0)
+    cluster = {"slurm_partition": s.slurm_partition, "slurm_account": s.slurm_account}
+    executor.update_parameters(name="pe_fast", timeout_min=s.slurm_time, cpus_per_task=s.threads or 1,
+                               gpus_per_node=gpus, **{k: v for k, v in cluster.items() if v is not None},
+                               slurm_additional_parameters=dict(o.split("=", 1) for o in s.slurm_option))
+    return executor
+
+
+def job_alive(job) -> bool:
+    """Whether a job found in JOBS_FILE still runs (or waits to). A local job whose driver was restarted is known
+    by its controller's process id only: it runs while that process does."""
+    import submitit
+    if not isinstance(job, submitit.LocalJob):
+        return not job.done(force_check=True)
+    state = job.state
+    if state != "NO PROCESS AND NO RESULT":
+        return state == "RUNNING"
+    try:
+        os.kill(int(job.job_id), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def run_slurm(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
+    """One job per pack, submitted as one job array; --out must be a folder the compute nodes see. A driver that
+    is stopped and rerun with --resume waits for the jobs still running instead of submitting their packs again."""
+    folder = (out / SLURM_FOLDER).resolve()
+    executor = slurm_executor(s, folder)
+    jobs_file = folder / JOBS_FILE
+    recorded = json.loads(jobs_file.read_text()) if jobs_file.is_file() else {}
+    import submitit
+    job_class = submitit.LocalJob if s.slurm_local else submitit.SlurmJob
+    jobs = {}
+    for index in todo:
+        if str(index) in recorded:
+            job = job_class(folder, recorded[str(index)])
+            if job_alive(job):
+                jobs[index] = job
+    resumed = len(jobs)
+    new = [index for index in todo if index not in jobs]
+    settings = dataclasses.replace(s, threads=s.threads or 1)
+    if new:
+        with executor.batch():  # one job array
+            submitted = [executor.submit(PackJob(), settings, index, packs[index], str(out.resolve()))
+                         for index in new]
+        jobs.update(zip(new, submitted))
+    recorded.update({str(index): job.job_id for index, job in jobs.items()})
+    run_folder.write_atomic(jobs_file, lambda tmp: Path(tmp).write_text(json.dumps(recorded, indent=1)))
+    where = "submitit's local executor" if s.slurm_local else "SLURM"
+    print(f"pe_fast sweep: {len(new)} pack jobs submitted to {where}"
+          + (f", {resumed} still running from before" if resumed else "") + f"; logs in {folder}", file=sys.stderr)
+    while jobs:
+        time.sleep(POLL_S)
+        for index, job in list(jobs.items()):
+            if job_alive(job):
+                continue
+            del jobs[index]
+            try:
+                done = job.result()
+            except Exception as error:
+                raise PackFailed(f"pack {index}'s job {job.job_id} failed ({type(error).__name__}); its log: "
+                                   f"{job.paths.stderr}; rerun with --resume to continue from its checkpoint")
+            progress.finish_pack(done["models"], done["trained_steps"])

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import shutil
 import socket
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from pe_fast.tasks.fmri import ATLASES
 from pe_fast.tasks.netsim import NETWORK_SETTINGS
 from pe_fast.train import OPTIMIZERS, SCHEDULES
 
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "ray", "slurm")
 COMPILE_CHOICES = ("auto", "on", "off")
 
 PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
@@ -28,8 +29,11 @@ PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # file
 LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
                  "optimizer": str}
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
-RESUME_FLAGS = ("out", "resume", "device", "threads", "executor", "ray_address", "checkpoint_every", "no_report",
-                "compile", "tensorboard")
+RUNTIME_FLAGS = ("device", "threads", "executor", "ray_address", "slurm_partition", "slurm_time", "slurm_gpus",
+                 "slurm_account", "slurm_option", "slurm_local", "checkpoint_every", "no_report", "compile",
+                 "tensorboard")
+RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_account", "slurm_option", "slurm_local")
 
 
 class UsageError(Exception):
@@ -90,6 +94,12 @@ class Settings:
     checkpoint_every: int | None = None
     executor: str = "local"
     ray_address: str | None = None
+    slurm_partition: str | None = None
+    slurm_time: int = 60  # minutes per job; a pack that needs longer is requeued and continues
+    slurm_gpus: int | None = None  # per job; None: 1 with --device cuda, else 0
+    slurm_account: str | None = None
+    slurm_option: tuple[str, ...] = ()  # extra sbatch options, KEY=VALUE
+    slurm_local: bool = False  # submitit's local executor instead of SLURM, to try the path on one machine
     compile: str = "off"
     no_report: bool = False
     tensorboard: bool = False
@@ -177,6 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local (default): packs one after the other here; ray: packs as Ray tasks")
     p.add_argument("--ray-address",
                    help="--executor ray: the cluster to join (e.g. auto); default: a local Ray instance")
+    p.add_argument("--slurm-partition", help="--executor slurm: the partition to submit to")
+    p.add_argument("--slurm-time", type=int,
+                   help="--executor slurm: minutes per job (default 60); a pack that needs longer is requeued "
+                        "and continues from its checkpoint")
+    p.add_argument("--slurm-gpus", type=int, help="--executor slurm: GPUs per job (default: 1 with --device cuda)")
+    p.add_argument("--slurm-account", help="--executor slurm: the account to charge")
+    p.add_argument("--slurm-option", action="append", metavar="KEY=VALUE",
+                   help="--executor slurm: an extra sbatch option, e.g. qos=short or constraint=a100 (repeatable)")
+    p.add_argument("--slurm-local", action="store_true",
+                   help="--executor slurm: run the jobs with submitit's local executor instead (no SLURM needed)")
     p.add_argument("--tensorboard", action="store_true",
                    help="write every evaluation to DIR/tensorboard as it happens (tensorboard --logdir DIR/tensorboard)")
     p.add_argument("--no-report", action="store_true",
@@ -272,6 +292,7 @@ RANGES = {
     "nodes": (2, None, "[)"), "modules": (1, None, "[)"), "timepoints": (2, None, "[)"), "runs": (1, None, "[)"),
     "p_within": (0, 1, "[]"), "p_between": (0, 1, "[]"), "coupling": (0, None, "[)"),
     "inhibition": (0, None, "[)"), "noise": (0, None, "[)"), "netsim_seed": (0, None, "[)"),
+    "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
 }
 # flag -> (the setting it depends on, the values under which it means something)
 APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
@@ -328,17 +349,44 @@ def resolve_runtime(s: dict):
     if s["ray_address"] and s["executor"] != "ray":
         raise UsageError("--ray-address applies to --executor ray only")
     check_ray_address(s["ray_address"])
+    check_slurm(s)
     on_ray = s["executor"] == "ray"
+    elsewhere = s["executor"] in ("ray", "slurm")
     if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()
-                                              and not on_ray):  # a Ray cluster's workers may have the GPUs
+                                              and not elsewhere):  # a cluster's workers may have the GPUs
         raise UsageError(f"--device {s['device']!r} is not available here "
                          f"(cpu{', cuda' if torch.cuda.is_available() else ''})")
     if s.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
         raise UsageError("--tensorboard needs TensorBoard, which is not installed: pip install 'pe_fast[tensorboard]' "
                          "(or pip install tensorboard)")
+    if s["executor"] == "slurm" and s["device"] == "cuda" and s.get("slurm_gpus") == 0:
+        raise UsageError("--slurm-gpus 0 with --device cuda: the jobs would have no GPU")
     if on_ray and importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray, which is not installed: pip install 'pe_fast[ray]' "
                          "(or pip install 'ray>=2.9')")
+
+
+def check_slurm(s: dict):
+    """The SLURM flags belong to --executor slurm, which needs submitit and, unless --slurm-local, sbatch."""
+    given = [name for name in SLURM_FLAGS if s.get(name) not in (None, False, (), [])
+             and not (name == "slurm_time" and s[name] == Settings.slurm_time)]
+    if s["executor"] != "slurm":
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} applies to --executor slurm only")
+        return
+    options = s.get("slurm_option") or ()
+    for option in options:
+        key, sep, _ = option.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
+    s["slurm_option"] = tuple(options)
+    if importlib.util.find_spec("submitit") is None:
+        raise UsageError("--executor slurm needs submitit, which is not installed: pip install 'pe_fast[slurm]' "
+                         "(or pip install submitit)")
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if not s.get("slurm_local") and missing:
+        raise UsageError(f"--executor slurm: no SLURM here ({' and '.join(missing)} not on the PATH); run it on the "
+                         f"cluster's login node, or add --slurm-local to try the jobs with submitit's local executor")
 
 
 def as_recorded(name: str, value):
@@ -369,11 +417,14 @@ def from_resume(args: argparse.Namespace) -> Settings:
     for name, value in given.items():
         if as_recorded(name, value) != s.get(name):
             raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
-                             f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor, "
-                             f"--ray-address, --checkpoint-every, --compile, --tensorboard)")
+                             f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor and its "
+                             f"flags, --checkpoint-every, --compile, --tensorboard)")
     s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
-    for name in ("device", "threads", "executor", "ray_address", "checkpoint_every", "no_report", "compile",
-                 "tensorboard"):
+    if args.executor not in (None, s.get("executor")):  # the recorded executor's own flags go with it
+        defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+        for name in ("ray_address", *SLURM_FLAGS):
+            s[name] = defaults[name]
+    for name in RUNTIME_FLAGS:
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)
     s["out"] = args.out
