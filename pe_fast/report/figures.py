@@ -456,13 +456,12 @@ def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, d
         drawn["learned_pe"] = caption
     if task == "fmri" and (directory / run_folder.GROUND_TRUTH).is_file():
         settings = run.config.get("settings") or {}
-        why = brain_maps.unavailable(settings)
+        regions, why = brain_maps.surface_regions(settings)
         if why:
             skipped.append(f"brain maps: {why}")
         else:
             brain_drawn, brain_skipped = brain_maps.brain_figures(
-                results, run.pe_tables, read_npz(directory / run_folder.GROUND_TRUTH),
-                settings.get("atlas") or "schaefer100", figures_dir)
+                results, run.pe_tables, read_npz(directory / run_folder.GROUND_TRUTH), regions, figures_dir)
             drawn.update(brain_drawn)
             skipped += brain_skipped
 

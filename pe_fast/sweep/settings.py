@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atlas", choices=ATLASES,
                    help="fmri: schaefer100 = real HCP BOLD (default); glasser360 = simulated from real HCP FC")
     p.add_argument("--data", help="fmri: your parcellated time series (.npy/.npz/.h5: subjects × time × regions) "
-                                  "or a CIFTI .dtseries.nii")
+                                  "or CIFTI .dtseries.nii runs, comma-separated, one subject each")
     p.add_argument("--regions", help="fmri: regions table for --data (CSV: label,x,y,z,network)")
     p.add_argument("--parcellation", help="fmri: the .dlabel.nii that parcellates a CIFTI --data")
     p.add_argument("--mask-fraction", type=float, help="fmri/netsim: fraction of tokens masked (default 0.2)")
@@ -266,10 +266,8 @@ def from_flags(args: argparse.Namespace) -> Settings:
         raise UsageError("--regions and --parcellation describe --data; give --data too")
     for path_flag in PATH_FLAGS:
         if s.get(path_flag):
-            if not Path(s[path_flag]).exists():
-                raise UsageError(f"--{path_flag.replace('_', '-')}: {s[path_flag]} does not exist")
             # absolute, so that a resume from elsewhere or a Ray worker finds them
-            s[path_flag] = str(Path(s[path_flag]).resolve())
+            s[path_flag] = resolve_paths(s[path_flag], path_flag)
     if s["backend"] is not None:
         from pe_fast.ops.backends import BACKENDS
         if s["backend"] not in BACKENDS:
@@ -389,12 +387,21 @@ def check_slurm(s: dict):
                          f"cluster's login node, or add --slurm-local to try the jobs with submitit's local executor")
 
 
+def resolve_paths(value: str, flag: str) -> str:
+    """The file a path flag names, absolute; --data may name several CIFTI runs, comma-separated."""
+    paths = value.split(",") if flag == "data" else [value]
+    for path in paths:
+        if not path or not Path(path).exists():
+            raise UsageError(f"--{flag.replace('_', '-')}: {path or repr(value)} does not exist")
+    return ",".join(str(Path(path).resolve()) for path in paths)
+
+
 def as_recorded(name: str, value):
     """A flag's value as config.json records it, to compare a flag given with --resume."""
     if name in LIST_SETTINGS:
         return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
     if name in PATH_FLAGS:
-        return str(Path(value).resolve())
+        return ",".join(str(Path(path).resolve()) for path in (value.split(",") if name == "data" else [value]))
     return value
 
 

@@ -12,7 +12,8 @@ ATLASES = ("schaefer100", "glasser360")
 def region_data(s):
     if s.data:
         from pe_fast.data.user_data import load_user_data
-        return load_user_data(s.data, regions=s.regions, parcellation=s.parcellation)
+        paths = s.data.split(",")  # several CIFTI runs, one subject each
+        return load_user_data(paths if len(paths) > 1 else paths[0], regions=s.regions, parcellation=s.parcellation)
     from pe_fast.data import brain_atlas
     if s.atlas == "glasser360":
         return brain_atlas.load_glasser360_surrogate()
