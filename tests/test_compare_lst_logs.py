@@ -104,3 +104,21 @@ def test_the_h100_run_against_the_real_logs(tmp_path, capsys):
     want = f"| {100 * ours['test_acc'].mean():.1f} ± {100 * ours['test_acc'].std(ddof=0):.1f} | " \
            f"{100 * theirs['accuracy'].mean():.1f} ± {100 * theirs['accuracy'].std(ddof=0):.1f} |"
     assert want in text
+
+
+def test_paper_e200_preset_is_the_authors_grid_at_their_epoch_200():
+    """--preset paper-e200: the authors' 21 settings × their 15 seeds, trained for 200 of their epochs (puzzles
+    seen: steps × batch over their 8,100 training puzzles), checkpointed often enough for short GPU slots."""
+    from pe_fast.sweep import grid, settings
+    s = settings.from_flags(settings.build_parser().parse_args(["--task", "lst", "--preset", "paper-e200"]))
+    models = grid.expand_grid(s)
+    assert len(models) == 315
+    settings_seen = {(m["pe"], m["sigma"]) for m in models}
+    assert settings_seen == {("sin2d", None)} | {("learned", round(k / 10, 1)) for k in range(1, 21)}
+    for setting in settings_seen:
+        assert sorted(m["seed"] for m in models if (m["pe"], m["sigma"]) == setting) == sorted(grid.AUTHOR_SEEDS)
+    if DEFAULT_LOGS.is_file():
+        assert set(pd.read_csv(DEFAULT_LOGS)["seed"]) == set(grid.AUTHOR_SEEDS)
+    assert s.steps * s.batch_size / TRAIN == pytest.approx(200, abs=1)
+    assert (s.width, s.depth, s.mlp_width, s.lr, s.optimizer) == (160, 4, 640, (1e-4,), ("adamw",))
+    assert s.steps % s.eval_every == 0 and s.checkpoint_every <= 500

@@ -217,6 +217,14 @@ KIND = TaskKind(
                       sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15, steps=252_000, width=160,
                       depth=4, heads=1, mlp_width=640, batch_size=128, lr=1e-4, optimizer="adamw",
                       schedule="constant", warmup=0, eval_every=12_600),
+        # The paper's figure at the authors' epoch 200 (200 × 63 steps), where every setting has reached its final
+        # accuracy (their logs, ../shared/data/lst-authors-logs): their 21 settings × 15 seeds, for
+        # `python -m pe_fast.compare_lst_logs`. Checkpoints every 500 steps, so that a GPU granted in short
+        # slots makes progress in each (docs/reproduction.md, "The paper's figure at epoch 200").
+        "paper-e200": dict(pe="learned,sin2d", sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15,
+                           steps=12_600, width=160, depth=4, heads=1, mlp_width=640, batch_size=128, lr=1e-4,
+                           optimizer="adamw", schedule="constant", warmup=0, eval_every=3_150,
+                           checkpoint_every=500),
     },
     pe_kinds=PE_KINDS,
     flags=("lst_train", "lst_ood"),
