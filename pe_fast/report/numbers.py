@@ -135,6 +135,50 @@ def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
     return "\n".join(lines)
 
 
+def paired_difference(a: pd.Series, b: pd.Series | float) -> tuple[float, float, float, int] | None:
+    """Mean of a − b over the seeds both have (a, b indexed by seed; b may be one number, e.g. a baseline) and its
+    95 % t interval: (mean, low, high, seeds), or None with fewer than 2 seeds."""
+    diff = (a - b).dropna() if isinstance(b, pd.Series) else (a - b).dropna()
+    diff = diff[np.isfinite(diff)]
+    if len(diff) < 2:
+        return None
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff))
+    return diff.mean(), diff.mean() - half, diff.mean() + half, len(diff)
+
+
+def fmt_paired(label: str, paired: tuple[float, float, float, int]) -> str:
+    mean, low, high, n = paired
+    return f"{label} {mean:+.3f} (95 % CI {low:+.3f} to {high:+.3f}, {n} seeds)"
+
+
+def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
+    """Seed-paired differences, when the grid varies only PE and σ: each σ-PE's best σ against its largest, and
+    the best (PE, σ) of all against each non-transformer reference."""
+    models = results[~is_baseline(results["pe"])]
+    if varying_axes(results) or "seed" not in models or score not in models:
+        return []
+    better = min if score.endswith("mse") else max
+    by_seed = {key: group.set_index("seed")[score] for key, group in models.groupby(["pe", "sigma"], dropna=False)}
+    means = {key: values.mean() for key, values in by_seed.items() if np.isfinite(values).any()}
+    if not means:
+        return []
+    lines = []
+    for pe in dict.fromkeys(models["pe"]):
+        sigmas = sorted(k[1] for k in means if k[0] == pe and np.isfinite(k[1]))
+        if len(sigmas) < 2:
+            continue
+        best = better(sigmas[:-1], key=lambda sigma: means[(pe, sigma)])
+        if (paired := paired_difference(by_seed[(pe, best)], by_seed[(pe, sigmas[-1])])) is not None:
+            lines.append(fmt_paired(f"{pe} σ={best:g} − σ={sigmas[-1]:g}:", paired))
+    top = better(means, key=means.get)
+    for row in results[is_baseline(results["pe"])].itertuples():
+        reference = getattr(row, score)
+        if np.isfinite(reference) and (paired := paired_difference(by_seed[top], float(reference))) is not None:
+            name = top[0] + (f" σ={top[1]:g}" if np.isfinite(top[1]) else "")
+            lines.append(fmt_paired(f"{name} − {row.pe}:", paired))
+    return lines
+
+
 def statement(run: Run, view: TaskView, checks: list[Convergence]) -> str:
     """One plain paragraph of what the numbers show, every figure computed here from the results; the verdicts of
     PE kinds whose convergence checks failed are marked provisional."""
@@ -184,6 +228,8 @@ def statement(run: Run, view: TaskView, checks: list[Convergence]) -> str:
         if not g.empty:
             parts.append("Non-transformer references: " + ", ".join(
                 f"{r.pe} {fmt(r.mean)}" for r in g.itertuples()) + f" ({score}).")
+    if paired := paired_statements(results, score):
+        parts.append(f"Paired by seed ({score}): " + "; ".join(paired) + ".")
     return " ".join(parts) if parts else f"No model has a finite {score} yet."
 
 
