@@ -184,3 +184,15 @@ def test_a_diverging_model_leaves_nan_metrics_and_the_rest_of_the_sweep_and_repo
     assert np.isfinite(learned.loc[1e-3, ["pe_fc_corr", "pe_gradient_corr", "pe_effective_rank"]]).all()
     assert learned.loc[1e4, ["pe_fc_corr", "pe_gradient_corr"]].isna().all()
     assert "hold NaN or inf (diverged models" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("task", ["fmri", "netsim"])
+def test_converged_preset_is_the_default_trained_four_times_longer(task):
+    from pe_fast.sweep import settings
+    parse = settings.build_parser().parse_args
+    default = settings.from_flags(parse(["--task", task]))
+    converged = settings.from_flags(parse(["--task", task, "--preset", "converged"]))
+    assert (converged.steps, converged.eval_every) == (20_000, 1_250)
+    assert converged.steps >= 3 * default.steps
+    same = {f: getattr(default, f) for f in ("sigmas", "seeds", "width", "depth", "lr", "schedule", "batch_size")}
+    assert same == {f: getattr(converged, f) for f in same}
