@@ -22,9 +22,9 @@ import pandas as pd
 
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics.pe_geometry import cosine_similarity_matrix
+from pe_fast.tasks.fmri import ATLASES
 
 VIEWS = (("L", "left", "lateral"), ("L", "left", "medial"), ("R", "right", "lateral"), ("R", "right", "medial"))
-ATLASES = {"schaefer100": 100, "glasser360": 360}  # name -> regions
 FIGURES = ("brain_pe_fc_match", "brain_pe_components")
 
 

@@ -138,7 +138,7 @@ def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
 def paired_difference(a: pd.Series, b: pd.Series | float) -> tuple[float, float, float, int] | None:
     """Mean of a − b over the seeds both have (a, b indexed by seed; b may be one number, e.g. a baseline) and its
     95 % t interval: (mean, low, high, seeds), or None with fewer than 2 seeds."""
-    diff = (a - b).dropna() if isinstance(b, pd.Series) else (a - b).dropna()
+    diff = (a - b).dropna()
     diff = diff[np.isfinite(diff)]
     if len(diff) < 2:
         return None

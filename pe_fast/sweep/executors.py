@@ -155,11 +155,11 @@ def job_alive(job) -> bool:
 def run_slurm(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
     """One job per pack, submitted as one job array; --out must be a folder the compute nodes see. A driver that
     is stopped and rerun with --resume waits for the jobs still running instead of submitting their packs again."""
+    import submitit
     folder = (out / SLURM_FOLDER).resolve()
     executor = slurm_executor(s, folder)
     jobs_file = folder / JOBS_FILE
     recorded = json.loads(jobs_file.read_text()) if jobs_file.is_file() else {}
-    import submitit
     job_class = submitit.LocalJob if s.slurm_local else submitit.SlurmJob
     jobs = {}
     for index in todo:

@@ -387,9 +387,14 @@ def check_slurm(s: dict):
                          f"cluster's login node, or add --slurm-local to try the jobs with submitit's local executor")
 
 
+def split_paths(value: str, flag: str) -> list[str]:
+    """The files a path flag names: --data may name several CIFTI runs, comma-separated; the others one file."""
+    return value.split(",") if flag == "data" else [value]
+
+
 def resolve_paths(value: str, flag: str) -> str:
-    """The file a path flag names, absolute; --data may name several CIFTI runs, comma-separated."""
-    paths = value.split(",") if flag == "data" else [value]
+    """The files a path flag names, checked and made absolute, as config.json records them."""
+    paths = split_paths(value, flag)
     for path in paths:
         if not path or not Path(path).exists():
             raise UsageError(f"--{flag.replace('_', '-')}: {path or repr(value)} does not exist")
@@ -401,7 +406,7 @@ def as_recorded(name: str, value):
     if name in LIST_SETTINGS:
         return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
     if name in PATH_FLAGS:
-        return ",".join(str(Path(path).resolve()) for path in (value.split(",") if name == "data" else [value]))
+        return ",".join(str(Path(path).resolve()) for path in split_paths(value, name))
     return value
 
 

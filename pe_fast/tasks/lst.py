@@ -204,6 +204,12 @@ class IndexedBatches:
         pass
 
 
+# The authors' configuration (notes/paper.md §2.4–2.6): 4000 epochs of 63 steps; meant for a GPU.
+PAPER = dict(pe="learned,sin2d,sin1d,rope,relative,none,random",
+             sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15, steps=252_000, width=160, depth=4,
+             heads=1, mlp_width=640, batch_size=128, lr=1e-4, optimizer="adamw", schedule="constant", warmup=0,
+             eval_every=12_600)
+
 KIND = TaskKind(
     name="lst",
     defaults=dict(pe="learned,sin2d,none", sigmas="0.1,0.2,2.0", seeds=3, steps=2000, width=64, depth=4, heads=1,
@@ -212,19 +218,12 @@ KIND = TaskKind(
         # Fits 2 CPU cores in about 10 minutes and shows the paper's effect (docs/reproduction.md).
         "cpu": dict(pe="learned,sin2d", sigmas="0.2,2.0", seeds=3, steps=6000, width=32, depth=4, heads=1,
                     mlp_width=128, batch_size=64, lr=2e-3, schedule="cosine", warmup=200, eval_every=1000),
-        # The authors' configuration (notes/paper.md §2.4–2.6): 4000 epochs of 63 steps; meant for a GPU.
-        "paper": dict(pe="learned,sin2d,sin1d,rope,relative,none,random",
-                      sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15, steps=252_000, width=160,
-                      depth=4, heads=1, mlp_width=640, batch_size=128, lr=1e-4, optimizer="adamw",
-                      schedule="constant", warmup=0, eval_every=12_600),
+        "paper": PAPER,
         # The paper's figure at the authors' epoch 200 (200 × 63 steps), where every setting has reached its final
         # accuracy (their logs, ../shared/data/lst-authors-logs): their 21 settings × 15 seeds, for
         # `python -m pe_fast.compare_lst_logs`. Checkpoints every 500 steps, so that a GPU granted in short
         # slots makes progress in each (docs/reproduction.md, "The paper's figure at epoch 200").
-        "paper-e200": dict(pe="learned,sin2d", sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15,
-                           steps=12_600, width=160, depth=4, heads=1, mlp_width=640, batch_size=128, lr=1e-4,
-                           optimizer="adamw", schedule="constant", warmup=0, eval_every=3_150,
-                           checkpoint_every=500),
+        "paper-e200": {**PAPER, "pe": "learned,sin2d", "steps": 12_600, "eval_every": 3_150, "checkpoint_every": 500},
     },
     pe_kinds=PE_KINDS,
     flags=("lst_train", "lst_ood"),
