@@ -187,12 +187,12 @@ def test_a_diverging_model_leaves_nan_metrics_and_the_rest_of_the_sweep_and_repo
 
 
 @pytest.mark.parametrize("task", ["fmri", "netsim"])
-def test_converged_preset_is_the_default_trained_four_times_longer(task):
+def test_converged_preset_is_the_default_trained_longer(task):
     from pe_fast.sweep import settings
     parse = settings.build_parser().parse_args
     default = settings.from_flags(parse(["--task", task]))
     converged = settings.from_flags(parse(["--task", task, "--preset", "converged"]))
     assert (converged.steps, converged.eval_every) == (20_000, 1_250)
-    assert converged.steps >= 3 * default.steps
+    assert converged.steps >= 2.5 * default.steps  # 4× fMRI's 5,000 steps, 2.9× netsim's 7,000
     same = {f: getattr(default, f) for f in ("sigmas", "seeds", "width", "depth", "lr", "schedule", "batch_size")}
     assert same == {f: getattr(converged, f) for f in same}
