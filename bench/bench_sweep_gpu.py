@@ -1,6 +1,6 @@
 """The sweep's own training path at the paper's LST configuration, per precision, against the authors' loop.
 
-    python bench/bench_sweep_gpu.py [--models 90,315] [--precisions fp32,tf32,bf16] [--compile off,on]
+    python bench/bench_sweep_gpu.py [--models 90,315] [--precisions fp32,tf32,bf16] [--compile off,on,graphs]
                                     [--out bench/results/sweep_gpu.json]
 
 Each configuration builds a pe_fast.train.PackTrainer on the LST task (the sweep's class, task, batches,
@@ -38,7 +38,7 @@ from pe_fast.models import ModelConfig
 from pe_fast.ops.backends import resolve_backend
 from pe_fast.sweep.grid import split_into_packs
 from pe_fast.tasks.lst import LSTTask
-from pe_fast.train import PackTrainer, TrainConfig
+from pe_fast.train import COMPILE_MODES, PackTrainer, TrainConfig
 
 WIDTH, DEPTH, MLP, BATCH, LR = 160, 4, 640, 128, 1e-4
 PAPER_SIGMAS = [s / 10 for s in range(1, 21)]
@@ -114,7 +114,7 @@ def pack_size_for(models: int, config: ModelConfig, device: torch.device, task: 
     return len(split_into_packs([dict(pe="learned")] * models, fits)[0])
 
 
-def time_sweep_path(task: LSTTask, models: int, precision_name: str, compiled: bool, device: torch.device,
+def time_sweep_path(task: LSTTask, models: int, precision_name: str, compile_mode: str, device: torch.device,
                     steps: int, warmup: int, repeats: int, eval_items: int) -> dict:
     precision.apply(precision_name)
     config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=WIDTH, depth=DEPTH, heads=1, mlp_width=MLP,
@@ -122,7 +122,7 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compiled: b
     pack = pack_size_for(models, config, device, task)
     train = TrainConfig(steps=PAPER_STEPS, batch_size=BATCH, lr=LR, optimizer="adamw",
                         eval_every=warmup + steps * repeats, eval_items=eval_items, precision=precision_name,
-                        compile=compiled)
+                        compile=compile_mode)
     sigmas = [PAPER_SIGMAS[m % len(PAPER_SIGMAS)] for m in range(pack)]
     trainer = PackTrainer(task, config, train, list(range(pack)), sigmas, device)
     started = time.perf_counter()
@@ -153,7 +153,7 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compiled: b
     del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return dict(models=models, pack_size=pack, packs=packs, compile=compiled, step_ms=step_s * 1e3,
+    return dict(models=models, pack_size=pack, packs=packs, compile=compile_mode, step_ms=step_s * 1e3,
                 step_ms_rounds=[r * 1e3 for r in rounds], warmup_s=warmup_s,
                 train_model_steps_per_s=pack / step_s, model_steps_per_s=with_evals,
                 eval_intermediate_s=evals[0], eval_full_s=evals[1],
@@ -164,7 +164,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="90,315", help="comma-separated numbers of models")
     p.add_argument("--precisions", default="fp32,tf32,bf16")
-    p.add_argument("--compile", default="off", help="off, on or off,on: torch.compile of the step")
+    p.add_argument("--compile", default="off", help="comma-separated: off, on (torch.compile of the step), graphs (compiled, "
+                   "replayed as CUDA graphs)")
     p.add_argument("--steps", type=int, default=20, help="steps per timed round")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
@@ -176,7 +177,11 @@ def main() -> int:
     try:
         models = [int(m) for m in args.models.split(",")]
         precisions = args.precisions.split(",")
-        compiles = [{"off": False, "on": True}[c] for c in args.compile.split(",")]
+        compiles = args.compile.split(",")
+        if unknown := set(compiles) - set(COMPILE_MODES):
+            raise ValueError(f"--compile {','.join(sorted(unknown))}: choose from {', '.join(COMPILE_MODES)}")
+        if "graphs" in compiles and torch.device(args.device).type != "cuda":
+            raise ValueError("--compile graphs replays CUDA graphs: it needs a CUDA device")
         device = torch.device(args.device)
         if any(m <= 0 for m in models):
             raise ValueError("--models must be positive")
@@ -199,13 +204,13 @@ def main() -> int:
     flops = step_flops(WIDTH, DEPTH, BATCH, MLP)
     records = []
     for precision_name in precisions:
-        for compiled in compiles:
+        for compile_mode in compiles:
             for count in models:
                 try:
-                    row = time_sweep_path(task, count, precision_name, compiled, device, args.steps, args.warmup,
+                    row = time_sweep_path(task, count, precision_name, compile_mode, device, args.steps, args.warmup,
                                           args.repeats, args.eval_items)
                 except Exception as error:  # an out-of-memory or compile failure is a result too
-                    row = dict(models=count, compile=compiled, error=f"{type(error).__name__}: {error}"[:300])
+                    row = dict(models=count, compile=compile_mode, error=f"{type(error).__name__}: {error}"[:300])
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 peak = peak_tflops(device_name, precision_name)
@@ -218,14 +223,14 @@ def main() -> int:
                     record.update(tflops=tflops, peak_tflops=peak,
                                   peak_fraction=None if peak is None else tflops / peak,
                                   speedup_over_baseline=row["model_steps_per_s"] / baseline)
-                    print(f"{precision_name} compile={'on' if compiled else 'off'} M={count} (packs of "
+                    print(f"{precision_name} compile={compile_mode} M={count} (packs of "
                           f"{row['pack_size']}): {row['step_ms']:.1f} ms/step, {row['train_model_steps_per_s']:,.0f} "
                           f"model-steps/s training, {row['model_steps_per_s']:,.0f} with evaluations, "
                           f"{tflops:.1f} TFLOP/s" + (f" ({100 * tflops / peak:.1f} % of peak)" if peak else "")
                           + f", paper sweep {row['paper_sweep_hours']:.1f} h, {record['speedup_over_baseline']:.1f}×"
                           f" the authors' loop", flush=True)
                 else:
-                    print(f"{precision_name} compile={compiled} M={count}: {row['error']}", flush=True)
+                    print(f"{precision_name} compile={compile_mode} M={count}: {row['error']}", flush=True)
                 records.append(record)
                 measure.write_result(args.out, {"benchmark": "sweep_gpu", "records": records})
     print(f"written to {args.out}")

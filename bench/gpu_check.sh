@@ -5,6 +5,8 @@
 # One 8-minute call fitted pe_kinds (in a second run, in the background), science, stacked_optimizer, sweep and
 # profile_sweep on an H200 (2026-11-27: 470 s).
 #   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
+# The device tool brings back only a handful of files from its $OUT: there, write elsewhere and bring back one archive,
+#   OUT=/tmp/gc bash bench/gpu_check.sh; tar -czf "$OUT/gpu_check.tar.gz" -C /tmp/gc .
 # GPU_CHECK_STEPS="pe_kinds science sweep" runs those steps only (default: all, in the order below).
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
@@ -14,7 +16,8 @@
 #                                 fp32, tf32 and bf16 (six sweeps side by side, in $SCIENCE_RUNS): each one's
 #                                 summary.txt and results.parquet
 #   sweep.log, sweep_gpu*.json    bench/bench_sweep_gpu.py: the sweep's training path at the paper's LST
-#                                 configuration, 90 models per precision compiled (tf32 also with the kernels' TF32
+#                                 configuration, 90 models per precision compiled, 18 and 90 in fp32 with CUDA
+#                                 graphs against compiled alone (tf32 also with the kernels' TF32
 #                                 dots), 315 compiled tf32, then 90 eager
 #   profile_sweep*.txt            bench/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
 #   stacked_optimizer_gpu.json    bench/bench_stacked_optimizer.py on cuda (issue 14's per-model learning rates)
@@ -126,8 +129,10 @@ wanted stacked_optimizer && step stacked_optimizer 60 stacked_optimizer.log pyth
 
 if wanted sweep; then
     # The most telling configurations first (compiled is the CUDA default): a time limit keeps what ran.
-    step sweep 200 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90 --precisions fp32,tf32,bf16 \
+    step sweep 240 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90 --precisions fp32,tf32,bf16 \
             --compile on --steps 10 --warmup 3 --out $OUT/sweep_gpu_compiled.json
+        python3 bench/bench_sweep_gpu.py --models 18,90 --precisions fp32 --compile on,graphs --steps 10 --warmup 3 \
+            --out $OUT/sweep_gpu_graphs.json
         PE_FAST_TF32=1 python3 bench/bench_sweep_gpu.py --models 90 --precisions tf32 --compile on --steps 10 \
             --warmup 3 --out $OUT/sweep_gpu_compiled_kernel_tf32.json
         python3 bench/bench_sweep_gpu.py --models 315 --precisions tf32 --compile on --steps 10 --warmup 3 \
@@ -138,7 +143,7 @@ fi
 
 # Where the compiled TF32 step spends GPU time now.
 wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/profile_sweep_step.py --models 90 \
-    --precision tf32 --compile --out "$OUT/profile_sweep_tf32_compiled.txt"
+    --precision tf32 --compile on --out "$OUT/profile_sweep_tf32_compiled.txt"
 
 # CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA; the
 # interpreter suite is CPU-only (CI), so it is deselected here.

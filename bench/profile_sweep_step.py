@@ -1,7 +1,7 @@
 """Where the sweep's training step spends GPU time: torch.profiler over PackTrainer.train_step at the paper's LST
-configuration (bench_sweep_gpu), one precision, eager or compiled; prints the top kernels by device time.
+configuration (bench_sweep_gpu), one precision, eager, compiled or compiled as CUDA graphs; prints the top kernels by device time.
 
-    python bench/profile_sweep_step.py [--models 90] [--precision bf16] [--compile] [--out FILE.txt]
+    python bench/profile_sweep_step.py [--models 90] [--precision bf16] [--compile off|on|graphs] [--out FILE.txt]
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from bench_sweep_gpu import BATCH, DEPTH, LR, MLP, PAPER_SIGMAS, WIDTH
 from pe_fast import precision
 from pe_fast.models import ModelConfig
 from pe_fast.tasks.lst import LSTTask
-from pe_fast.train import PackTrainer, TrainConfig
+from pe_fast.train import COMPILE_MODES, PackTrainer, TrainConfig
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=int, default=90)
     p.add_argument("--precision", default="bf16", choices=precision.PRECISIONS)
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile", default="off", choices=COMPILE_MODES)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rows", type=int, default=25)
     p.add_argument("--out", default=None)

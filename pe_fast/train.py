@@ -38,6 +38,11 @@ SCHEDULES = ("constant", "cosine")
 PerModel = float | tuple[float, ...]  # one value for every model of the pack, or one per model
 
 
+# --compile: off (eager), on (torch.compile), graphs (compiled and replayed as CUDA graphs; CUDA only), with the
+# torch.compile mode each uses
+COMPILE_MODES = {"off": None, "on": "default", "graphs": "reduce-overhead"}
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     steps: int
@@ -53,7 +58,7 @@ class TrainConfig:
     # full: the convergence check compares its scores); the last evaluation scores every item
     eval_items: int = 2048
     precision: str = "fp32"  # pe_fast.precision: fp32, tf32 or bf16 (autocast; float32 weights and optimizer)
-    compile: bool = False  # torch.compile the training step's forward and loss (their backward with them)
+    compile: str = "off"  # COMPILE_MODES: torch.compile of the training step's forward and loss (and their backward)
 
 
 @dataclasses.dataclass
@@ -197,9 +202,12 @@ class PackTrainer:
         # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
         # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
         # cache, which falls back to eager after a few (the paper's preset trains seven PE kinds in one process).
-        if train_config.compile:
+        # "graphs" also replays the compiled step as CUDA graphs (mode reduce-overhead): one launch instead of
+        # hundreds, for the small packs whose step the host's launches bound.
+        self.forward_loss = self._forward_loss
+        if train_config.compile != "off":
             torch.compiler.reset()
-        self.forward_loss = torch.compile(self._forward_loss) if train_config.compile else self._forward_loss
+            self.forward_loss = torch.compile(self._forward_loss, mode=COMPILE_MODES[train_config.compile])
 
         # The current evaluation window: per-step losses and attention statistics, kept on the device.
         self.loss_buffer = torch.zeros(train_config.eval_every, M, device=device)
@@ -239,6 +247,9 @@ class PackTrainer:
         return self.result()
 
     def train_step(self):
+        if self.config.compile == "graphs":
+            # the graphs' outputs are overwritten by the next replay: this step's are copied out below
+            torch.compiler.cudagraph_mark_step_begin()
         loss_per_model, stats = self.forward_loss(*self.batches(self.sampler.next()))
         self.optimizer.zero_grad(set_to_none=True)
         loss_per_model.sum().backward()

@@ -1,6 +1,6 @@
 """--precision and --compile: bf16 under autocast matches float64 as closely as the reference does in bf16, keeps
-float32 weights and optimizer state; a compiled step trains like the eager one; the sweep records the precision,
-keeps it on --resume and refuses what the device cannot run with one line."""
+float32 weights and optimizer state; a compiled step (also in the CUDA-graphs mode) trains like the eager one; the
+sweep records the precision, keeps it on --resume and refuses what the device cannot run with one line."""
 import json
 import subprocess
 import sys
@@ -66,8 +66,11 @@ def test_bf16_training_keeps_float32_state_and_follows_fp32(lst_task):
     assert not torch.equal(loss16, loss32)  # the bf16 path did run in bf16
 
 
-def test_compiled_step_trains_like_the_eager_one(lst_task):
-    eager, compiled = lst_trainer(lst_task), lst_trainer(lst_task, compile=True)
+# "graphs" is CUDA graphs on a GPU; here it runs torch.compile's reduce-overhead mode, which skips the graphs off
+# CUDA: this checks the step's plumbing (the per-step graph marker, outputs copied out), not the replay.
+@pytest.mark.parametrize("mode", ["on", "graphs"])
+def test_compiled_step_trains_like_the_eager_one(lst_task, mode):
+    eager, compiled = lst_trainer(lst_task), lst_trainer(lst_task, compile=mode)
     for trainer in (eager, compiled):  # one batch, forward and backward: the same gradients
         loss, stats = trainer.forward_loss(*trainer.batches(trainer.sampler.next()))
         loss.sum().backward()
@@ -106,4 +109,13 @@ def test_tf32_on_the_cpu_is_one_line_and_no_folder(tmp_path):
     proc = run_sweep(*TINY, "--precision", "tf32", "--out", str(out))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "tf32" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs run on CUDA")
+def test_cuda_graphs_on_the_cpu_is_one_line_and_no_folder(tmp_path):
+    out = tmp_path / "run"
+    proc = run_sweep(*TINY, "--compile", "graphs", "--out", str(out))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "--compile graphs" in lines[0], proc.stderr
     assert not out.exists()

@@ -94,7 +94,7 @@ def run(s: Settings) -> Path:
         print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "
               f"({len(finished)} finished before), {s.steps} steps each, on {s.device} "
               f"({s.executor}, {s.threads or torch.get_num_threads()} threads, {s.precision}"
-              f"{', compiled' if s.compile == 'on' else ''})", file=sys.stderr)
+              f"{dict(on=', compiled', graphs=', compiled, CUDA graphs').get(s.compile, '')})", file=sys.stderr)
         progress = Progress(packs, s.steps, finished)
         if s.executor == "ray":
             executors.run_ray(s, todo, packs, out, progress)

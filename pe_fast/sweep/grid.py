@@ -73,7 +73,7 @@ def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
                        lr=per_model("lr", s.lr[0]), weight_decay=per_model("weight_decay", s.weight_decay[0]),
                        momentum=per_model("momentum", 0.0), schedule=s.schedule, warmup=s.warmup,
                        eval_every=s.eval_every, eval_items=s.eval_items, precision=s.precision,
-                       compile=s.compile == "on")
+                       compile=s.compile)
 
 
 def choose_pack_size(s: Settings, task) -> int:
