@@ -34,15 +34,7 @@
 # the exit status is 1 if any step failed. The ahead-of-time compile test needs no GPU and runs in CI instead.
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# What bench/gpu_carry.sh prepared (the GPU image has no network): nibabel's wheel, the fMRI data files, the
-# authors' LST puzzles.
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site:$PYTHONPATH
-[[ -d .lstdata ]] && export PE_FAST_LST_DATA=$PWD/.lstdata
+source bench/gpu_env.sh
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-500}  # all steps together

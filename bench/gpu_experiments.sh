@@ -16,13 +16,7 @@
 # and runs.tar.gz: every run folder without its checkpoints (packs/), so that the report can be rebuilt here.
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site:$PYTHONPATH
-[[ -d .lstdata ]] && export PE_FAST_LST_DATA=$PWD/.lstdata
+source bench/gpu_env.sh
 OUT=${OUT:-bench/results/gpu-experiments}
 RUNS=${RUNS:-/tmp/gpu-experiment-runs}
 LIMIT_S=${GPU_EXPERIMENTS_LIMIT_S:-500}
