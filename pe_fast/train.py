@@ -112,6 +112,16 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 1.0
 
 
+def upload(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on the device, without making the host wait. A plain copy to a GPU blocks until the GPU has
+    run everything queued before it: drawn every step, that serialises the host's launches with the GPU's work.
+    From pinned memory the copy runs in stream order while the host goes on (torch's pinned-memory allocator
+    does not reuse the block before the copy is done)."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class BatchSampler:
     """Each model walks through its own random permutation of the training set, epoch after epoch."""
 
@@ -126,7 +136,7 @@ class BatchSampler:
     def next(self) -> Tensor:
         if self.position == self.per_epoch:
             perms = torch.stack([torch.randperm(self.num_items, generator=g) for g in self.generators])
-            self.epoch = perms[:, : self.per_epoch * self.batch_size].to(self.device)
+            self.epoch = upload(perms[:, : self.per_epoch * self.batch_size], self.device)
             self.position = 0
         start = self.position * self.batch_size
         self.position += 1

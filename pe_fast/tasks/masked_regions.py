@@ -23,6 +23,7 @@ from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.tasks.base import TaskView
+from pe_fast.train import upload
 
 MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
 EVAL_MASK_SEED = 12_345
@@ -329,7 +330,8 @@ class MaskedBatches:
     def __call__(self, index: Tensor):
         M, B = index.shape
         N = self.values.shape[1]
-        mask = torch.stack([random_masks((B, N), self.num_masked, g) for g in self.generators]).to(self.device)
+        # drawn on the host from each model's own generator (a model trains the same in any pack)
+        mask = upload(torch.stack([random_masks((B, N), self.num_masked, g) for g in self.generators]), self.device)
         values = self.values[index]
         return masked_input(values, mask), (values, mask)
 
