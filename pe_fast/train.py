@@ -43,6 +43,15 @@ PerModel = float | tuple[float, ...]  # one value for every model of the pack, o
 COMPILE_MODES = {"off": None, "on": "default", "graphs": "reduce-overhead"}
 
 
+def compile_problem(mode: str, device: torch.device) -> str | None:
+    """Why this --compile mode cannot run on this device, or None."""
+    if mode not in COMPILE_MODES:
+        return f"unknown mode {mode!r}; choose from {', '.join(COMPILE_MODES)}"
+    if mode == "graphs" and device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, not {device.type}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     steps: int

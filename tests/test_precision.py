@@ -103,19 +103,11 @@ def test_default_precision_on_the_cpu_is_fp32(tmp_path):
     assert json.loads((out / "config.json").read_text())["settings"]["precision"] == "fp32"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="tf32 runs on CUDA")
-def test_tf32_on_the_cpu_is_one_line_and_no_folder(tmp_path):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tf32 and CUDA graphs run on CUDA")
+@pytest.mark.parametrize("flags", [("--precision", "tf32"), ("--compile", "graphs")])
+def test_a_cuda_only_mode_on_the_cpu_is_one_line_and_no_folder(tmp_path, flags):
     out = tmp_path / "run"
-    proc = run_sweep(*TINY, "--precision", "tf32", "--out", str(out))
+    proc = run_sweep(*TINY, *flags, "--out", str(out))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and "tf32" in lines[0], proc.stderr
-    assert not out.exists()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs run on CUDA")
-def test_cuda_graphs_on_the_cpu_is_one_line_and_no_folder(tmp_path):
-    out = tmp_path / "run"
-    proc = run_sweep(*TINY, "--compile", "graphs", "--out", str(out))
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and "--compile graphs" in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and " ".join(flags) in lines[0], proc.stderr
     assert not out.exists()

@@ -19,7 +19,7 @@ from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.fmri import ATLASES
 from pe_fast.tasks.netsim import NETWORK_SETTINGS
-from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES
+from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, compile_problem
 
 EXECUTORS = ("local", "ray", "slurm")
 COMPILE_CHOICES = ("auto", *COMPILE_MODES)
@@ -175,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=precision.PRECISIONS,
                    help="fp32 (default), tf32 (CUDA) or bf16 (autocast, float32 weights)")
     p.add_argument("--compile", choices=COMPILE_CHOICES,
-                   help="torch.compile the training step (about 20 s per pack on a GPU); graphs: compiled and replayed as CUDA "
-                        "graphs (CUDA only); auto (default): on on CUDA, off elsewhere")
+                   help="torch.compile the training step (about 20 s per pack on a GPU); graphs: compiled and "
+                        "replayed as CUDA graphs (CUDA only); auto (default): on on CUDA, off elsewhere")
     p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
     p.add_argument("--max-pack", type=int,
                    help="models trained together (default: as many as fit in half the free memory)")
@@ -341,8 +341,8 @@ def resolve_runtime(s: dict):
         s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     if s["compile"] == "auto":  # measured: bench/results/h100-20261126-sweep (1.1-1.3× on an H100)
         s["compile"] = "on" if s["device"] == "cuda" else "off"
-    if s["compile"] == "graphs" and s["device"] != "cuda":
-        raise UsageError(f"--compile graphs replays CUDA graphs: it needs --device cuda, not {s['device']}")
+    if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
+        raise UsageError(f"--compile {s['compile']}: {why}")
     if s.get("precision") is None:
         s["precision"] = precision.default(torch.device(s["device"]))
     if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
