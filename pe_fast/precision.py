@@ -5,7 +5,8 @@
   IEEE float32 dots: their TF32 path (PE_FAST_TF32=1) adds only 4 % to the compiled LST sweep step (4,396 against
   4,211 model-steps/s on an H200, bench/results/h200-20261127-tf32-science), not worth a second rounding.
 * bf16: autocast to bfloat16 for matmuls and the fused op (which takes bf16 directly); weights, gradients,
-  optimizer state, layer norms, the loss and the attention statistics stay float32.
+  optimizer state, layer norms, the loss and the attention statistics stay float32, and so does the PE's share of
+  q, k, v (pe @ W + b) until it is added to x @ W (pe_fast.ops.projection says why).
 """
 from __future__ import annotations
 

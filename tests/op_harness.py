@@ -17,13 +17,15 @@ def make_inputs(M, B, N, D, K, *, with_pe=True, with_bias=True, logit_scale=1.0,
     return {k: None if v is None else v.to(device) for k, v in inputs.items()}
 
 
-def run(inputs, heads, dtype, backend, rope=None):
-    """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd."""
+def run(inputs, heads, dtype, backend, rope=None, autocast=None):
+    """out, stats and the gradients of x, pe, w_qkv, b_qkv through the op's autograd; with `autocast` (a dtype)
+    the op runs under torch.autocast, its leaves in `dtype`."""
     # detach + copy: every call gets fresh leaves, whatever dtype and however often `inputs` is reused
     leaves = {k: inputs[k].detach().to(dtype, copy=True).requires_grad_() for k in ("x", "pe", "w", "b")
               if inputs[k] is not None}
     probes = None if inputs["probes"] is None else inputs["probes"].to(dtype)
-    out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
-                              rope=rope, backend=backend)
+    with torch.autocast(inputs["x"].device.type, dtype=autocast, enabled=autocast is not None):
+        out, stats = pe_attention(leaves["x"], leaves.get("pe"), leaves["w"], leaves.get("b"), heads, probes,
+                                  rope=rope, backend=backend)
     out.backward(inputs["grad"].to(dtype))
     return {"out": out.detach(), "stats": stats, **{"d" + k: t.grad for k, t in leaves.items()}}

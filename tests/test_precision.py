@@ -1,7 +1,9 @@
-"""--precision and --compile: bf16 under autocast matches float64 as closely as the reference does in bf16, keeps
-float32 weights and optimizer state; a compiled step (also in the CUDA-graphs mode) trains like the eager one; the
+"""--precision and --compile: bf16 under autocast matches float64 as closely as the reference does in bf16, lets
+attention see PE changes below bf16's resolution, keeps float32 weights and optimizer state; a compiled step (also in the CUDA-graphs mode) trains like the eager one; the
 sweep records the precision, keeps it on --resume and refuses what the device cannot run with one line."""
+import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import torch
 
 from op_harness import make_inputs
 from pe_fast.models import ModelConfig
-from pe_fast.ops import pe_attention
+from pe_fast.ops import backends, pe_attention, projection, reference
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import PackTrainer, TrainConfig
 
@@ -35,6 +37,79 @@ def test_op_under_autocast_is_as_close_to_float64_as_the_reference_in_bf16():
     error = (out.double() - exact).abs().max()
     reference_error = (reference_bf16.double() - exact).abs().max()
     assert 0 < error <= 2 * reference_error
+
+
+def sub_ulp_pe_change(M=2, B=256, N=16, D=32):
+    """float32 x, a σ = 2 PE, W, b, and a change of the PE by ±1e-3: below the bf16 spacing of most entries."""
+    g = torch.Generator().manual_seed(0)
+    x, pe = torch.randn(M, B, N, D, generator=g), 2.0 * torch.randn(M, N, D, generator=g)
+    w, b = torch.randn(M, D, 3 * D, generator=g) / math.sqrt(D), torch.randn(M, 3 * D, generator=g) / 10
+    step = 1e-3 * torch.randn(M, N, D, generator=g).sign()
+    assert ((pe + step).bfloat16() == pe.bfloat16()).float().mean() > 0.6
+    return x, pe, w, b, step
+
+
+# how far the batch mean of q, k, v's change may miss (δ pe) @ W, relative to it: the kernels add the addend to
+# x @ W already rounded to bf16, whose coarse grid dithers the final rounding less than the reference's float32
+# x @ W does (measured 0.77 and 0.17 at this size; rounding the PE first: 5.1 and 3.2)
+MISS = {"kernels": 1.0, "reference": 0.6}
+
+
+@pytest.mark.parametrize("path", MISS)
+def test_under_autocast_q_k_v_follow_pe_changes_below_bf16_spacing(path):
+    """At σ = 2 the bf16 spacing of the PE's values (2⁻⁷–2⁻⁶ for |pe| in 1–4) is about its whole drift in a training
+    run at the paper's rate; rounded to bf16 before the projection, the PE would look frozen to attention. The op
+    keeps pe @ W + b in float32 until it meets x @ W, so q, k, v round once, dithered by the tokens: averaged over
+    the batch they move with (δ pe) @ W, as float64 says. The same with the PE and W rounded first (the earlier
+    design) misses by more than twice the change itself."""
+    x, pe, w, b, step = sub_ulp_pe_change()
+    exact = torch.bmm(step.double(), w.double())[:, None]  # the change of q, k, v
+
+    def qkv(pe, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if path == "kernels":  # what the Triton and C++ kernels load: x @ W in bf16, plus the addend
+                return projection.full_projection(*projection.split_projection(x.bfloat16(), pe, w, b)).double()
+            return reference.project_qkv(x.bfloat16(), pe, w, b).double()
+
+    def miss(*low):
+        change = (qkv(pe + step, w, b) - qkv(pe, w, b)) if not low else (
+            qkv((pe + step).bfloat16(), w.bfloat16(), b.bfloat16()) - qkv(pe.bfloat16(), *low))
+        return ((change.mean(1, keepdim=True) - exact).norm() / exact.norm()).item()
+
+    assert miss() < MISS[path]
+    assert miss(w.bfloat16(), b.bfloat16()) > 2
+
+
+def test_op_under_autocast_hands_the_backend_x_in_bf16_and_the_pe_path_in_float32(monkeypatch):
+    x, pe, w, b, _ = sub_ulp_pe_change(B=4)
+    seen = {}
+    plain = backends.BACKENDS["reference"]
+
+    def spy(x, pe, w_qkv, b_qkv, *rest):
+        seen.update(x=x.dtype, pe=pe.dtype, w=w_qkv.dtype, b=b_qkv.dtype)
+        return plain.forward(x, pe, w_qkv, b_qkv, *rest)
+
+    monkeypatch.setitem(backends.BACKENDS, "reference", dataclasses.replace(plain, forward=spy))
+    leaves = [t.clone().requires_grad_() for t in (x, pe, w, b)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = pe_attention(*leaves, 1, backend="reference")
+    out.float().sum().backward()
+    assert seen == dict(x=torch.bfloat16, pe=torch.float32, w=torch.float32, b=torch.float32)
+    assert [t.grad.dtype for t in leaves] == [torch.float32] * 4
+
+
+def test_split_projection_backward_under_autocast_matches_the_reference_in_float32():
+    """The kernels' projection backward (bf16 dqkv, the addend's share in float32) against the reference's
+    mixed-precision one: dx in bf16, dpe, dw, db in float32, agreeing to bf16's rounding of dqkv and x @ W."""
+    x, pe, w, b, _ = sub_ulp_pe_change(B=8)
+    dqkv = torch.randn(*x.shape[:3], 3 * x.shape[3], generator=torch.Generator().manual_seed(1)).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = projection.split_projection_backward(dqkv, x.bfloat16(), pe, w, b)
+        expected = reference.project_qkv_backward(dqkv, x.bfloat16(), pe, w, b)
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.float32, torch.float32, torch.float32]
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g.float(), e.float(), rtol=2e-2, atol=2e-2 * e.float().abs().max().item())
 
 
 @pytest.fixture(scope="module")

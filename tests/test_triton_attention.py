@@ -225,6 +225,20 @@ def test_cuda_bf16_within_twice_the_reference_error(case):
 
 
 @cuda
+@pytest.mark.parametrize("case", ["lst-N16-dh160", "N32-dh128-H2", "fmri-N360-dh16-H4"])
+def test_cuda_autocast_bf16_within_twice_the_reference_error(case):
+    """Under autocast (the sweep's --precision bf16) the op takes float32 parameters: x @ W in bf16, the PE's
+    float32 addend added as the packed kernels load q, k, v (projection.py), by torch before the long ones."""
+    M, B, N, D, H, K, with_pe, with_bias = CUDA_CASES[case]
+    inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, device="cuda")
+    oracle = run(inputs, H, torch.float64, "reference")
+    got = run(inputs, H, torch.float32, "triton", autocast=torch.bfloat16)
+    assert got["out"].dtype == torch.bfloat16 and got["dpe"].dtype == torch.float32
+    assert_flash_rule(got, run(inputs, H, torch.float32, "reference", autocast=torch.bfloat16), oracle,
+                      eps=torch.finfo(torch.bfloat16).eps)
+
+
+@cuda
 @pytest.mark.parametrize("case", ["lst-N16-dh160", "N100-dh16-H4", "fmri-N360-dh16-H4"])
 def test_cuda_tf32_within_twice_the_reference_error(case, monkeypatch):
     """Flash rule against the reference's own TF32 run, and design.md §3's 1e-4 relative for the statistics

@@ -38,7 +38,9 @@ class Job(NamedTuple):
     blocks: tuple[int, ...]
     num_warps: int
     num_stages: int
-    addend: bool = False  # HAS_ADDEND: the packed kernels add pe·W + b to q, k, v as they load them
+    # HAS_ADDEND: the packed kernels add pe·W + b to q, k, v as they load them; its pointer type, None without.
+    # bf16 kernels take a float32 addend under autocast (projection.py), a bf16 one from all-bf16 calls.
+    addend: str | None = None
     probes: str = "fp32"  # the probes' pointer type (triton_attention.kernel_probes)
 
 
@@ -48,7 +50,7 @@ def jobs() -> list[Job]:
     for c in ta.all_kernel_configs():
         for precision in ("ieee", "tf32") if c.dtype == torch.float32 else ("ieee",):
             if c.packed:  # with and without the addend added on load (projection.kernel_operands)
-                for addend in (False, True):
+                for addend in (None, "fp32", TRITON_DTYPE[c.dtype]):
                     found.append(Job("packed_fwd", c.dtype, precision, c.chunk, (c.fwd_block_m,), c.fwd_warps,
                                      c.fwd_stages, addend))
                     found.append(Job("packed_bwd", c.dtype, precision, c.chunk, (c.bwd_block,), c.bwd_warps,
@@ -72,6 +74,7 @@ def source(job: Job) -> ASTSource:
     """The kernel with the launcher's argument types; shapes chosen so every mask stays (a partial last chunk,
     a head dim below its padding)."""
     t = "*" + TRITON_DTYPE[job.dtype]
+    added = t if job.addend is None else "*" + job.addend  # without an addend the launcher passes qkv
     packed = job.kernel.startswith("packed")
     heads = 2
     head_dim = job.width * 2 + job.width // 2 if packed else max(1, job.width * 3 // 4)
@@ -79,14 +82,14 @@ def source(job: Job) -> ASTSource:
     const.update(CHUNK=job.width) if packed else const.update(HEAD_PAD=job.width)
     if job.kernel == "packed_fwd":
         fn = ta._packed_fwd_kernel
-        args = {"qkv_ptr": t, "add_ptr": t, "probe_ptr": "*" + job.probes, "out_ptr": t, "lse_ptr": "*fp32",
+        args = {"qkv_ptr": t, "add_ptr": added, "probe_ptr": "*" + job.probes, "out_ptr": t, "lse_ptr": "*fp32",
                 "stat_ptr": "*fp32", "num_problems": "i32", "B": "i32", "qk_scale": "fp32"}
-        const.update(NUM_PROBES=2, BLOCK=job.blocks[0], PRECISION=job.precision, HAS_ADDEND=job.addend)
+        const.update(NUM_PROBES=2, BLOCK=job.blocks[0], PRECISION=job.precision, HAS_ADDEND=job.addend is not None)
     elif job.kernel == "packed_bwd":
         fn = ta._packed_bwd_kernel
-        args = {"qkv_ptr": t, "add_ptr": t, "do_ptr": t, "lse_ptr": "*fp32", "dqkv_ptr": t, "num_problems": "i32",
-                "B": "i32", "sm_scale": "fp32"}
-        const.update(BLOCK=job.blocks[0], PRECISION=job.precision, HAS_ADDEND=job.addend)
+        args = {"qkv_ptr": t, "add_ptr": added, "do_ptr": t, "lse_ptr": "*fp32", "dqkv_ptr": t,
+                "num_problems": "i32", "B": "i32", "sm_scale": "fp32"}
+        const.update(BLOCK=job.blocks[0], PRECISION=job.precision, HAS_ADDEND=job.addend is not None)
     elif job.kernel == "long_fwd":
         fn = ta._long_fwd_kernel
         args = {"qkv_ptr": t, "probe_ptr": "*" + job.probes, "out_ptr": t, "lse_ptr": "*fp32", "stat_ptr": "*fp32",
@@ -135,7 +138,7 @@ def job_id(job: Job) -> str:
     blocks = "x".join(map(str, job.blocks))
     precision = f"-{job.precision}" if job.precision else ""
     width = f"chunk{job.width}" if job.kernel.startswith("packed") else f"hd{job.width}"
-    addend = "-addend" if job.addend else ""
+    addend = f"-addend-{job.addend}" if job.addend else ""
     probes = "" if job.probes == "fp32" else f"-probes-{job.probes}"
     return f"{job.kernel}-{TRITON_DTYPE[job.dtype]}{precision}-{width}-{blocks}{addend}{probes}"
 

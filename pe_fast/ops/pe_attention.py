@@ -131,14 +131,16 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     and stats [M,H,3+K] (no gradient): the mean over batch and query rows of the row entropy, the row's
     largest probability, Σ_j p_ij², and Σ_j p_ij·probes[k,i,j] for each probe k.
     Optional: rope = (cos, sin) tables [N, dh/2] rotating q and k; bias [M,H,N,N] added to the logits.
-    Under torch.autocast, x, pe, the projection and the bias are cast to the autocast dtype first.
+    Under torch.autocast, x and the bias are cast to the autocast dtype, and so is x @ w_qkv; the PE's part,
+    pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
     """
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
     if torch.is_autocast_enabled(x.device.type):
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
         # the statistics stay float32 and the gradients flow back to each input's own dtype.
         low = torch.get_autocast_dtype(x.device.type)
-        x, pe, w_qkv, b_qkv, bias = (None if t is None else t.to(low) for t in (x, pe, w_qkv, b_qkv, bias))
+        x, bias = (None if t is None else t.to(low) for t in (x, bias))
+    pe, b_qkv = (None if t is None else t.to(w_qkv.dtype) for t in (pe, b_qkv))  # the parameters' dtype
     cos, sin = rope if rope is not None else (None, None)
     inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
     op = _pe_attention if is_traced(*(t for t in inputs if isinstance(t, Tensor))) else _EagerPEAttention.apply

@@ -8,6 +8,11 @@ whole passes over the activations: x + pe, and the broadcast bias (baddbmm first
 [M, B·N, 3D], then its GEMM reads that back). In the backward the batch sum of dqkv, which the bias gradient
 needs anyway, is the addend's gradient: dpe, db and pe's share of dW follow from it by small GEMMs, instead
 of recomputing x + pe and summing dx over the batch. The reference keeps the direct form, as the oracle.
+
+Mixed precision (the op under autocast: x in bf16, the parameters in float32): x @ W runs in bf16, the addend in
+float32, and the kernels add the two in float32 before rounding q, k, v once. Rounded to bf16 first, a PE of
+σ = 2 would move in steps of 2⁻⁸–2⁻⁷ of its values (0.4–0.8 %), about its whole drift over a training run at the
+paper's rate (0.8 % after 16,000 steps at lr 1e-4, docs/reproduction.md): attention would see it frozen.
 """
 from __future__ import annotations
 
@@ -18,9 +23,11 @@ from pe_fast.ops import reference
 
 
 def token_addend(pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_tokens: int) -> Tensor | None:
-    """pe @ W + b [M,N,3D] (None when there is neither pe nor b): small, so the backward recomputes it."""
+    """pe @ W + b [M,N,3D] in the parameters' dtype, autocast or not (None when there is neither pe nor b):
+    small, so the backward recomputes it."""
     if pe is not None:
-        return torch.bmm(pe, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], pe, w_qkv)
+        with reference.own_precision(w_qkv.device):
+            return torch.bmm(pe, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], pe, w_qkv)
     if b_qkv is None:
         return None
     M, D3 = b_qkv.shape
@@ -28,15 +35,15 @@ def token_addend(pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_tok
 
 
 def split_projection(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """xw [M,B,N,3D] = x @ W, and `token_addend`."""
+    """xw [M,B,N,3D] = x @ W in x's dtype, and `token_addend`."""
     M, B, N, D = x.shape
-    xw = torch.bmm(x.reshape(M, B * N, D), w_qkv).reshape(M, B, N, 3 * D)
+    xw = torch.bmm(x.reshape(M, B * N, D), w_qkv.to(x.dtype)).reshape(M, B, N, 3 * D)
     return xw, token_addend(pe, w_qkv, b_qkv, N)
 
 
 def full_projection(xw: Tensor, addend: Tensor | None) -> Tensor:
-    """(x + pe) @ W + b itself, for the paths that transform q and k before the kernel (RoPE)."""
-    return xw if addend is None else xw + addend[:, None]
+    """(x + pe) @ W + b itself in xw's dtype, for the paths that transform q and k before the kernel (RoPE)."""
+    return xw if addend is None else (xw + addend[:, None]).to(xw.dtype)
 
 
 def kernel_operands(xw: Tensor, addend: Tensor | None, add_on_load: bool, num_heads: int,
@@ -66,17 +73,19 @@ def backward_around(kernel_backward, add_on_load: bool, grad_out: Tensor, x: Ten
 
 
 def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):
-    """(dx, dpe, dw_qkv, db_qkv) from dqkv [M,B,N,3D], the gradient of xw + addend."""
+    """(dx, dpe, dw_qkv, db_qkv) from dqkv [M,B,N,3D] (in x's dtype), the gradient of xw + addend; each in its
+    input's dtype, the addend's share computed in the parameters'."""
     M, B, N, D = x.shape
     rows = dqkv.reshape(M, B * N, 3 * D)
-    dx = torch.bmm(rows, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
-    dw = torch.bmm(x.reshape(M, B * N, D).transpose(1, 2), rows)
+    dx = torch.bmm(rows, w_qkv.to(rows.dtype).transpose(1, 2)).reshape(M, B, N, D)
+    dw = torch.bmm(x.reshape(M, B * N, D).transpose(1, 2), rows).to(w_qkv.dtype)
     if pe is None and b_qkv is None:
         return dx, None, dw, None
-    d_addend = dqkv.sum(1)  # [M,N,3D]
+    d_addend = dqkv.sum(1, dtype=w_qkv.dtype)  # [M,N,3D]
     dpe = None
     if pe is not None:
-        dpe = torch.bmm(d_addend, w_qkv.transpose(1, 2))
-        dw.baddbmm_(pe.transpose(1, 2), d_addend)
+        with reference.own_precision(w_qkv.device):
+            dpe = torch.bmm(d_addend, w_qkv.transpose(1, 2))
+            dw.baddbmm_(pe.transpose(1, 2), d_addend)
     db = d_addend.sum(1) if b_qkv is not None else None
     return dx, dpe, dw, db

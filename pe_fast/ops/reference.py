@@ -8,6 +8,7 @@ log-sum-exp of every attention row [M,B,H,N] (flash-attention style: the N×N ma
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -16,13 +17,22 @@ from torch import Tensor
 STAT_NAMES = ("entropy", "max_prob", "sum_p2")
 
 
+def own_precision(device: torch.device):
+    """A context in which matmuls run in their operands' own dtype: autocast off (the 'meta' device has none)."""
+    return torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else contextlib.nullcontext()
+
+
 def project_qkv(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None) -> Tensor:
-    """(x + pe) @ w_qkv + b_qkv for every model at once, as one batched matmul."""
+    """(x + pe) @ w_qkv + b_qkv for every model at once, as one batched matmul, in x's dtype.
+
+    Mixed precision (x in bf16, the parameters in float32: the op under autocast) computes it in the parameters'
+    dtype and rounds once to x's, so the PE reaches q, k, v unrounded (projection.py says why)."""
     M, B, N, D = x.shape
-    h = x if pe is None else x + pe[:, None]
+    h = x.to(w_qkv.dtype) if pe is None else x.to(w_qkv.dtype) + pe[:, None]
     h = h.reshape(M, B * N, D)
-    qkv = torch.bmm(h, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], h, w_qkv)
-    return qkv.reshape(M, B, N, 3 * D)
+    with own_precision(x.device):
+        qkv = torch.bmm(h, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], h, w_qkv)
+    return qkv.reshape(M, B, N, 3 * D).to(x.dtype)
 
 
 def split_heads(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -127,12 +137,14 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
 
 
 def project_qkv_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):
-    """Gradients of `project_qkv` given dqkv [M,B,N,3D]: (dx, dpe, dw_qkv, db_qkv); shared by every backend."""
+    """Gradients of `project_qkv` given dqkv [M,B,N,3D]: (dx, dpe, dw_qkv, db_qkv), each in its input's dtype
+    (computed in the parameters')."""
     M, B, N, D = x.shape
-    dqkv = dqkv.reshape(M, B * N, 3 * D)
-    h = x if pe is None else x + pe[:, None]
-    dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
+    dqkv = dqkv.reshape(M, B * N, 3 * D).to(w_qkv.dtype)
+    h = x.to(w_qkv.dtype) if pe is None else x.to(w_qkv.dtype) + pe[:, None]
+    with own_precision(x.device):
+        dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
+        dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
     db = dqkv.sum(1) if b_qkv is not None else None
-    dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
     dpe = dx.sum(1) if pe is not None else None
-    return dx, dpe, dw, db
+    return dx.to(x.dtype), dpe, dw, db
