@@ -6,6 +6,7 @@ One `torch.library` custom op (schema, fake tensor, autograd, vmap) whose body d
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,14 @@ def _pe_attention(
     return _forward(*OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend))
 
 
+def own_dtypes(device: torch.device):
+    """The op's body computes in its inputs' own dtypes (mixed under autocast: x in bf16, the PE's path in float32,
+    projection.py), so autocast, where it is on, is switched off around it."""
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def _forward(*args):
     # every backend returns out, stats and what its backward needs: a projection [M,B,N,3D] (the reference's
     # qkv; the kernels' x @ w) and the log-sum-exp of every row
@@ -74,8 +83,9 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     if grad_out is None:  # out did not reach the loss
         return tuple(no_gradients)
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out = ctx.saved_tensors
-    dx, dpe, dw, db, dbias = implementation(ctx.backend, x, ctx.num_heads, bias).backward(
-        grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, out=out)
+    with own_dtypes(x.device):  # a backward run inside an autocast region
+        dx, dpe, dw, db, dbias = implementation(ctx.backend, x, ctx.num_heads, bias).backward(
+            grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, out=out)
     return tuple(no_gradients._replace(x=dx, pe=dpe, w_qkv=dw, b_qkv=db, bias=dbias))
 
 
@@ -135,14 +145,16 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
     """
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
-    if torch.is_autocast_enabled(x.device.type):
+    device = x.device
+    if torch.is_autocast_enabled(device.type):
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
         # the statistics stay float32 and the gradients flow back to each input's own dtype.
-        low = torch.get_autocast_dtype(x.device.type)
+        low = torch.get_autocast_dtype(device.type)
         x, bias = (None if t is None else t.to(low) for t in (x, bias))
     pe, b_qkv = (None if t is None else t.to(w_qkv.dtype) for t in (pe, b_qkv))  # the parameters' dtype
     cos, sin = rope if rope is not None else (None, None)
-    inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
+    inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, device))
     op = _pe_attention if is_traced(*(t for t in inputs if isinstance(t, Tensor))) else _EagerPEAttention.apply
-    out, stats, _, _ = op(*inputs)
+    with own_dtypes(device):
+        out, stats, _, _ = op(*inputs)
     return out, stats

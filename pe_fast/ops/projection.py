@@ -9,8 +9,8 @@ whole passes over the activations: x + pe, and the broadcast bias (baddbmm first
 needs anyway, is the addend's gradient: dpe, db and pe's share of dW follow from it by small GEMMs, instead
 of recomputing x + pe and summing dx over the batch. The reference keeps the direct form, as the oracle.
 
-Mixed precision (the op under autocast: x in bf16, the parameters in float32): x @ W runs in bf16, the addend in
-float32, and the kernels add the two in float32 before rounding q, k, v once. Rounded to bf16 first, a PE of
+Mixed precision (the op under autocast: x in bf16, the parameters in float32; the op's body runs with autocast
+off, pe_attention.py): x @ W runs in bf16, the addend in float32, and the kernels add the two in float32 before rounding q, k, v once. Rounded to bf16 first, a PE of
 σ = 2 would move in steps of 2⁻⁸–2⁻⁷ of its values (0.4–0.8 %), about its whole drift over a training run at the
 paper's rate (0.8 % after 16,000 steps at lr 1e-4, docs/reproduction.md): attention would see it frozen.
 """
@@ -23,11 +23,10 @@ from pe_fast.ops import reference
 
 
 def token_addend(pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_tokens: int) -> Tensor | None:
-    """pe @ W + b [M,N,3D] in the parameters' dtype, autocast or not (None when there is neither pe nor b):
-    small, so the backward recomputes it."""
+    """pe @ W + b [M,N,3D] in the parameters' dtype (None when there is neither pe nor b): small, so the backward
+    recomputes it."""
     if pe is not None:
-        with reference.own_precision(w_qkv.device):
-            return torch.bmm(pe, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], pe, w_qkv)
+        return torch.bmm(pe, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], pe, w_qkv)
     if b_qkv is None:
         return None
     M, D3 = b_qkv.shape
@@ -84,8 +83,7 @@ def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv:
     d_addend = dqkv.sum(1, dtype=w_qkv.dtype)  # [M,N,3D]
     dpe = None
     if pe is not None:
-        with reference.own_precision(w_qkv.device):
-            dpe = torch.bmm(d_addend, w_qkv.transpose(1, 2))
-            dw.baddbmm_(pe.transpose(1, 2), d_addend)
+        dpe = torch.bmm(d_addend, w_qkv.transpose(1, 2))
+        dw.baddbmm_(pe.transpose(1, 2), d_addend)
     db = d_addend.sum(1) if b_qkv is not None else None
     return dx, dpe, dw, db

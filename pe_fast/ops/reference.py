@@ -8,18 +8,12 @@ log-sum-exp of every attention row [M,B,H,N] (flash-attention style: the N×N ma
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 from torch import Tensor
 
 STAT_NAMES = ("entropy", "max_prob", "sum_p2")
-
-
-def own_precision(device: torch.device):
-    """A context in which matmuls run in their operands' own dtype: autocast off (the 'meta' device has none)."""
-    return torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else contextlib.nullcontext()
 
 
 def project_qkv(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None) -> Tensor:
@@ -30,8 +24,7 @@ def project_qkv(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | Non
     M, B, N, D = x.shape
     h = x.to(w_qkv.dtype) if pe is None else x.to(w_qkv.dtype) + pe[:, None]
     h = h.reshape(M, B * N, D)
-    with own_precision(x.device):
-        qkv = torch.bmm(h, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], h, w_qkv)
+    qkv = torch.bmm(h, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], h, w_qkv)
     return qkv.reshape(M, B, N, 3 * D).to(x.dtype)
 
 
@@ -142,9 +135,8 @@ def project_qkv_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tens
     M, B, N, D = x.shape
     dqkv = dqkv.reshape(M, B * N, 3 * D).to(w_qkv.dtype)
     h = x.to(w_qkv.dtype) if pe is None else x.to(w_qkv.dtype) + pe[:, None]
-    with own_precision(x.device):
-        dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
-        dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
+    dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
+    dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
     db = dqkv.sum(1) if b_qkv is not None else None
     dpe = dx.sum(1) if pe is not None else None
     return dx.to(x.dtype), dpe, dw, db
