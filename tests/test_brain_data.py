@@ -143,6 +143,7 @@ def test_glasser_surrogate_has_the_target_covariance_lag1_and_is_deterministic()
     assert d.kind == "simulated from real FC" and "fmri" not in d.kind
     assert d.labels.shape == (360,) and d.centroids.shape == (360, 3) and len(d.network_names) == 12
     target = (d.fc + 0.05 * np.eye(360)) / 1.05  # unit diagonal already, so the renormalisation is 1/(1+ridge)
+    np.testing.assert_allclose(d.covariance, target, atol=1e-12)  # what baseline:linear-true uses
     x = np.concatenate(d.runs).astype(np.float64)
     emp = np.cov(x.T)
     # ~8000 draws with lag-1 0.68: effective sample ~3000, standard error per entry ~0.02.

