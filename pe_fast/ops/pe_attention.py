@@ -44,8 +44,8 @@ def _pe_attention(
 
 
 def own_dtypes(device: torch.device):
-    """The op's body computes in its inputs' own dtypes (mixed under autocast: x in bf16, the PE's path in float32,
-    projection.py), so autocast, where it is on, is switched off around it."""
+    """The op's body, forward and backward, computes in its inputs' own dtypes (mixed under autocast: x in bf16,
+    the PE's path in float32, projection.py), so autocast, where it is on, is switched off around it."""
     if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()
@@ -55,7 +55,9 @@ def _forward(*args):
     # every backend returns out, stats and what its backward needs: a projection [M,B,N,3D] (the reference's
     # qkv; the kernels' x @ w) and the log-sum-exp of every row
     i = OpInputs(*args)
-    return tuple(t.contiguous() for t in implementation(i.backend, i.x, i.num_heads, i.bias).forward(*i[:-1]))
+    with own_dtypes(i.x.device):
+        outputs = implementation(i.backend, i.x, i.num_heads, i.bias).forward(*i[:-1])
+    return tuple(t.contiguous() for t in outputs)
 
 
 @_pe_attention.register_fake
@@ -145,16 +147,14 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
     """
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
-    device = x.device
-    if torch.is_autocast_enabled(device.type):
+    if torch.is_autocast_enabled(x.device.type):
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
         # the statistics stay float32 and the gradients flow back to each input's own dtype.
-        low = torch.get_autocast_dtype(device.type)
+        low = torch.get_autocast_dtype(x.device.type)
         x, bias = (None if t is None else t.to(low) for t in (x, bias))
     pe, b_qkv = (None if t is None else t.to(w_qkv.dtype) for t in (pe, b_qkv))  # the parameters' dtype
     cos, sin = rope if rope is not None else (None, None)
-    inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, device))
+    inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
     op = _pe_attention if is_traced(*(t for t in inputs if isinstance(t, Tensor))) else _EagerPEAttention.apply
-    with own_dtypes(device):
-        out, stats, _, _ = op(*inputs)
+    out, stats, _, _ = op(*inputs)
     return out, stats

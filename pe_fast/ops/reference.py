@@ -16,14 +16,19 @@ from torch import Tensor
 STAT_NAMES = ("entropy", "max_prob", "sum_p2")
 
 
+def projection_input(x: Tensor, pe: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """x + pe [M,B,N,D] (x alone without a PE) in `dtype`, the parameters'."""
+    h = x.to(dtype)
+    return h if pe is None else h + pe[:, None]
+
+
 def project_qkv(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None) -> Tensor:
     """(x + pe) @ w_qkv + b_qkv for every model at once, as one batched matmul, in x's dtype.
 
     Mixed precision (x in bf16, the parameters in float32: the op under autocast) computes it in the parameters'
     dtype and rounds once to x's, so the PE reaches q, k, v unrounded (projection.py says why)."""
     M, B, N, D = x.shape
-    h = x.to(w_qkv.dtype) if pe is None else x.to(w_qkv.dtype) + pe[:, None]
-    h = h.reshape(M, B * N, D)
+    h = projection_input(x, pe, w_qkv.dtype).reshape(M, B * N, D)
     qkv = torch.bmm(h, w_qkv) if b_qkv is None else torch.baddbmm(b_qkv[:, None, :], h, w_qkv)
     return qkv.reshape(M, B, N, 3 * D).to(x.dtype)
 
@@ -134,7 +139,7 @@ def project_qkv_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tens
     (computed in the parameters')."""
     M, B, N, D = x.shape
     dqkv = dqkv.reshape(M, B * N, 3 * D).to(w_qkv.dtype)
-    h = x.to(w_qkv.dtype) if pe is None else x.to(w_qkv.dtype) + pe[:, None]
+    h = projection_input(x, pe, w_qkv.dtype)
     dw = torch.bmm(h.reshape(M, B * N, D).transpose(1, 2), dqkv)
     dx = torch.bmm(dqkv, w_qkv.transpose(1, 2)).reshape(M, B, N, D)
     db = dqkv.sum(1) if b_qkv is not None else None

@@ -28,8 +28,9 @@ from pe_fast.train import upload
 MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
 EVAL_MASK_SEED = 12_345
 SPLITS = ("subject", "run")
-# baseline:linear-true only where the data carry the covariance that generated them (RegionData.covariance)
-BASELINES = ("baseline:mean", "baseline:linear", "baseline:linear-true")
+BASELINES = ("baseline:mean", "baseline:linear")
+# only where the data carry the covariance that generated them (RegionData.covariance)
+TRUE_COVARIANCE_BASELINE = "baseline:linear-true"
 
 # What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
 # sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
@@ -199,7 +200,7 @@ class MaskedRegionTask:
         # Covariance of the z-scored training TRs: the linear baseline's model.
         flat = train_values.transpose(0, 2, 1).reshape(-1, N).astype(np.float64)
         self.train_covariance = np.cov(flat, rowvar=False)
-        self.baseline_kinds = BASELINES if data.covariance is not None else BASELINES[:2]
+        self.baseline_kinds = BASELINES + ((TRUE_COVARIANCE_BASELINE,) if data.covariance is not None else ())
         self.description = {
             "task": name, "kind": data.kind, "source": data.source, "regions": N, "window": window,
             "mask_fraction": mask_fraction, "masked_tokens": self.num_masked, "split": split,
