@@ -1,0 +1,108 @@
+"""bench/precision_check.py, issue 13's precision verdict: checked on hand-made results whose verdicts follow
+from the stated rules, on the first H100 science check (its sweeps' own summary.txt gives the means), and on bad
+input, run as a user types it."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "precision_check.py"
+H100_SCIENCE = ROOT / "bench" / "results" / "h100-20261126-sweep" / "science"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT)
+
+
+def write_runs(folder: Path, rows: list[tuple]) -> None:
+    """rows: (precision, pe, sigma, seed, train_acc, test_acc, ood_acc) as fractions; one results file per
+    precision, as the sweeps write them."""
+    frame = pd.DataFrame(rows, columns=["precision", "pe", "sigma", "seed", "train_acc", "test_acc", "ood_acc"])
+    frame["task"] = "lst"
+    for precision, runs in frame.groupby("precision"):
+        (folder / precision).mkdir(parents=True)
+        runs.to_parquet(folder / precision / "results.parquet")
+
+
+def grid(precision: str, small: list[float], large: list[float], large_fit: float = 0.96) -> list[tuple]:
+    """learned σ 0.2 and 2.0 over three seeds with the given generalisation accuracies."""
+    seeds = (2235, 6312, 6068)
+    return ([(precision, "learned", 0.2, s, 1.0, 0.98, a) for s, a in zip(seeds, small)]
+            + [(precision, "learned", 2.0, s, large_fit, 0.80, a) for s, a in zip(seeds, large)])
+
+
+def test_faithful_when_within_every_tolerance(tmp_path):
+    # σ 2.0: fp32 0.36 / 0.38 / 0.40 (sd 1.63 points), bf16 0.37 / 0.39 / 0.41: +1.0 point, within the sd
+    write_runs(tmp_path, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
+               + grid("bf16", [0.84, 0.86, 0.88], [0.37, 0.39, 0.41], large_fit=0.955))
+    result = run(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "bf16: faithful to fp32" in result.stdout
+    # the paired difference is exactly +1.0 at every seed: a zero-width interval
+    assert "| learned σ = 2 | 3 | 96.0 ± 0.0 / 95.5 ± 0.0 |" in result.stdout
+    assert "+1.0 (+1.0 to +1.0)" in result.stdout
+
+
+def test_each_rule_can_fail(tmp_path):
+    # σ 2.0 in bf16: training 1.5 points lower, generalisation 0.30 / 0.32 / 0.34 = −6 points against a larger sd
+    # of 1.63; σ 0.2 in bf16 drops to 0.30 / 0.32 / 0.34 as well, below σ 2.0's 0.36 … 0.40 in fp32 → the ranking
+    write_runs(tmp_path, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
+               + grid("bf16", [0.30, 0.31, 0.32], [0.33, 0.32, 0.34], large_fit=0.945))
+    verdict = run(tmp_path).stdout.splitlines()[-1]
+    assert verdict.startswith("bf16: NOT faithful to fp32")
+    assert "ranking learned σ = 2 > learned σ = 0.2 against learned σ = 0.2 > learned σ = 2" in verdict
+    assert "learned σ = 2 training accuracy -1.50 points" in verdict
+    assert "learned σ = 2 generalisation -5.00 points (seed-sd 1.63)" in verdict
+    assert "learned σ = 0.2 generalisation -55.00 points" in verdict
+
+
+def test_missing_settings_are_named(tmp_path):
+    write_runs(tmp_path, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
+               + grid("bf16", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])[:3])
+    result = run(tmp_path)
+    assert "not the same settings as the reference" in result.stdout.splitlines()[-1]
+    assert "| learned σ = 2 | 3 | 96.0 ± 0.0 / – |" in result.stdout
+
+
+def test_first_h100_check_matches_its_sweeps_summaries():
+    """The sweeps' own summary.txt (written by the sweep, not by this script) holds each setting's train, held-out
+    and generalisation accuracy as mean ± sd in %: the table must show the same, fp32 first."""
+    out = run(H100_SCIENCE).stdout
+    for pe in ("learned", "sin2d"):
+        summaries = {precision: (H100_SCIENCE / f"{precision}-{pe}" / "summary.txt").read_text().splitlines()[1:]
+                     for precision in ("fp32", "bf16")}
+        for fp32_row, bf16_row in zip(summaries["fp32"], summaries["bf16"]):
+            fp32_cells = re.findall(r"\d+\.\d ± \d+\.\d", fp32_row)[:3]
+            bf16_cells = re.findall(r"\d+\.\d ± \d+\.\d", bf16_row)[:3]
+            for a, b in zip(fp32_cells, bf16_cells):
+                assert f"{a} / {b}" in out
+    assert "**84.4 ± 3.4 / 84.0 ± 3.4**" in out  # σ 0.2's generalisation, as docs/reproduction.md quotes it
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "no results.parquet under"),
+    (lambda d: write_runs(d, grid("fp32", [0.8] * 3, [0.4] * 3)), "only fp32 runs: nothing to compare"),
+    (lambda d: write_runs(d, grid("bf16", [0.8] * 3, [0.4] * 3)), "no fp32 runs to compare with"),
+    (lambda d: (d / "x").mkdir() or (d / "x" / "results.parquet").write_text("not parquet"),
+     "not a readable parquet file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, make, message):
+    make(tmp_path)
+    result = run(tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1 and not result.stdout
+
+
+def test_other_tasks_are_refused(tmp_path):
+    frame = pd.DataFrame({"task": ["fmri"], "precision": ["fp32"], "pe": ["learned"], "sigma": [0.1], "seed": [1],
+                          "train_acc": [1.0], "test_acc": [1.0], "ood_acc": [1.0]})
+    frame.to_parquet(tmp_path / "results.parquet")
+    result = run(tmp_path)
+    assert result.returncode == 2 and "defined on LST runs" in result.stderr
