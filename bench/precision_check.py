@@ -50,6 +50,11 @@ def load(folder: Path) -> pd.DataFrame:
         raise InputError(f"{folder}: the check is defined on LST runs, found tasks {sorted(set(results['task']))}")
     results = results[~results["pe"].str.startswith("baseline:")].copy()
     results["setting"] = [setting_label(pe, sigma) for pe, sigma in zip(results["pe"], results["sigma"])]
+    twice = results[results.duplicated(["precision", "setting", "seed"])]
+    if len(twice):
+        first = twice.iloc[0]
+        raise InputError(f"{folder}: two results for {first['precision']} {first['setting']} seed {first['seed']} "
+                         "(one run per precision and setting)")
     for column in (FIT, HELD_OUT, SCORE):
         results[column] = 100 * results[column]
     return results

@@ -92,6 +92,9 @@ def test_first_h100_check_matches_its_sweeps_summaries():
     (lambda d: write_runs(d, grid("bf16", [0.8] * 3, [0.4] * 3)), "no fp32 runs to compare with"),
     (lambda d: (d / "x").mkdir() or (d / "x" / "results.parquet").write_text("not parquet"),
      "not a readable parquet file"),
+    (lambda d: write_runs(d / "a", grid("fp32", [0.8] * 3, [0.4] * 3)) or write_runs(d / "b", grid("fp32", [0.8] * 3,
+                                                                                                   [0.4] * 3)),
+     "two results for fp32 learned σ = 0.2 seed 2235"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, make, message):
     make(tmp_path)
