@@ -35,6 +35,20 @@ def test_random_pe_is_fixed_normal():
     assert all(not n.startswith("absolute") for n, _ in model.named_parameters())
 
 
+def test_random_pe_is_the_same_seeds_learned_pe_at_initialisation():
+    """The random PE is the control for learning the PE: same seed and σ, the same tables and the same weights
+    everywhere else, so learned − random after training is what training the PE did."""
+    learned = make("learned", seeds=(3, 4), sigmas=(0.1, 2.0), width=32, depth=3)
+    random = make("random", seeds=(3, 4), sigmas=(0.1, 2.0), width=32, depth=3)
+    for a, b in zip(learned.pe_tables(), random.pe_tables(), strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=0)
+    assert not torch.equal(learned.pe_tables()[0][0], learned.pe_tables()[1][0])  # one table per block
+    others = {n: t for n, t in random.state_dict().items() if not n.startswith("absolute")}
+    for name, tensor in learned.state_dict().items():
+        if not name.startswith("absolute"):
+            torch.testing.assert_close(tensor, others[name], rtol=0, atol=0)
+
+
 def test_sinusoidal_1d_closed_form():
     pe = sinusoidal_1d(np.arange(16), 8)
     for p in range(16):

@@ -306,3 +306,13 @@ def test_paired_differences_by_seed_with_t_intervals():
                      f"learned σ=0.1 − baseline:linear: {interval(np.subtract(r2[0.1], 0.505))}"]
     with_lr = pd.DataFrame(rows).assign(lr=[1e-3, 3e-3] * 6 + [np.nan], lr_last=1.0)
     assert paired_statements(with_lr, "test_r2") == []  # σ pairs are ambiguous when another axis varies
+    # with the random PE (the learned one's untrained start) at σ 0.5 and 2: learned − random at each
+    fixed = {0.5: [0.47, 0.50, 0.44, 0.49], 2.0: [0.43, 0.45, 0.41, 0.42]}
+    rows += [dict(pe="random", sigma=sigma, seed=seed, test_r2=value)
+             for sigma, values in fixed.items() for seed, value in zip((7, 8, 9, 10), values)]
+    lines = paired_statements(pd.DataFrame(rows), "test_r2")
+    assert lines == [f"learned σ=0.1 − σ=2: {interval(np.subtract(r2[0.1], r2[2.0]))}",
+                     f"random σ=0.5 − σ=2: {interval(np.subtract(fixed[0.5], fixed[2.0]))}",
+                     f"learned − random (training the PE) at σ=0.5: {interval(np.subtract(r2[0.5], fixed[0.5]))}",
+                     f"learned − random (training the PE) at σ=2: {interval(np.subtract(r2[2.0], fixed[2.0]))}",
+                     f"learned σ=0.1 − baseline:linear: {interval(np.subtract(r2[0.1], 0.505))}"]

@@ -152,8 +152,9 @@ def fmt_paired(label: str, paired: tuple[float, float, float, int]) -> str:
 
 
 def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
-    """Seed-paired differences, when the grid varies only PE and σ: each σ-PE's best σ against its largest, and
-    the best (PE, σ) of all against each non-transformer reference."""
+    """Seed-paired differences, when the grid varies only PE and σ: each σ-PE's best σ against its largest, the
+    learned PE against the random one at each σ both have, and the best (PE, σ) of all against each
+    non-transformer reference."""
     models = results[~is_baseline(results["pe"])]
     if varying_axes(results) or "seed" not in models or score not in models:
         return []
@@ -170,6 +171,11 @@ def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
         best = better(sigmas[:-1], key=lambda sigma: means[(pe, sigma)])
         if (paired := paired_difference(by_seed[(pe, best)], by_seed[(pe, sigmas[-1])])) is not None:
             lines.append(fmt_paired(f"{pe} σ={best:g} − σ={sigmas[-1]:g}:", paired))
+    # A random PE is the same seed's learned PE at initialisation, never trained (tests/test_pe.py): the paired
+    # difference is what training the PE added.
+    for sigma in sorted(s for pe, s in means if pe == "random" and ("learned", s) in means):
+        if (paired := paired_difference(by_seed[("learned", sigma)], by_seed[("random", sigma)])) is not None:
+            lines.append(fmt_paired(f"learned − random (training the PE) at σ={sigma:g}:", paired))
     top = better(means, key=means.get)
     for row in results[is_baseline(results["pe"])].itertuples():
         reference = getattr(row, score)
