@@ -48,7 +48,6 @@ def load(folder: Path) -> pd.DataFrame:
         raise InputError(f"{folder}: the results lack the columns {', '.join(missing)} (LST sweeps have them)")
     if set(results["task"]) != {"lst"}:
         raise InputError(f"{folder}: the check is defined on LST runs, found tasks {sorted(set(results['task']))}")
-    results = results[~results["pe"].str.startswith("baseline:")].copy()
     results["setting"] = [setting_label(pe, sigma) for pe, sigma in zip(results["pe"], results["sigma"])]
     twice = results[results.duplicated(["precision", "setting", "seed"])]
     if len(twice):
