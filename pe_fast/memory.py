@@ -43,6 +43,8 @@ def bytes_per_model(model_config, batch_size: int, optimizer: str = "adam", back
     B, N, D = batch_size, c.num_tokens, c.width
     per_block = (ACTIVATIONS_PER_BLOCK * B * N * D + MLP_ACTIVATIONS_PER_BLOCK * B * N * c.mlp_width
                  + B * c.heads * N) * BYTES
+    if c.pe_dropout:  # the block's keep mask and its masked input (h + pe) · mask
+        per_block += 2 * B * N * D * BYTES
     inputs = B * N * c.token_dim * BYTES
     attention_map = ATTENTION_MAP_COPIES * B * c.heads * N * N * BYTES if backend == "reference" else 0
     return weights + c.depth * per_block + inputs + attention_map

@@ -23,6 +23,7 @@ from pe_fast.metrics import pe_geometry
 from pe_fast.metrics.attention_maps import mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.models.absolute_pe import PEDropout
 from pe_fast.ops import STAT_NAMES
 from pe_fast.stacked_optim import StackedOptimizer
 
@@ -223,6 +224,9 @@ class PackTrainer:
         # cache, which falls back to eager after a few (the paper's preset trains seven PE kinds in one process).
         # "graphs" also replays the compiled step as CUDA graphs (mode reduce-overhead): one launch instead of
         # hundreds, for the small packs whose step the host's launches bound.
+        self.pe_dropout = None
+        if model_config.pe_dropout:
+            self.pe_dropout = PEDropout(model_config.pe_dropout, seeds, self.model.absolute.num_blocks, device)
         self.forward_loss = self._forward_loss
         if train_config.compile != "off":
             torch.compiler.reset()
@@ -269,7 +273,8 @@ class PackTrainer:
         if self.config.compile == "graphs":
             # the graphs' outputs are overwritten by the next replay: this step's are copied out below
             torch.compiler.cudagraph_mark_step_begin()
-        loss_per_model, stats = self.forward_loss(*self.batches(self.sampler.next()))
+        inputs, targets = self.batches(self.sampler.next())
+        loss_per_model, stats = self.forward_loss(inputs, targets, self.pe_dropout_masks(inputs))
         self.optimizer.zero_grad(set_to_none=True)
         loss_per_model.sum().backward()
         self.optimizer.step()
@@ -281,10 +286,17 @@ class PackTrainer:
         self.filled += 1
         self.step += 1
 
-    def _forward_loss(self, inputs: Tensor, targets) -> tuple[Tensor, Tensor]:
+    def pe_dropout_masks(self, inputs: Tensor) -> Tensor | None:
+        """This step's PE dropout masks for a batch of inputs [M,B,N,token_dim], or None without PE dropout."""
+        if self.pe_dropout is None:
+            return None
+        hidden = (inputs.shape[1], inputs.shape[2], self.model_config.width)
+        return self.pe_dropout.masks(self.step, hidden, inputs.dtype)
+
+    def _forward_loss(self, inputs: Tensor, targets, pe_dropout_masks: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Each model's loss [M] and the attention statistics [L,M,H,S] of one training batch."""
         with self.autocast():
-            outputs, stats = self.model(inputs, self.probes)
+            outputs, stats = self.model(inputs, self.probes, pe_dropout_masks)
             return self.task.loss(outputs, targets), stats
 
     def evaluate(self, step: int, final: bool) -> list[dict]:

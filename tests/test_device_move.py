@@ -115,7 +115,7 @@ def recorded_training_step(trainer: PackTrainer) -> tuple[DtypeRecorder, Excepti
     recorder = DtypeRecorder()
     try:
         with recorder:
-            outputs, _stats = trainer.model(inputs, probes)
+            outputs, _stats = trainer.model(inputs, probes, trainer.pe_dropout_masks(inputs))
             trainer.task.loss(outputs, targets).sum().backward()
     except Exception as error:  # noqa: BLE001  a mixed-dtype op may raise; the report explains it
         return recorder, error
@@ -132,8 +132,8 @@ SIGMAS = [0.5, 1.0]
 SEEDS = [1, 2]
 
 
-def task_settings(task: str) -> settings.Settings:
-    flags = ["--task", task, *TINY_MODEL, *(SMALL_NETWORK if task == "netsim" else [])]
+def task_settings(task: str, *extra: str) -> settings.Settings:
+    flags = ["--task", task, *TINY_MODEL, *(SMALL_NETWORK if task == "netsim" else []), *extra]
     return settings.from_flags(settings.build_parser().parse_args(flags))
 
 
@@ -153,8 +153,8 @@ def load_task(task: str):
         raise
 
 
-def tiny_trainer(task_name: str, kind: str) -> PackTrainer:
-    s = task_settings(task_name)
+def tiny_trainer(task_name: str, kind: str, *flags: str) -> PackTrainer:
+    s = task_settings(task_name, *flags)
     task = load_task(task_name)
     return PackTrainer(task, grid.model_config(s, task, kind), grid.train_config(s, [{}] * len(SEEDS)), SEEDS, SIGMAS,
                        torch.device("cpu"))
@@ -168,9 +168,15 @@ PAIRS = ([("lst", kind) for kind in PE_KINDS]
          + [("fmri", kind) for kind in REGION_PES])
 
 
-@pytest.mark.parametrize("task_name, kind", PAIRS, ids=[f"{t}-{k}" for t, k in PAIRS])
-def test_model_moved_to_float64_trains_in_float64(task_name, kind):
-    trainer = tiny_trainer(task_name, kind)
+# The sinusoidal PEs again with the authors' dropout on x + PE (--pe-dropout), whose masks the trainer draws
+PAIRS_WITH_FLAGS = ([(task, kind, ()) for task, kind in PAIRS]
+                    + [("lst", "sin2d", ("--pe", "sin2d", "--pe-dropout", "0.1"))])
+
+
+@pytest.mark.parametrize("task_name, kind, flags", PAIRS_WITH_FLAGS,
+                         ids=[f"{t}-{k}" + ("-pe-dropout" if f else "") for t, k, f in PAIRS_WITH_FLAGS])
+def test_model_moved_to_float64_trains_in_float64(task_name, kind, flags):
+    trainer = tiny_trainer(task_name, kind, *flags)
     trainer.model.to(MOVED_DTYPE)
     recorder, error = recorded_training_step(trainer)
     if error is not None:

@@ -42,6 +42,8 @@ def sinusoidal_nd(coordinates: np.ndarray, width: int, base: float = 10000.0) ->
 
 
 SIGMA_PES = ("learned", "random")  # the kinds drawn from N(0, σ²): the only ones a σ applies to
+SINUSOIDAL_PES = ("sin1d", "sin2d", "sinnd")
+PE_DROPOUT_SEED_OFFSET = 2_000_003
 
 
 class AbsolutePE(nn.Module):
@@ -68,7 +70,7 @@ class AbsolutePE(nn.Module):
                 # Registered buffers only: a plain list of them would keep the old tensors after .to()
                 for i, t in enumerate(tables):
                     self.register_buffer(f"table{i}", t)
-        elif kind in ("sin1d", "sin2d", "sinnd"):
+        elif kind in SINUSOIDAL_PES:
             if kind == "sin1d":
                 fixed = sinusoidal_1d(np.arange(num_tokens), width)
             else:
@@ -95,3 +97,28 @@ class AbsolutePE(nn.Module):
     def values(self) -> list[Tensor]:
         """Every PE table this module adds (one per block for learned/random), for metrics."""
         return [t for t in (self.at_block(b) for b in range(self.num_blocks)) if t is not None]
+
+
+class PEDropout:
+    """The authors' sinusoidal PE modules apply Dropout(p) to x + PE at the input of each block while training
+    (notes/paper.md §2.5; their learned PE has none). This draws those keep masks, scaled by 1 / (1 - p).
+
+    Each model's masks come from a generator seeded with its seed and the step alone, so they do not depend on
+    which models share its pack, and a resumed run draws the same ones without any state to checkpoint."""
+
+    def __init__(self, p: float, seeds: Sequence[int], num_blocks: int, device: torch.device):
+        if not 0 < p < 1:
+            raise ValueError(f"a PE dropout probability must lie in (0, 1), got {p}")
+        self.keep, self.seeds, self.num_blocks = 1.0 - p, [int(s) for s in seeds], num_blocks
+        self.generator = torch.Generator(device)
+
+    def masks(self, step: int, hidden_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
+        """Keep masks [blocks, M, *hidden_shape] for training step `step` (hidden_shape: one model's [B, N, D])."""
+        per_model = []
+        for seed in self.seeds:
+            # mixed by SeedSequence: the CPU generator keeps only a seed's low 32 bits
+            mixed = np.random.SeedSequence([PE_DROPOUT_SEED_OFFSET, seed, step]).generate_state(1, np.uint64)[0]
+            self.generator.manual_seed(int(mixed))
+            mask = torch.empty(self.num_blocks, *hidden_shape, dtype=dtype, device=self.generator.device)
+            per_model.append(mask.bernoulli_(self.keep, generator=self.generator))
+        return torch.stack(per_model, dim=1).div_(self.keep)

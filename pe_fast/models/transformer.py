@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_fast.models.absolute_pe import AbsolutePE
+from pe_fast.models.absolute_pe import SINUSOIDAL_PES, AbsolutePE
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
@@ -39,6 +39,7 @@ class ModelConfig:
     pe: str = "learned"
     pe_at: str = "every"  # "every" block or the "input" of the first block only
     readout_token: int | None = None  # classify from this token; None: predict at every token
+    pe_dropout: float = 0.0  # sinusoidal PEs: dropout on x + PE at each block while training (the authors')
 
     def __post_init__(self):
         if self.pe not in PE_KINDS:
@@ -47,6 +48,11 @@ class ModelConfig:
             raise ValueError(f"pe_at must be 'every' or 'input', got {self.pe_at!r}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} is not divisible by heads {self.heads}")
+        if not 0 <= self.pe_dropout < 1:
+            raise ValueError(f"pe_dropout must lie in [0, 1), got {self.pe_dropout}")
+        if self.pe_dropout and self.pe not in SINUSOIDAL_PES:
+            raise ValueError(f"pe_dropout applies to the sinusoidal PEs ({', '.join(SINUSOIDAL_PES)}), "
+                             f"not to {self.pe!r}")
 
 
 class Block(nn.Module):
@@ -63,9 +69,13 @@ class Block(nn.Module):
         self.mlp_out = StackedLinear(generators, config.mlp_width, D)
         self.norm_mlp = StackedLayerNorm(M, D)
 
-    def forward(self, h, pe, probes, rope, bias, only_token: int | None = None):
+    def forward(self, h, pe, probes, rope, bias, only_token: int | None = None, pe_dropout_mask=None):
         """only_token: compute the block's output at this token alone (the last block of a model that reads
-        out one token: every token still serves as a key, but the other tokens' outputs are never used)."""
+        out one token: every token still serves as a key, but the other tokens' outputs are never used).
+        pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
+        (it then goes through the attention as one input, without the op's separate PE path)."""
+        if pe_dropout_mask is not None:
+            h, pe = (h + pe[:, None]) * pe_dropout_mask, None
         attended, stats = self.attention(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
         if pe is not None:
             h = h + pe[:, None]
@@ -117,7 +127,9 @@ class StackedTransformer(nn.Module):
         """The additive PE tables [M,N,D] in block order (empty for rotary, relative and none)."""
         return [] if self.absolute is None else self.absolute.values()
 
-    def forward(self, tokens: Tensor, probes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, tokens: Tensor, probes: Tensor | None = None,
+                pe_dropout_masks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """pe_dropout_masks [blocks with a PE, M, B, N, D]: training with config.pe_dropout (PEDropout.masks)."""
         h = self.embed(tokens)
         rope = self.rotary.tables() if self.rotary is not None else None
         all_stats = []
@@ -127,7 +139,8 @@ class StackedTransformer(nn.Module):
             if self.relative is not None and (index == 0 or self.config.pe_at == "every"):
                 bias = self.relative.bias(index)
             last = index == len(self.blocks) - 1
-            h, stats = block(h, pe, probes, rope, bias, self.config.readout_token if last else None)
+            mask = pe_dropout_masks[index] if pe_dropout_masks is not None and pe is not None else None
+            h, stats = block(h, pe, probes, rope, bias, self.config.readout_token if last else None, mask)
             all_stats.append(stats)
         if self.config.readout_token is not None:
             h = h[:, :, 0]  # the last block kept the readout token only

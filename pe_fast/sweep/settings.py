@@ -15,7 +15,7 @@ import torch
 
 from pe_fast import precision, run_folder
 from pe_fast.models import PE_KINDS
-from pe_fast.models.absolute_pe import SIGMA_PES
+from pe_fast.models.absolute_pe import SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.fmri import ATLASES
 from pe_fast.tasks.netsim import NETWORK_SETTINGS
@@ -63,6 +63,7 @@ class Settings:
     weight_decay: tuple[float, ...] = (0.0,)
     momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
     pe_at: str = "every"
+    pe_dropout: float = 0.0  # the sinusoidal PEs' dropout on x + PE while training (the authors' modules)
     precision: str = "fp32"
     preset: str | None = None
     # the task's data
@@ -152,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int)
     p.add_argument("--mlp-width", type=int, help="MLP hidden width (default 4·width)")
     p.add_argument("--pe-at", choices=("every", "input"), help="add the PE at every block or at the input only")
+    p.add_argument("--pe-dropout", type=float,
+                   help="dropout probability on x + PE at each block while training, for the sinusoidal PEs "
+                        "(sin1d, sin2d, sinnd), as in the authors' code (default 0)")
     p.add_argument("--eval-every", type=int, help="evaluate every this many steps")
     p.add_argument("--eval-items", type=int,
                    help="intermediate evaluations score at most this many items of the splits other than the "
@@ -287,14 +291,14 @@ RANGES = {
     "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
     "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
     "threads": (1, None, "[)"), "warmup": (0, None, "[)"), "lr": (0, None, "()"), "weight_decay": (0, None, "[)"),
-    "momentum": (0, 1, "[)"), "mask_fraction": (0, 1, "()"), "window": (1, None, "[)"),
+    "momentum": (0, 1, "[)"), "pe_dropout": (0, 1, "[)"), "mask_fraction": (0, 1, "()"), "window": (1, None, "[)"),
     "nodes": (2, None, "[)"), "modules": (1, None, "[)"), "timepoints": (2, None, "[)"), "runs": (1, None, "[)"),
     "p_within": (0, 1, "[]"), "p_between": (0, 1, "[]"), "coupling": (0, None, "[)"),
     "inhibition": (0, None, "[)"), "noise": (0, None, "[)"), "netsim_seed": (0, None, "[)"),
     "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
 }
 # flag -> (the setting it depends on, the values under which it means something)
-APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
+APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", SINUSOIDAL_PES)}
 
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
