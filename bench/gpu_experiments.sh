@@ -9,10 +9,10 @@
 #   glasser_none, glasser_sin1d, glasser_random, glasser_sinnd
 #                   the rest of --preset all-pes at the converged preset's steps, one sweep per PE kind: the local
 #                   executor trains a sweep's packs (one per PE kind) one after the other, separate sweeps at once
-#   lst_e200_sin2d, lst_e200_sin2d_dropout
+#   lst_e200_sin2d, lst_e200_sin2d_no_dropout
 #                   issue 17 item 3: the 2D sinusoidal PE at the authors' epoch 200 (--preset paper-e200, their 15
-#                   seeds), without and with their sinusoidal modules' dropout 0.1 on x + PE (--pe-dropout 0.1), for
-#                   python -m pe_fast.compare_lst_logs
+#                   seeds), with their sinusoidal modules' dropout 0.1 on x + PE (the preset's) and without it
+#                   (--pe-dropout 0), for python -m pe_fast.compare_lst_logs
 #   OUT=/path/to/results bash bench/gpu_experiments.sh      (OUT defaults to bench/results/gpu-experiments)
 # GPU_EXPERIMENTS="lst_lr_adam glasser" runs those only; GPU_EXPERIMENTS_LIMIT_S (500) caps each one; LST_STEPS
 # (8000) sets the LST runs' steps.
@@ -36,7 +36,7 @@ declare -A COMMANDS=(
     [lst_lr_sgd]="$lst_paper --optimizer sgd --momentum 0.9 --lr 3e-3,1e-2,3e-2"
     [glasser]="--task fmri --atlas glasser360 --preset converged"
     [lst_e200_sin2d]="--task lst --preset paper-e200 --pe sin2d"
-    [lst_e200_sin2d_dropout]="--task lst --preset paper-e200 --pe sin2d --pe-dropout 0.1"
+    [lst_e200_sin2d_no_dropout]="--task lst --preset paper-e200 --pe sin2d --pe-dropout 0"
 )
 for pe in none sin1d random sinnd; do
     COMMANDS[glasser_$pe]="${COMMANDS[glasser]} --pe $pe"

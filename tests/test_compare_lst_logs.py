@@ -122,3 +122,8 @@ def test_paper_e200_preset_is_the_authors_grid_at_their_epoch_200():
     assert s.steps * s.batch_size / TRAIN == pytest.approx(200, abs=1)
     assert (s.width, s.depth, s.mlp_width, s.lr, s.optimizer) == (160, 4, 640, (1e-4,), ("adamw",))
     assert s.steps % s.eval_every == 0 and s.checkpoint_every <= 500
+    # their sinusoidal PE module's dropout, for the sinusoidal PE only
+    from pe_fast.sweep.task_loading import load_task
+    task = load_task(s)
+    assert grid.model_config(s, task, "sin2d").pe_dropout == 0.1
+    assert grid.model_config(s, task, "learned").pe_dropout == 0.0
