@@ -13,6 +13,10 @@
 #                   issue 17 item 3: the 2D sinusoidal PE at the authors' epoch 200 (--preset paper-e200, their 15
 #                   seeds), with their sinusoidal modules' dropout 0.1 on x + PE (the preset's) and without it
 #                   (--pe-dropout 0), for python -m pe_fast.compare_lst_logs
+#   lst_e200_learned_dropout
+#                   the fair comparison: the learned PE (σ 0.2 and 1.0, their 15 seeds) with the same dropout on x + PE
+#                   that their sinusoidal modules get (--pe-dropout-on learned); against lst_e200_sin2d and against
+#                   their learned PE without it
 #   OUT=/path/to/results bash bench/gpu_experiments.sh      (OUT defaults to bench/results/gpu-experiments)
 # GPU_EXPERIMENTS="lst_lr_adam glasser" runs those only; GPU_EXPERIMENTS_LIMIT_S (500) caps each one; LST_STEPS
 # (8000) sets the LST runs' steps.
@@ -37,6 +41,7 @@ declare -A COMMANDS=(
     [glasser]="--task fmri --atlas glasser360 --preset converged"
     [lst_e200_sin2d]="--task lst --preset paper-e200 --pe sin2d"
     [lst_e200_sin2d_no_dropout]="--task lst --preset paper-e200 --pe sin2d --pe-dropout 0"
+    [lst_e200_learned_dropout]="--task lst --preset paper-e200 --pe learned --sigmas 0.2,1.0 --pe-dropout-on learned"
 )
 for pe in none sin1d random sinnd; do
     COMMANDS[glasser_$pe]="${COMMANDS[glasser]} --pe $pe"

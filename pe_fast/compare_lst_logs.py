@@ -8,6 +8,8 @@ test accuracy next to theirs: mean ± sd over the seeds both have, the mean pair
 by seed), that difference in units of their seed-sd (over all 15 of their seeds, a steadier scale than the
 few shared ones), and theirs on the human-study puzzles (human108), which are not shipped and so theirs only.
 A verdict line per setting says whether our last compared epoch lies within one of their seed-sds on both.
+A setting trained with another PE dropout than theirs (0.1 on sin2d, none on the learned PE) says so in its
+label: it is then a different training, not a reproduction.
 
 Epochs are passes over the training split: ours is step × batch size / training puzzles, so the comparison is
 by puzzles seen. The table also goes to DIR/compare_lst_logs.md.
@@ -25,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.report.reading import ReportError, read_run
+from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 
 LOGS_ENV = "PE_FAST_LST_LOGS"
 DEFAULT_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lst-authors-logs" / "training_logs.csv"
@@ -65,6 +69,13 @@ def our_epochs(config: dict, curves: pd.DataFrame) -> pd.Series:
     return curves["step"] * batch / train_size
 
 
+def dropout_note(settings: dict, pe: str) -> str:
+    """'' where the run drops out x + PE as the authors' code does for this PE kind, else what differs."""
+    ours = settings.get("pe_dropout", 0.0) if pe in settings.get("pe_dropout_on", SINUSOIDAL_PES) else 0.0
+    theirs = AUTHORS_SINUSOIDAL_PE_DROPOUT if pe in SINUSOIDAL_PES else 0.0
+    return "" if ours == theirs else f" (PE dropout {ours:g}, theirs {theirs:g})"
+
+
 def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The comparison table (one row per setting and compared epoch) and the verdict lines."""
     try:
@@ -87,7 +98,7 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
         theirs_all = logs[(logs["pe"] == pe) & (logs["sigma"].isna() if pe == "sin2d"
                                                  else np.isclose(logs["sigma"], sigma))]
         shared = sorted(set(ours["seed"]) & set(theirs_all["seed"]))
-        label = "sin2d" if pe == "sin2d" else f"learned σ={sigma:g}"
+        label = ("sin2d" if pe == "sin2d" else f"learned σ={sigma:g}") + dropout_note(run.config["settings"], pe)
         if not shared:
             verdicts.append(f"* **{label}**: none of its seeds is one of the authors'; nothing to compare.")
             continue

@@ -31,9 +31,9 @@ def write_logs(path):
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
-def write_run(directory, test_offset: float):
+def write_run(directory, test_offset: float, **settings):
     """Our run: the same accuracies as theirs, except learned's test accuracy shifted by test_offset; evaluations
-    at epochs 0, 195 (near their 200) and 300 (near none of theirs)."""
+    at epochs 0, 195 (near their 200) and 300 (near none of theirs). Their PE dropout unless settings say."""
     directory.mkdir()
     rows = []
     for pe, sigma in (("sin2d", np.nan), ("learned", 1.0)):
@@ -48,7 +48,9 @@ def write_run(directory, test_offset: float):
     curves = pd.DataFrame(rows)
     curves.to_parquet(directory / "curves.parquet")
     curves[curves["step"] == curves["step"].max()].to_parquet(directory / "results.parquet")
-    config = {"settings": {"task": "lst", "batch_size": BATCH}, "task": {"sizes": {"train": TRAIN}}}
+    settings = {k: v for k, v in {"task": "lst", "batch_size": BATCH, "pe_dropout": 0.1, **settings}.items()
+                if v is not None}  # None: a setting config.json files from before it lack
+    config = {"settings": settings, "task": {"sizes": {"train": TRAIN}}}
     (directory / "config.json").write_text(json.dumps(config))
 
 
@@ -67,6 +69,21 @@ def test_differences_and_verdicts_follow_from_the_numbers(tmp_path, capsys):
     assert "learned σ=1** at their epoch 200 (ours 195, 3 shared seeds): not within" in text
     assert "| 400 |" not in text and "| 300 |" not in text  # no evaluation of ours near their epoch 400
     assert "| 91.0 |" in text  # their human108 at epoch 200 for learned: mean of 0.9, 0.91, 0.92, theirs only
+    assert "PE dropout" not in text  # trained as theirs
+
+
+@pytest.mark.parametrize("settings, marked, unmarked", [
+    ({"pe_dropout": 0.0}, "| sin2d (PE dropout 0, theirs 0.1) | 200 |", "| learned σ=1 | 200 |"),
+    ({"pe_dropout": None}, "| sin2d (PE dropout 0, theirs 0.1) | 200 |", "| learned σ=1 | 200 |"),  # before it
+    ({"pe_dropout_on": ["learned", "sin2d"]}, "| learned σ=1 (PE dropout 0.1, theirs 0) | 200 |", "| sin2d | 200 |"),
+])
+def test_a_setting_trained_with_another_pe_dropout_than_theirs_says_so(tmp_path, capsys, settings, marked,
+                                                                        unmarked):
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.0, **settings)
+    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]) == 0
+    text = capsys.readouterr().out
+    assert marked in text and unmarked in text
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -168,9 +168,11 @@ PAIRS = ([("lst", kind) for kind in PE_KINDS]
          + [("fmri", kind) for kind in REGION_PES])
 
 
-# The sinusoidal PEs again with the authors' dropout on x + PE (--pe-dropout), whose masks the trainer draws
+# The sinusoidal PE again with the authors' dropout on x + PE (--pe-dropout), whose masks the trainer draws, and
+# the learned PE with the same dropout (its gradient then flows through the masked sum)
 PAIRS_WITH_FLAGS = ([(task, kind, ()) for task, kind in PAIRS]
-                    + [("lst", "sin2d", ("--pe", "sin2d", "--pe-dropout", "0.1"))])
+                    + [("lst", "sin2d", ("--pe", "sin2d", "--pe-dropout", "0.1")),
+                       ("lst", "learned", ("--pe", "learned", "--pe-dropout", "0.1", "--pe-dropout-on", "learned"))])
 
 
 @pytest.mark.parametrize("task_name, kind, flags", PAIRS_WITH_FLAGS,

@@ -1,6 +1,7 @@
 """--pe-dropout: the authors' sinusoidal PE modules apply Dropout(p) to x + PE at the input of every block while
-training (notes/paper.md §2.5), and nothing at evaluation. Checked against that formula built by hand around
-blocks that add no PE, and for the masks' one promise: they depend on the model's seed and the step alone."""
+training (notes/paper.md §2.5), and nothing at evaluation; --pe-dropout-on gives the same to other PEs added to x.
+Checked against that formula built by hand around blocks that add no PE, and for the masks' one promise: they
+depend on the model's seed and the step alone."""
 import json
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from pe_fast.models import ModelConfig, StackedTransformer
-from pe_fast.models.absolute_pe import PEDropout
+from pe_fast.models.absolute_pe import SINUSOIDAL_PES, PEDropout
 from pe_fast.sweep import grid, settings
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks.lst import LSTTask
@@ -28,22 +29,29 @@ def inputs(batch=8):
     return torch.randn(len(SEEDS), batch, 16, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
 
-def test_training_forward_is_dropout_of_x_plus_pe_at_every_block_input():
-    model = StackedTransformer(config(), SEEDS, [None, None], GRID).double()
+@pytest.mark.parametrize("pe, sigmas", [("sin2d", [None, None]), ("learned", [0.5, 1.0]), ("random", [0.5, 1.0])])
+def test_training_forward_is_dropout_of_x_plus_pe_at_every_block_input(pe, sigmas):
+    model = StackedTransformer(config(pe=pe), SEEDS, sigmas, GRID).double()
     # The same seeds without a PE have the same weights everywhere else (the PE draws from its own stream)
     plain = StackedTransformer(config(pe="none", p=0.0), SEEDS, [None, None], GRID).double()
     x = inputs()
     masks = PEDropout(0.1, SEEDS, 3, CPU).masks(5, (8, 16, 16), torch.float64)
     got, _ = model(x, None, masks)
+    got.square().sum().backward()
 
-    pe = model.absolute.at_block(0)
+    # each block's own PE (one table per block for learned and random), as a leaf of the formula's graph
+    tables = [model.absolute.at_block(b).detach().clone().requires_grad_() for b in range(3)]
     h = plain.embed(x)
     for index, block in enumerate(plain.blocks):
         readout = 15 if index == len(plain.blocks) - 1 else None
-        h, _ = block((h + pe[:, None]) * masks[index], None, None, None, None, readout)
+        h, _ = block((h + tables[index][:, None]) * masks[index], None, None, None, None, readout)
     expected = plain.head(h[:, :, 0])
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     assert not torch.allclose(got, model(x)[0]), "the masks changed nothing"
+    if pe == "learned":  # the trained PE's gradient flows through the masked sum
+        expected.square().sum().backward()
+        for learned, formula in zip(model.absolute.tables, tables):
+            torch.testing.assert_close(learned.grad, formula.grad, rtol=1e-10, atol=1e-10)
 
 
 def test_without_masks_and_with_masks_of_ones_the_op_s_pe_path_gives_the_same():
@@ -82,9 +90,10 @@ def test_masks_depend_on_the_model_s_seed_and_the_step_only():
     assert not torch.equal(first[0], first[1])  # each block its own mask
 
 
-def test_config_refuses_dropout_outside_the_sinusoidal_pes_and_outside_0_1():
-    with pytest.raises(ValueError, match="sinusoidal"):
-        config(pe="learned")
+def test_config_refuses_dropout_of_pes_not_added_to_x_and_outside_0_1():
+    for pe in ("none", "rope2d", "relative"):
+        with pytest.raises(ValueError, match="added to x"):
+            config(pe=pe)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         config(p=1.0)
 
@@ -135,17 +144,26 @@ def parse(*flags):
     return settings.from_flags(settings.build_parser().parse_args(["--task", "lst", *flags]))
 
 
-def test_the_sweep_gives_the_dropout_to_its_sinusoidal_models_only(lst_task):
+def test_the_sweep_gives_the_dropout_to_its_sinusoidal_models_only_unless_told(lst_task):
     s = parse("--pe", "learned,sin2d", "--pe-dropout", "0.1")
     assert grid.model_config(s, lst_task, "sin2d").pe_dropout == 0.1
     assert grid.model_config(s, lst_task, "learned").pe_dropout == 0.0
     assert parse("--pe", "sin2d").pe_dropout == 0.0
+    s = parse("--pe", "learned,sin2d", "--pe-dropout", "0.1", "--pe-dropout-on", "learned")
+    assert grid.model_config(s, lst_task, "learned").pe_dropout == 0.1
+    assert grid.model_config(s, lst_task, "sin2d").pe_dropout == 0.0
+    # the paper preset's dropout, given to the learned PE too: the fair comparison
+    s = parse("--preset", "paper-e200", "--pe", "learned,sin2d", "--pe-dropout-on", "learned,sin2d")
+    assert {grid.model_config(s, lst_task, k).pe_dropout for k in ("learned", "sin2d")} == {0.1}
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--pe", "learned", "--pe-dropout", "0.1"], "--pe-dropout applies to --pe sin1d or sin2d or sinnd only"),
     (["--pe", "sin2d", "--pe-dropout", "1"], "--pe-dropout must be finite and ≥ 0 and < 1"),
     (["--pe", "sin2d", "--pe-dropout", "nan"], "--pe-dropout must be finite"),
+    (["--pe", "learned", "--pe-dropout", "0.1", "--pe-dropout-on", "none"], "--pe-dropout-on: 'none' is not a PE"),
+    (["--pe", "learned", "--pe-dropout-on", "learned"], "--pe-dropout-on applies with a --pe-dropout above 0"),
+    (["--pe", "sin2d", "--pe-dropout", "0.1", "--pe-dropout-on", "learned"], "--pe-dropout applies to --pe learned"),
 ])
 def test_bad_pe_dropout_is_one_line_and_exit_2(tmp_path, capsys, flags, message):
     out = tmp_path / "run"
@@ -162,3 +180,16 @@ def test_sweep_records_pe_dropout_in_config_json(tmp_path):
                        "--out", str(out)])
     assert code == 0
     assert json.loads((out / "config.json").read_text())["settings"]["pe_dropout"] == 0.1
+
+
+def test_a_sweep_recorded_before_pe_dropout_on_resumes_with_the_sinusoidal_pes(tmp_path):
+    out = tmp_path / "run"
+    code = sweep_main(["--task", "lst", "--pe", "sin2d", "--pe-dropout", "0.1", "--seeds", "1", "--steps", "2",
+                       "--eval-every", "2", "--width", "16", "--depth", "1", "--batch-size", "8", "--no-report",
+                       "--out", str(out)])
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"].pop("pe_dropout_on") == list(SINUSOIDAL_PES)
+    (out / "config.json").write_text(json.dumps(config))
+    resumed = settings.from_resume(settings.build_parser().parse_args(["--resume", "--out", str(out)]))
+    assert resumed.pe_dropout_on == SINUSOIDAL_PES and resumed.pe_dropout == 0.1

@@ -43,6 +43,7 @@ def sinusoidal_nd(coordinates: np.ndarray, width: int, base: float = 10000.0) ->
 
 SIGMA_PES = ("learned", "random")  # the kinds drawn from N(0, σ²): the only ones a σ applies to
 SINUSOIDAL_PES = ("sin1d", "sin2d", "sinnd")
+ADDITIVE_PES = SIGMA_PES + SINUSOIDAL_PES  # the kinds that add a vector to x: those a PE dropout can apply to
 PE_DROPOUT_SEED_OFFSET = 2_000_003
 
 
@@ -101,7 +102,8 @@ class AbsolutePE(nn.Module):
 
 class PEDropout:
     """The authors' sinusoidal PE modules apply Dropout(p) to x + PE at the input of each block while training
-    (notes/paper.md §2.5; their learned PE has none). This draws those keep masks, scaled by 1 / (1 - p).
+    (notes/paper.md §2.5; their learned PE has none, pe_fast can give it the same). This draws those keep masks,
+    scaled by 1 / (1 - p).
 
     Each model's masks come from a generator seeded with its seed and the step alone, so they do not depend on
     which models share its pack, and a resumed run draws the same ones without any state to checkpoint."""

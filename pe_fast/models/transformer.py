@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_fast.models.absolute_pe import SINUSOIDAL_PES, AbsolutePE
+from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
@@ -39,7 +39,7 @@ class ModelConfig:
     pe: str = "learned"
     pe_at: str = "every"  # "every" block or the "input" of the first block only
     readout_token: int | None = None  # classify from this token; None: predict at every token
-    pe_dropout: float = 0.0  # sinusoidal PEs: dropout on x + PE at each block while training (the authors')
+    pe_dropout: float = 0.0  # dropout on x + PE at each block while training (the authors' sinusoidal PEs')
 
     def __post_init__(self):
         if self.pe not in PE_KINDS:
@@ -50,8 +50,8 @@ class ModelConfig:
             raise ValueError(f"width {self.width} is not divisible by heads {self.heads}")
         if not 0 <= self.pe_dropout < 1:
             raise ValueError(f"pe_dropout must lie in [0, 1), got {self.pe_dropout}")
-        if self.pe_dropout and self.pe not in SINUSOIDAL_PES:
-            raise ValueError(f"pe_dropout applies to the sinusoidal PEs ({', '.join(SINUSOIDAL_PES)}), "
+        if self.pe_dropout and self.pe not in ADDITIVE_PES:
+            raise ValueError(f"pe_dropout applies to the PEs added to x ({', '.join(ADDITIVE_PES)}), "
                              f"not to {self.pe!r}")
 
 

@@ -8,7 +8,7 @@ import torch
 
 from pe_fast import memory
 from pe_fast.models import ModelConfig
-from pe_fast.models.absolute_pe import SIGMA_PES, SINUSOIDAL_PES
+from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.sweep.settings import Settings
 from pe_fast.train import TrainConfig
 
@@ -63,7 +63,7 @@ def model_config(s: Settings, task, kind: str) -> ModelConfig:
     return ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
                        width=s.width, depth=s.depth, heads=s.heads, mlp_width=s.mlp_width, pe=kind,
                        pe_at=s.pe_at, readout_token=task.readout_token,
-                       pe_dropout=s.pe_dropout if kind in SINUSOIDAL_PES else 0.0)
+                       pe_dropout=s.pe_dropout if kind in s.pe_dropout_on else 0.0)
 
 
 def train_config(s: Settings, pack: list[dict]) -> TrainConfig:

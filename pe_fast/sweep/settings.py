@@ -15,7 +15,7 @@ import torch
 
 from pe_fast import precision, run_folder
 from pe_fast.models import PE_KINDS
-from pe_fast.models.absolute_pe import SIGMA_PES, SINUSOIDAL_PES
+from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.fmri import ATLASES
 from pe_fast.tasks.netsim import NETWORK_SETTINGS
@@ -25,9 +25,10 @@ EXECUTORS = ("local", "ray", "slurm")
 COMPILE_CHOICES = ("auto", *COMPILE_MODES)
 
 PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
-# Comma-separated flags, each value a point of the grid: name -> how one value is read
+# Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
+# (the PE kinds the dropout applies to).
 LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
-                 "optimizer": str}
+                 "optimizer": str, "pe_dropout_on": str}
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RUNTIME_FLAGS = ("device", "threads", "executor", "ray_address", "slurm_partition", "slurm_time", "slurm_gpus",
                  "slurm_account", "slurm_option", "slurm_local", "checkpoint_every", "no_report", "compile",
@@ -63,7 +64,8 @@ class Settings:
     weight_decay: tuple[float, ...] = (0.0,)
     momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
     pe_at: str = "every"
-    pe_dropout: float = 0.0  # the sinusoidal PEs' dropout on x + PE while training (the authors' modules)
+    pe_dropout: float = 0.0  # dropout on x + PE while training, for the kinds of pe_dropout_on
+    pe_dropout_on: tuple[str, ...] = SINUSOIDAL_PES  # the authors': their sinusoidal modules, not their learned PE
     precision: str = "fp32"
     preset: str | None = None
     # the task's data
@@ -154,8 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlp-width", type=int, help="MLP hidden width (default 4·width)")
     p.add_argument("--pe-at", choices=("every", "input"), help="add the PE at every block or at the input only")
     p.add_argument("--pe-dropout", type=float,
-                   help="dropout probability on x + PE at each block while training, for the sinusoidal PEs "
-                        "(sin1d, sin2d, sinnd), as in the authors' code (default 0)")
+                   help="dropout probability on x + PE at each block while training, for the PE kinds of "
+                        "--pe-dropout-on (default 0)")
+    p.add_argument("--pe-dropout-on", metavar="KINDS",
+                   help=f"comma-separated PE kinds that --pe-dropout applies to, of {', '.join(ADDITIVE_PES)} "
+                        f"(default {','.join(SINUSOIDAL_PES)}: the authors' code drops out its sinusoidal PEs only)")
     p.add_argument("--eval-every", type=int, help="evaluate every this many steps")
     p.add_argument("--eval-items", type=int,
                    help="intermediate evaluations score at most this many items of the splits other than the "
@@ -298,7 +303,7 @@ RANGES = {
     "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
 }
 # flag -> (the setting it depends on, the values under which it means something)
-APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", SINUSOIDAL_PES)}
+APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
 
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
@@ -314,6 +319,23 @@ def check_ranges(s: dict, args: argparse.Namespace | None = None):
         if args is not None and getattr(args, flag, None) is not None and not set(chosen) & set(values):
             raise UsageError(f"--{flag.replace('_', '-')} applies to --{setting} {' or '.join(values)} only "
                              f"(here --{setting} {','.join(chosen)}), where it would be ignored")
+    check_pe_dropout(s, args)
+
+
+def check_pe_dropout(s: dict, args: argparse.Namespace | None):
+    """--pe-dropout-on names PEs that take a dropout; a dropout that no model of the grid gets is refused."""
+    for kind in s["pe_dropout_on"]:
+        if kind not in ADDITIVE_PES:
+            raise UsageError(f"--pe-dropout-on: {kind!r} is not a PE added to x; choose from "
+                             f"{', '.join(ADDITIVE_PES)}")
+    if args is None:
+        return
+    if args.pe_dropout_on is not None and not s["pe_dropout"]:
+        raise UsageError("--pe-dropout-on applies with a --pe-dropout above 0 only")
+    if args.pe_dropout is not None and s["pe_dropout"] and not set(s["pe"]) & set(s["pe_dropout_on"]):
+        raise UsageError(f"--pe-dropout applies to --pe {' or '.join(s['pe_dropout_on'])} only (here --pe "
+                         f"{','.join(s['pe'])}), where it would be ignored; --pe-dropout-on names the kinds it "
+                         f"applies to")
 
 
 def check_range(name: str, value: float, low: float, high: float | None, ends: str):
@@ -448,6 +470,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
             s[name] = getattr(args, name)
     s["out"] = args.out
     s.setdefault("precision", "fp32")  # sweeps from before --precision trained in float32
+    s.setdefault("pe_dropout_on", list(SINUSOIDAL_PES))  # and before --pe-dropout-on, dropped out these only
     try:
         check_ranges(s)
         resolve_runtime(s)

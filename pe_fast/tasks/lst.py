@@ -208,10 +208,11 @@ class IndexedBatches:
 # sinusoidal PE modules apply dropout 0.1 to x + PE (pe_dropout; the other PEs get none): without it our 2D
 # sinusoidal PE fits better and generalises worse than theirs (docs/reproduction.md, "The paper's figure at
 # epoch 200").
+AUTHORS_SINUSOIDAL_PE_DROPOUT = 0.1
 PAPER = dict(pe="learned,sin2d,sin1d,rope,relative,none,random",
              sigmas=",".join(f"{s / 10:g}" for s in range(1, 21)), seeds=15, steps=252_000, width=160, depth=4,
              heads=1, mlp_width=640, batch_size=128, lr=1e-4, optimizer="adamw", schedule="constant", warmup=0,
-             eval_every=12_600, pe_dropout=0.1)
+             eval_every=12_600, pe_dropout=AUTHORS_SINUSOIDAL_PE_DROPOUT)
 
 KIND = TaskKind(
     name="lst",
