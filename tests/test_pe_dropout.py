@@ -3,6 +3,7 @@ training (notes/paper.md §2.5), and nothing at evaluation; --pe-dropout-on give
 Checked against that formula built by hand around blocks that add no PE, and for the masks' one promise: they
 depend on the model's seed and the step alone."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -173,23 +174,28 @@ def test_bad_pe_dropout_is_one_line_and_exit_2(tmp_path, capsys, flags, message)
     assert not out.exists()
 
 
-def test_sweep_records_pe_dropout_in_config_json(tmp_path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def tiny_sin2d_run(tmp_path_factory):
+    """A finished 2-step sweep of the 2D sinusoidal PE with --pe-dropout 0.1: its config.json."""
+    out = tmp_path_factory.mktemp("pe_dropout") / "run"
     code = sweep_main(["--task", "lst", "--pe", "sin2d", "--pe-dropout", "0.1", "--seeds", "1", "--steps", "2",
                        "--eval-every", "2", "--width", "16", "--depth", "1", "--batch-size", "8", "--no-report",
                        "--out", str(out)])
     assert code == 0
-    assert json.loads((out / "config.json").read_text())["settings"]["pe_dropout"] == 0.1
+    return out / "config.json"
 
 
-def test_a_sweep_recorded_before_pe_dropout_on_resumes_with_the_sinusoidal_pes(tmp_path):
-    out = tmp_path / "run"
-    code = sweep_main(["--task", "lst", "--pe", "sin2d", "--pe-dropout", "0.1", "--seeds", "1", "--steps", "2",
-                       "--eval-every", "2", "--width", "16", "--depth", "1", "--batch-size", "8", "--no-report",
-                       "--out", str(out)])
-    assert code == 0
-    config = json.loads((out / "config.json").read_text())
-    assert config["settings"].pop("pe_dropout_on") == list(SINUSOIDAL_PES)
-    (out / "config.json").write_text(json.dumps(config))
-    resumed = settings.from_resume(settings.build_parser().parse_args(["--resume", "--out", str(out)]))
+def test_sweep_records_pe_dropout_in_config_json(tiny_sin2d_run):
+    recorded = json.loads(tiny_sin2d_run.read_text())["settings"]
+    assert recorded["pe_dropout"] == 0.1 and recorded["pe_dropout_on"] == list(SINUSOIDAL_PES)
+
+
+def test_a_sweep_recorded_before_pe_dropout_on_resumes_with_the_sinusoidal_pes(tiny_sin2d_run, tmp_path):
+    older = tmp_path / "run"
+    shutil.copytree(tiny_sin2d_run.parent, older)
+    config = json.loads(tiny_sin2d_run.read_text())
+    del config["settings"]["pe_dropout_on"]
+    (older / "config.json").write_text(json.dumps(config))
+    args = settings.build_parser().parse_args(["--resume", "--out", str(older)])
+    resumed = settings.from_resume(args)
     assert resumed.pe_dropout_on == SINUSOIDAL_PES and resumed.pe_dropout == 0.1
