@@ -302,8 +302,8 @@ RANGES = {
     "inhibition": (0, None, "[)"), "noise": (0, None, "[)"), "netsim_seed": (0, None, "[)"),
     "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
 }
-# flag -> (the setting it depends on, the values under which it means something)
-APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",))}
+# flag -> (the setting it depends on, the values under which it means something, or the setting that lists them)
+APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", "pe_dropout_on")}
 
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
@@ -314,28 +314,23 @@ def check_ranges(s: dict, args: argparse.Namespace | None = None):
             if value is None:
                 continue
             check_range(name, value, low, high, ends)
+    check_pe_dropout_on(s, args)
     for flag, (setting, values) in APPLIES_ONLY_WITH.items():
+        values = s[values] if isinstance(values, str) else values
         chosen = s[setting] if isinstance(s[setting], (tuple, list)) else (s[setting],)
         if args is not None and getattr(args, flag, None) is not None and not set(chosen) & set(values):
             raise UsageError(f"--{flag.replace('_', '-')} applies to --{setting} {' or '.join(values)} only "
                              f"(here --{setting} {','.join(chosen)}), where it would be ignored")
-    check_pe_dropout(s, args)
 
 
-def check_pe_dropout(s: dict, args: argparse.Namespace | None):
-    """--pe-dropout-on names PEs that take a dropout; a dropout that no model of the grid gets is refused."""
+def check_pe_dropout_on(s: dict, args: argparse.Namespace | None):
+    """--pe-dropout-on names PEs added to x, and means something only with a dropout above 0."""
     for kind in s["pe_dropout_on"]:
         if kind not in ADDITIVE_PES:
             raise UsageError(f"--pe-dropout-on: {kind!r} is not a PE added to x; choose from "
                              f"{', '.join(ADDITIVE_PES)}")
-    if args is None:
-        return
-    if args.pe_dropout_on is not None and not s["pe_dropout"]:
+    if args is not None and args.pe_dropout_on is not None and not s["pe_dropout"]:
         raise UsageError("--pe-dropout-on applies with a --pe-dropout above 0 only")
-    if args.pe_dropout is not None and s["pe_dropout"] and not set(s["pe"]) & set(s["pe_dropout_on"]):
-        raise UsageError(f"--pe-dropout applies to --pe {' or '.join(s['pe_dropout_on'])} only (here --pe "
-                         f"{','.join(s['pe'])}), where it would be ignored; --pe-dropout-on names the kinds it "
-                         f"applies to")
 
 
 def check_range(name: str, value: float, low: float, high: float | None, ends: str):
