@@ -29,6 +29,8 @@ import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.report.reading import ReportError, read_run
+from pe_fast.sweep.grid import pe_dropout_of
+from pe_fast.sweep.settings import Settings
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 
 LOGS_ENV = "PE_FAST_LST_LOGS"
@@ -69,9 +71,9 @@ def our_epochs(config: dict, curves: pd.DataFrame) -> pd.Series:
     return curves["step"] * batch / train_size
 
 
-def dropout_note(settings: dict, pe: str) -> str:
+def dropout_note(settings: Settings, pe: str) -> str:
     """'' where the run drops out x + PE as the authors' code does for this PE kind, else what differs."""
-    ours = settings.get("pe_dropout", 0.0) if pe in settings.get("pe_dropout_on", SINUSOIDAL_PES) else 0.0
+    ours = pe_dropout_of(settings, pe)
     theirs = AUTHORS_SINUSOIDAL_PE_DROPOUT if pe in SINUSOIDAL_PES else 0.0
     return "" if ours == theirs else f" (PE dropout {ours:g}, theirs {theirs:g})"
 
@@ -85,6 +87,10 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
     if (run.config.get("settings") or {}).get("task") != "lst":
         raise CompareError(f"{directory} is not an LST run (its config.json names task "
                            f"{(run.config.get('settings') or {}).get('task')!r})")
+    try:  # config.json files from before a setting get its default, as --resume gives them
+        settings = Settings.from_json(run.config["settings"], packs=())
+    except (TypeError, ValueError) as error:
+        raise CompareError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
     curves = run.curves[run.curves["pe"].isin(["learned", "sin2d"])].copy()
     if curves.empty or not {"train_acc", "test_acc"} <= set(curves.columns):
         raise CompareError(f"{directory} has no learned or sin2d curves with train_acc and test_acc to compare")
@@ -98,7 +104,7 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
         theirs_all = logs[(logs["pe"] == pe) & (logs["sigma"].isna() if pe == "sin2d"
                                                  else np.isclose(logs["sigma"], sigma))]
         shared = sorted(set(ours["seed"]) & set(theirs_all["seed"]))
-        label = ("sin2d" if pe == "sin2d" else f"learned σ={sigma:g}") + dropout_note(run.config["settings"], pe)
+        label = ("sin2d" if pe == "sin2d" else f"learned σ={sigma:g}") + dropout_note(settings, pe)
         if not shared:
             verdicts.append(f"* **{label}**: none of its seeds is one of the authors'; nothing to compare.")
             continue

@@ -1,6 +1,7 @@
 """`python -m pe_fast.compare_lst_logs DIR`: an LST run against logs whose numbers are written here, so every
 difference and verdict is known in advance; bad input is one line and exit code 2."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 
 from pe_fast.compare_lst_logs import DEFAULT_LOGS, main
+from pe_fast.sweep import settings as sweep_settings
 
 SEEDS = (2235, 6312, 6068, 9742)  # the authors' logs have 4 here; the run shares the first 3
 TRAIN, BATCH = 8100, 128
@@ -48,7 +50,9 @@ def write_run(directory, test_offset: float, **settings):
     curves = pd.DataFrame(rows)
     curves.to_parquet(directory / "curves.parquet")
     curves[curves["step"] == curves["step"].max()].to_parquet(directory / "results.parquet")
-    settings = {k: v for k, v in {"task": "lst", "batch_size": BATCH, "pe_dropout": 0.1, **settings}.items()
+    recorded = sweep_settings.from_flags(sweep_settings.build_parser().parse_args(
+        ["--task", "lst", "--preset", "paper-e200"])).to_json()  # as the sweep writes it
+    settings = {k: v for k, v in {**recorded, "batch_size": BATCH, "pe_dropout": 0.1, **settings}.items()
                 if v is not None}  # None: a setting config.json files from before it lack
     config = {"settings": settings, "task": {"sizes": {"train": TRAIN}}}
     (directory / "config.json").write_text(json.dumps(config))
@@ -93,8 +97,12 @@ def test_bad_input_is_one_line(tmp_path):
     pd.DataFrame([dict(pe="learned", sigma=1.0, seed=1, model_id=0, step=0, test_r2=0.1)]).to_parquet(
         not_lst / "results.parquet")
     (not_lst / "config.json").write_text(json.dumps({"settings": {"task": "fmri"}}))
+    unreadable = tmp_path / "unreadable"  # an LST run whose config.json lacks the sweep's settings
+    shutil.copytree(not_lst, unreadable)
+    (unreadable / "config.json").write_text(json.dumps({"settings": {"task": "lst"}}))
     logs = ["--logs", str(tmp_path / "logs.csv")]
     for args, message in (([str(not_lst), *logs], "is not an LST run"),
+                          ([str(unreadable), *logs], "has settings this pe_fast cannot read"),
                           ([str(tmp_path / "missing"), *logs], "is not a folder"),
                           ([str(not_lst), "--logs", str(tmp_path / "none.csv")], "logs are not at")):
         done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", *args], capture_output=True,
@@ -106,7 +114,6 @@ def test_bad_input_is_one_line(tmp_path):
 def test_the_h100_run_against_the_real_logs(tmp_path, capsys):
     """docs/results' H100 run (3 of their seeds, evaluations every 2,000 steps): at their epoch 200 our step
     12,000; their numbers recomputed here from the CSV with pandas."""
-    import shutil
     from pathlib import Path
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parents[1] / "docs" / "results" / "h100-paper-learned-16k", run)

@@ -59,11 +59,16 @@ def pack_models(s: Settings, models: list[dict]) -> list[list[dict]]:
     return split_into_packs(models, s.max_pack)
 
 
+def pe_dropout_of(s: Settings, kind: str) -> float:
+    """The dropout on x + PE that the models of this PE kind train with."""
+    return s.pe_dropout if kind in s.pe_dropout_on else 0.0
+
+
 def model_config(s: Settings, task, kind: str) -> ModelConfig:
     return ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
                        width=s.width, depth=s.depth, heads=s.heads, mlp_width=s.mlp_width, pe=kind,
                        pe_at=s.pe_at, readout_token=task.readout_token,
-                       pe_dropout=s.pe_dropout if kind in s.pe_dropout_on else 0.0)
+                       pe_dropout=pe_dropout_of(s, kind))
 
 
 def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
