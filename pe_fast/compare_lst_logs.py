@@ -118,8 +118,10 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
             for phase, column in (("train", "train_acc"), ("test", "test_acc")):
                 difference = at[column] - theirs[phase]
                 scale = theirs_epoch[phase].std(ddof=1)
-                # every seed of theirs at the same accuracy (100 % training accuracy): any difference is outside
-                in_sd = difference.mean() / scale if scale > 0 else (0.0 if difference.mean() == 0 else np.inf)
+                if scale > 0:
+                    in_sd = difference.mean() / scale
+                else:  # every seed of theirs at the same accuracy (100 % training accuracy): any difference is outside
+                    in_sd = np.copysign(np.inf, difference.mean()) if difference.mean() else 0.0
                 row.update({f"ours {phase}": at[column].mean(), f"ours {phase} sd": at[column].std(ddof=0),
                             f"theirs {phase}": theirs[phase].mean(), f"theirs {phase} sd": theirs[phase].std(ddof=0),
                             f"Δ {phase}": difference.mean(), f"Δ {phase} / their sd": in_sd})
@@ -130,9 +132,14 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
         verdicts.append(
             f"* **{label}** at their epoch {last['their epoch']} (ours {last['our epoch']:.0f}, {last['seeds']} "
             f"shared seeds): {'within' if within else 'not within'} one of their seed-sds "
-            f"(train Δ {100 * last['Δ train']:+.1f} points = {last['Δ train / their sd']:+.2f} sd, test Δ "
-            f"{100 * last['Δ test']:+.1f} points = {last['Δ test / their sd']:+.2f} sd).")
+            f"(train Δ {100 * last['Δ train']:+.1f} points = {in_sds(last['Δ train / their sd'])}, test Δ "
+            f"{100 * last['Δ test']:+.1f} points = {in_sds(last['Δ test / their sd'])}).")
     return pd.DataFrame(rows), verdicts
+
+
+def in_sds(ratio: float) -> str:
+    """A difference in their seed-sds; infinite where all their seeds agree exactly and ours differ."""
+    return f"{ratio:+.2f} sd" if np.isfinite(ratio) else "outside: their seeds' sd is 0"
 
 
 def percent(mean: float, sd: float) -> str:
@@ -149,7 +156,7 @@ def markdown(table: pd.DataFrame, verdicts: list[str], directory: Path) -> str:
         cells = [r["setting"], str(r["their epoch"]), f"{r['our epoch']:.0f}", str(r["seeds"])]
         for p in ("train", "test"):
             cells += [percent(r[f"ours {p}"], r[f"ours {p} sd"]), percent(r[f"theirs {p}"], r[f"theirs {p} sd"]),
-                      f"{100 * r[f'Δ {p}']:+.1f} ({r[f'Δ {p} / their sd']:+.2f})"]
+                      f"{100 * r[f'Δ {p}']:+.1f} ({in_sds(r[f'Δ {p} / their sd']).removesuffix(' sd')})"]
         cells.append("–" if np.isnan(r["theirs human108"]) else f"{100 * r['theirs human108']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", "Verdicts (the last compared epoch):", "", *verdicts, ""])

@@ -90,6 +90,21 @@ def test_a_setting_trained_with_another_pe_dropout_than_theirs_says_so(tmp_path,
     assert marked in text and unmarked in text
 
 
+def test_a_difference_from_logs_whose_seeds_all_agree_is_outside_with_its_sign(tmp_path, capsys):
+    """Their 15 seeds all at 100 % training accuracy (sd 0): ours a little below is outside, said in words."""
+    write_logs(tmp_path / "logs.csv")
+    logs = pd.read_csv(tmp_path / "logs.csv")
+    logs.loc[(logs["pe"] == "learned") & (logs["epoch"] == 200) & (logs["phase"] == "train"), "accuracy"] = 1.0
+    logs.to_csv(tmp_path / "logs.csv", index=False)
+    write_run(tmp_path / "run", test_offset=0.0)
+    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]) == 0
+    text = capsys.readouterr().out
+    below = 100 * (1.0 - np.mean([their_accuracy("learned", seed, 200, "train") for seed in SEEDS[:3]]))
+    assert f"| -{below:.1f} (outside: their seeds' sd is 0) |" in text
+    assert f"learned σ=1** at their epoch 200 (ours 195, 3 shared seeds): not within one of their seed-sds (train Δ " \
+           f"-{below:.1f} points = outside: their seeds' sd is 0, test Δ +0.0 points = +0.00 sd)" in text
+
+
 def test_bad_input_is_one_line(tmp_path):
     write_logs(tmp_path / "logs.csv")
     not_lst = tmp_path / "fmri"
