@@ -132,14 +132,14 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
         verdicts.append(
             f"* **{label}** at their epoch {last['their epoch']} (ours {last['our epoch']:.0f}, {last['seeds']} "
             f"shared seeds): {'within' if within else 'not within'} one of their seed-sds "
-            f"(train Δ {100 * last['Δ train']:+.1f} points = {in_sds(last['Δ train / their sd'])}, test Δ "
-            f"{100 * last['Δ test']:+.1f} points = {in_sds(last['Δ test / their sd'])}).")
+            f"(train Δ {100 * last['Δ train']:+.1f} points = {in_sds(last['Δ train / their sd'], ' sd')}, test Δ "
+            f"{100 * last['Δ test']:+.1f} points = {in_sds(last['Δ test / their sd'], ' sd')}).")
     return pd.DataFrame(rows), verdicts
 
 
-def in_sds(ratio: float) -> str:
+def in_sds(ratio: float, unit: str = "") -> str:
     """A difference in their seed-sds; infinite where all their seeds agree exactly and ours differ."""
-    return f"{ratio:+.2f} sd" if np.isfinite(ratio) else "outside: their seeds' sd is 0"
+    return f"{ratio:+.2f}{unit}" if np.isfinite(ratio) else "outside: their seeds' sd is 0"
 
 
 def percent(mean: float, sd: float) -> str:
@@ -156,7 +156,7 @@ def markdown(table: pd.DataFrame, verdicts: list[str], directory: Path) -> str:
         cells = [r["setting"], str(r["their epoch"]), f"{r['our epoch']:.0f}", str(r["seeds"])]
         for p in ("train", "test"):
             cells += [percent(r[f"ours {p}"], r[f"ours {p} sd"]), percent(r[f"theirs {p}"], r[f"theirs {p} sd"]),
-                      f"{100 * r[f'Δ {p}']:+.1f} ({in_sds(r[f'Δ {p} / their sd']).removesuffix(' sd')})"]
+                      f"{100 * r[f'Δ {p}']:+.1f} ({in_sds(r[f'Δ {p} / their sd'])})"]
         cells.append("–" if np.isnan(r["theirs human108"]) else f"{100 * r['theirs human108']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", "Verdicts (the last compared epoch):", "", *verdicts, ""])
