@@ -28,12 +28,12 @@ def gemm_cases(width: int, mlp: int) -> list[tuple[str, int, int]]:
 def time_case(models: int, rows: int, d_in: int, d_out: int, transpose: bool, repeats: int) -> dict:
     """Forward: x [M, rows, in] @ w [M, in, out]. Weight gradient (transpose): xᵀ [M, in, rows] @ dy [M, rows, out]."""
     x = torch.randn(models, rows, d_in)
-    second = torch.randn(models, rows, d_out) if transpose else torch.randn(models, d_in, d_out)
+    right = torch.randn(models, rows, d_out) if transpose else torch.randn(models, d_in, d_out)
     left = x.transpose(1, 2) if transpose else x
-    lefts, rights = [left[m] for m in range(models)], [second[m] for m in range(models)]
+    lefts, rights = [left[m] for m in range(models)], [right[m] for m in range(models)]
 
     def batched():
-        torch.bmm(left, second)
+        torch.bmm(left, right)
 
     def looped():
         for a, b in zip(lefts, rights):
