@@ -22,6 +22,13 @@ NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints",
 FMRI = ["--task", "fmri", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
         "--sigmas", "0.5", "--no-report"]
 
+
+def without(flags: list[str], flag: str) -> list[str]:
+    """The flags less one flag and its value."""
+    at = flags.index(flag)
+    return flags[:at] + flags[at + 2:]
+
+
 # (case, the command's flags, what the one line must name). Tokens FILE, ONE_PUZZLE, NPY and REGIONS are
 # replaced by files made for the case (inputs()).
 CASES = [
@@ -36,6 +43,10 @@ CASES = [
     ("batch larger than the training set", NETSIM + ["--batch-size", "20000"], "--batch-size 20000"),
     ("one training puzzle", LST + ["--lst-train", "ONE_PUZZLE"], "--batch-size"),
     ("a grid too large", LST + ["--seeds", "99999999999"], "--seeds"),
+    ("seeds counted and named", LST + ["--seed-values", "6068"], "--seed-values"),
+    ("seed value negative", without(LST, "--seeds") + ["--seed-values", "-1"], "--seed-values"),
+    ("seed value not an integer", without(LST, "--seeds") + ["--seed-values", "6068,1.5"], "--seed-values"),
+    ("seed value named twice", without(LST, "--seeds") + ["--seed-values", "3,3"], "--seed-values"),
     ("mlp width zero", LST + ["--mlp-width", "0"], "--mlp-width"),
     ("mlp width negative", LST + ["--mlp-width", "-4"], "--mlp-width"),
     ("netsim runs zero", NETSIM + ["--runs", "0"], "--runs"),

@@ -16,8 +16,11 @@ from pe_fast.train import TrainConfig
 AUTHOR_SEEDS = (2235, 6312, 6068, 9742, 8880, 2197, 669, 6256, 3309, 2541, 8643, 7785, 195, 6914, 29)
 
 
-def model_seeds(count: int) -> list[int]:
-    return list(AUTHOR_SEEDS[:count]) + list(range(1, count - len(AUTHOR_SEEDS) + 1))
+def model_seeds(s: Settings) -> list[int]:
+    """The seeds every (PE, σ, optimizer point) trains with: --seed-values, else the first --seeds."""
+    if s.seed_values is not None:
+        return list(s.seed_values)
+    return list(AUTHOR_SEEDS[:s.seeds]) + list(range(1, s.seeds - len(AUTHOR_SEEDS) + 1))
 
 
 def optimizer_points(s: Settings) -> list[dict]:
@@ -34,7 +37,7 @@ def expand_grid(s: Settings) -> list[dict]:
     for kind in s.pe:
         for point in optimizer_points(s):
             for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
-                for seed in model_seeds(s.seeds):
+                for seed in model_seeds(s):
                     models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed, **point))
     return models
 

@@ -28,7 +28,8 @@ PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # file
 # Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
 # (the PE kinds the dropout applies to).
 LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
-                 "optimizer": str, "pe_dropout_on": str}
+                 "optimizer": str, "pe_dropout_on": str, "seed_values": int}
+OPTIONAL_LISTS = ("seed_values",)  # None when not given; the others always have a value
 # What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
 RUNTIME_FLAGS = ("device", "threads", "executor", "ray_address", "slurm_partition", "slurm_time", "slurm_gpus",
                  "slurm_account", "slurm_option", "slurm_local", "checkpoint_every", "no_report", "compile",
@@ -48,7 +49,7 @@ class Settings:
     task: str
     pe: tuple[str, ...]
     sigmas: tuple[float, ...]
-    seeds: int
+    seeds: int  # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
     steps: int
     width: int
     depth: int
@@ -63,6 +64,7 @@ class Settings:
     eval_items: int = 2048
     weight_decay: tuple[float, ...] = (0.0,)
     momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
+    seed_values: tuple[int, ...] | None = None  # the seeds themselves (--seed-values), instead of the first --seeds
     pe_at: str = "every"
     pe_dropout: float = 0.0  # dropout on x + PE while training, for the kinds of pe_dropout_on
     pe_dropout_on: tuple[str, ...] = SINUSOIDAL_PES  # the authors': their sinusoidal modules, not their learned PE
@@ -119,7 +121,7 @@ class Settings:
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in settings.items() if k in known}
         for name in LIST_SETTINGS:  # a single number in config.json files from before the optimizer axes
-            if name in fields:
+            if fields.get(name) is not None:
                 value = fields[name]
                 fields[name] = tuple(value) if isinstance(value, list) else (value,)
         return cls(**fields, packs=tuple(tuple(pack) for pack in packs))
@@ -141,7 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=presets, help="a named configuration of the task; explicit flags win")
     p.add_argument("--pe", help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
     p.add_argument("--sigmas", help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
-    p.add_argument("--seeds", type=int, help="number of seeds per (PE, σ)")
+    p.add_argument("--seeds", type=int, help="number of seeds per (PE, σ): the first N of the authors' 15 LST seeds")
+    p.add_argument("--seed-values", metavar="SEEDS",
+                   help="comma-separated seeds per (PE, σ) instead of --seeds, e.g. 6068 to add the third seed "
+                        "of an earlier --seeds 2 run")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", help="learning rate; a comma-separated list is a grid axis")
@@ -249,8 +254,12 @@ def from_flags(args: argparse.Namespace) -> Settings:
         if pe not in kind.pe_kinds:
             raise UsageError(f"--pe: {pe!r} is not a PE of --task {task}; choose from {', '.join(kind.pe_kinds)}")
     for name, convert in LIST_SETTINGS.items():
-        if name != "pe":
+        if name != "pe" and not (name in OPTIONAL_LISTS and s[name] is None):
             s[name] = parse_list(s[name], convert, f"--{name.replace('_', '-')}")
+    if s["seed_values"] is not None:
+        if args.seeds is not None:
+            raise UsageError("--seeds and --seed-values both say which seeds to train; give one of them")
+        s["seeds"] = len(s["seed_values"])
     for name in s["optimizer"]:
         if name not in OPTIMIZERS:
             raise UsageError(f"--optimizer: unknown {name!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -292,7 +301,7 @@ MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
 RAY_CONNECT_TIMEOUT_S = 10
 # name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
 RANGES = {
-    "seeds": (1, None, "[)"), "steps": (1, None, "[)"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
+    "seeds": (1, None, "[)"), "seed_values": (0, 2**32, "[)"), "steps": (1, None, "[)"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
     "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
     "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
     "threads": (1, None, "[)"), "warmup": (0, None, "[)"), "lr": (0, None, "()"), "weight_decay": (0, None, "[)"),
@@ -337,8 +346,8 @@ def check_range(name: str, value: float, low: float, high: float | None, ends: s
     above = value >= low if ends[0] == "[" else value > low
     below = high is None or (value <= high if ends[1] == "]" else value < high)
     if not (math.isfinite(value) and above and below):
-        allowed = f"{'≥' if ends[0] == '[' else '>'} {low:g}"
-        allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:g}"
+        allowed = f"{'≥' if ends[0] == '[' else '>'} {low:,}"
+        allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:,}"
         raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
 
 
