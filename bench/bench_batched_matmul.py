@@ -13,6 +13,7 @@ another (README, "Tests and benchmarks"), and this shows how much of that is the
 from __future__ import annotations
 
 import argparse
+import operator
 import statistics
 
 import torch
@@ -39,13 +40,10 @@ def time_case(models: int, rows: int, d_in: int, d_out: int, transpose: bool, re
         for a, b in zip(lefts, rights):
             torch.mm(a, b)
 
-    batched(), looped()  # warm-up: first calls allocate
-    batched_s, looped_s = [], []
-    for _ in range(repeats):
-        batched_s.append(measure.seconds(batched))
-        looped_s.append(measure.seconds(looped))
-    return {"batched_ms": statistics.median(batched_s) * 1e3, "looped_ms": statistics.median(looped_s) * 1e3,
-            "looped_speedup": statistics.median(b / l for b, l in zip(batched_s, looped_s))}
+    times = measure.in_turn({"batched": batched, "looped": looped}, repeats)
+    return {"batched_ms": statistics.median(times["batched"]) * 1e3,
+            "looped_ms": statistics.median(times["looped"]) * 1e3,
+            "looped_speedup": measure.per_round(operator.truediv, times["batched"], times["looped"])}
 
 
 def main() -> None:

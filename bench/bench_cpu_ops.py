@@ -12,13 +12,13 @@ no peak counter, and tracemalloc does not see it).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
@@ -55,15 +55,8 @@ def bench_shape(N: int, repeats: int) -> list[dict]:
     inner = 3 if N == 16 else 1
     rows = []
     for backward in (False, True):
-        times = {name: [] for name in BACKEND_NAMES}
-        for name in BACKEND_NAMES:  # warm-up
-            step(leaves, probes, grad, name, backward)
-        for _ in range(repeats):
-            for name in BACKEND_NAMES:
-                start = time.perf_counter()
-                for _ in range(inner):
-                    step(leaves, probes, grad, name, backward)
-                times[name].append((time.perf_counter() - start) / inner)
+        times = measure.in_turn({name: functools.partial(step, leaves, probes, grad, name, backward)
+                                 for name in BACKEND_NAMES}, repeats, inner=dict.fromkeys(BACKEND_NAMES, inner))
         median = {name: statistics.median(t) for name, t in times.items()}
         rows.append({"N": N, "M": SHAPES[N][0], "B": SHAPES[N][1], "mode": "fwd+bwd" if backward else "fwd",
                      **{f"{name}_ms": 1e3 * median[name] for name in BACKEND_NAMES},

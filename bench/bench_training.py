@@ -13,6 +13,7 @@ it first sets pe_fast.memory.keep_freed_memory (--default-malloc does not). `--d
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import statistics
 import sys
@@ -88,25 +89,24 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, d
         training_step(pack, pack_opt, tokens, targets)
 
     matmul, matmul_flops = large_matmul(device)
-    for fn in (stacked, one_by_one, matmul):  # warm-up (and, on a GPU, kernel compilation)
-        fn()
-    # The three are timed in turn within every repeat, so that a slow spell of a shared machine hits all three
-    # alike; ratios are taken per repeat, then the median.
-    stacked_s, loop_s, matmul_gflops = [], [], []
-    for _ in range(repeats):
-        stacked_s.append(measure.seconds(stacked, 1, device))
-        loop_s.append(measure.seconds(one_by_one, 1, device))
-        matmul_gflops.append(matmul_flops / measure.seconds(matmul, 3, device) / 1e9)
+    times = measure.in_turn({"stacked": stacked, "one_by_one": one_by_one, "matmul": matmul}, repeats, device,
+                            inner={"matmul": 3})
+    stacked_s, loop_s = times["stacked"], times["one_by_one"]
+    matmul_gflops = [matmul_flops / s / 1e9 for s in times["matmul"]]
     flops = step_flops(width, depth, batch, 4 * width) * models
     med = statistics.median
+
+    def fraction_of_matmul(step_s, peak_gflops):
+        return flops / step_s / 1e9 / peak_gflops
+
     return {"width": width, "batch": batch, "models": models, "depth": depth,
             "stacked_step_ms": med(stacked_s) * 1e3, "one_by_one_step_ms": med(loop_s) * 1e3,
             "stacked_model_steps_per_s": models / med(stacked_s), "one_by_one_model_steps_per_s": models / med(loop_s),
-            "speedup": med([l / s for l, s in zip(loop_s, stacked_s)]),
+            "speedup": measure.per_round(operator.truediv, loop_s, stacked_s),
             "stacked_gflops": flops / med(stacked_s) / 1e9, "one_by_one_gflops": flops / med(loop_s) / 1e9,
             "large_matmul_gflops": med(matmul_gflops),
-            "stacked_fraction_of_large_matmul": med([flops / s / 1e9 / p for s, p in zip(stacked_s, matmul_gflops)]),
-            "one_by_one_fraction_of_large_matmul": med([flops / s / 1e9 / p for s, p in zip(loop_s, matmul_gflops)]),
+            "stacked_fraction_of_large_matmul": measure.per_round(fraction_of_matmul, stacked_s, matmul_gflops),
+            "one_by_one_fraction_of_large_matmul": measure.per_round(fraction_of_matmul, loop_s, matmul_gflops),
             "stacked_all_ms": [t * 1e3 for t in stacked_s], "one_by_one_all_ms": [t * 1e3 for t in loop_s],
             "large_matmul_all_gflops": matmul_gflops}
 

@@ -16,6 +16,7 @@ Writes bench/results/training_bound_cpu.json.
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import statistics
 
@@ -89,30 +90,27 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -
     large, large_flops = large_matmul(cpu)
     variants = {"stacked": stacked, "one_by_one": one_by_one, "matmuls": lambda: run_calls(matmul_calls),
                 "gelus": lambda: run_calls(gelu_calls)}
-    for fn in (*variants.values(), large):
-        fn()
-    times = {name: [] for name in variants}
-    large_gflops = []
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            times[name].append(measure.seconds(fn))
-        large_gflops.append(large_flops / measure.seconds(large, 3) / 1e9)
+    times = measure.in_turn({**variants, "large": large}, repeats, inner={"large": 3})
+    large_gflops = [large_flops / s / 1e9 for s in times.pop("large")]
     flops = step_flops(width, depth, batch, 4 * width) * models
     med = statistics.median
-    rounds = range(repeats)
+
+    def fraction_of_large(step_s, peak_gflops):
+        return flops / step_s / 1e9 / peak_gflops
+
     return {
         "width": width, "batch": batch, "models": models, "depth": depth,
         "matmul_calls": len(matmul_calls), "gelu_calls": len(gelu_calls),
         **{f"{name}_ms": med(t) * 1e3 for name, t in times.items()},
         "large_matmul_gflops": med(large_gflops),
         "matmuls_gflops": flops / med(times["matmuls"]) / 1e9,
-        "speedup": med([times["one_by_one"][r] / times["stacked"][r] for r in rounds]),
-        "speedup_ceiling_matmuls_only": med([times["one_by_one"][r] / times["matmuls"][r] for r in rounds]),
-        "stacked_fraction_of_large_matmul": med([flops / times["stacked"][r] / 1e9 / large_gflops[r]
-                                                 for r in rounds]),
-        "fraction_ceiling_matmuls_only": med([flops / times["matmuls"][r] / 1e9 / large_gflops[r] for r in rounds]),
-        "fraction_ceiling_matmuls_and_gelus": med([flops / (times["matmuls"][r] + times["gelus"][r]) / 1e9
-                                                   / large_gflops[r] for r in rounds]),
+        "speedup": measure.per_round(operator.truediv, times["one_by_one"], times["stacked"]),
+        "speedup_ceiling_matmuls_only": measure.per_round(operator.truediv, times["one_by_one"], times["matmuls"]),
+        "stacked_fraction_of_large_matmul": measure.per_round(fraction_of_large, times["stacked"], large_gflops),
+        "fraction_ceiling_matmuls_only": measure.per_round(fraction_of_large, times["matmuls"], large_gflops),
+        "fraction_ceiling_matmuls_and_gelus": measure.per_round(
+            lambda matmuls_s, gelus_s, peak: fraction_of_large(matmuls_s + gelus_s, peak),
+            times["matmuls"], times["gelus"], large_gflops),
         "all_ms": {name: [t * 1e3 for t in ts] for name, ts in times.items()},
         "large_matmul_all_gflops": large_gflops,
     }

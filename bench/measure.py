@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -73,6 +75,27 @@ def seconds(fn, inner: int = 1, device: torch.device | str = "cpu") -> float:
         fn()
     synchronize(device)
     return (time.perf_counter() - start) / inner
+
+
+def in_turn(functions: dict[str, Callable[[], object]], rounds: int, device: torch.device | str = "cpu",
+            inner: dict[str, int] | None = None) -> dict[str, list[float]]:
+    """Seconds per call of each function, name -> one time per round. Every function runs once to warm up (first
+    calls allocate, a GPU compiles), then each round times them one after the other, so that a slow spell of a
+    shared machine hits all of them alike: compare them round by round (per_round), then take the median.
+    inner: calls averaged per timing, for a function too quick to time once (default 1)."""
+    for fn in functions.values():
+        fn()
+    times = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            times[name].append(seconds(fn, (inner or {}).get(name, 1), device))
+    return times
+
+
+def per_round(ratio: Callable[..., float], *series: list[float]) -> float:
+    """The median over rounds of ratio(a, b, ...) taken within each round, e.g. per_round(operator.truediv,
+    slow, fast): a comparison of two timings of one round, unlike a ratio of the two medians."""
+    return statistics.median(ratio(*values) for values in zip(*series, strict=True))
 
 
 def write_result(path: str | os.PathLike, result: dict) -> None:
