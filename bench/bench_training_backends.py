@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +57,14 @@ def make_step(name: str, depth: int):
     return step
 
 
+def on_backend(backend: str, step):
+    """The step with pe_attention on this backend (the op reads PE_FAST_BACKEND at each call)."""
+    def run():
+        os.environ["PE_FAST_BACKEND"] = backend
+        step()
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", default="reference,cpp")
@@ -74,14 +81,7 @@ def main() -> None:
     rows = []
     for name in args.shapes.split(","):
         step = make_step(name, args.depth)
-        times = {b: [] for b in backends}
-        for repeat in range(args.repeats + 1):  # the first round is the warm-up
-            for backend in backends:
-                os.environ["PE_FAST_BACKEND"] = backend
-                start = time.perf_counter()
-                step()
-                if repeat:
-                    times[backend].append(time.perf_counter() - start)
+        times = measure.in_turn({b: on_backend(b, step) for b in backends}, args.repeats)
         os.environ.pop("PE_FAST_BACKEND")
         N, token_dim, out_dim, readout, width, heads, M, B = SHAPES[name]
         median = {b: statistics.median(t) for b, t in times.items()}

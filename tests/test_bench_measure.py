@@ -48,3 +48,9 @@ def test_training_benchmark_runs_and_reports_every_round(tmp_path):
 def test_batched_matmul_benchmark_runs(tmp_path):
     result = run_benchmark(tmp_path, "bench_batched_matmul", "--rows", "64", "--width", "16")
     assert len(result["gemms"]) == 8 and all(g["looped_speedup"] > 0 for g in result["gemms"])
+
+
+def test_training_backends_benchmark_runs_each_backend_every_round(tmp_path):
+    row = run_benchmark(tmp_path, "bench_training_backends", "--shapes", "lst", "--depth", "1",
+                        "--backends", "reference,cpp")["rows"][0]
+    assert len(row["reference_all_ms"]) == len(row["cpp_all_ms"]) == 2 and row["speedup_cpp_vs_reference"] > 0
