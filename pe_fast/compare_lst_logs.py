@@ -1,6 +1,6 @@
 """Compare an LST run with the authors' own training logs (issue 17).
 
-    python -m pe_fast.compare_lst_logs DIR [--logs training_logs.csv]
+    python -m pe_fast.compare_lst_logs DIR [DIR ...] [--out FILE] [--logs training_logs.csv]
 
 For every PE setting (sin2d, learned σ) that DIR trained with seeds of the authors' 15, and every epoch of the
 authors' logs (one every 200) that one of DIR's evaluations falls near, it prints our train and in-distribution
@@ -12,7 +12,12 @@ A setting trained with another PE dropout than theirs (0.1 on sin2d, none on the
 label: it is then a different training, not a reproduction.
 
 Epochs are passes over the training split: ours is step × batch size / training puzzles, so the comparison is
-by puzzles seen. The table also goes to DIR/compare_lst_logs.md.
+by puzzles seen. The table also goes to DIR/compare_lst_logs.md, or to --out.
+
+Several folders count as one run: the seeds of a setting pool across them, e.g. a `--seeds 2` run and a
+`--seed-values 6068` run of the same configuration. They must have trained alike (every setting equal but the
+seeds, the PEs and σ, the PE dropout, which the setting's label shows, and, at a constant learning rate, the
+number of steps); a seed of one setting in two folders is refused. The table then goes to --out only.
 
 The logs: --logs, else $PE_FAST_LST_LOGS, else ../shared/data/lst-authors-logs/training_logs.csv beside the
 repository (notes in that folder's README).
@@ -20,6 +25,7 @@ repository (notes in that folder's README).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -30,7 +36,7 @@ import pandas as pd
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.report.reading import ReportError, read_run
 from pe_fast.sweep.grid import pe_dropout_of
-from pe_fast.sweep.settings import Settings
+from pe_fast.sweep.settings import RUNTIME_FLAGS, Settings
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 
 LOGS_ENV = "PE_FAST_LST_LOGS"
@@ -78,8 +84,15 @@ def dropout_note(settings: Settings, pe: str) -> str:
     return "" if ours == theirs else f" (PE dropout {ours:g}, theirs {theirs:g})"
 
 
-def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The comparison table (one row per setting and compared epoch) and the verdict lines."""
+# What may differ between folders compared as one run: which models (seeds, PEs, σ), the PE dropout (in each
+# setting's label), how often they were evaluated, the preset's name (its values are compared), and where and how
+# they ran.
+MAY_DIFFER = {"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every", "eval_items",
+              "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS}
+
+
+def read_lst_run(directory: Path) -> tuple[pd.DataFrame, Settings]:
+    """One folder's learned and sin2d curves, with their epoch and their setting's label, and its settings."""
     try:
         run = read_run(directory)
     except ReportError as error:
@@ -91,20 +104,49 @@ def compare(directory: Path, logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str
         settings = Settings.from_json(run.config["settings"], packs=())
     except (TypeError, ValueError) as error:
         raise CompareError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
+    if settings.precision is None:  # sweeps from before --precision trained in float32
+        settings = dataclasses.replace(settings, precision="fp32")
     curves = run.curves[run.curves["pe"].isin(["learned", "sin2d"])].copy()
     if curves.empty or not {"train_acc", "test_acc"} <= set(curves.columns):
         raise CompareError(f"{directory} has no learned or sin2d curves with train_acc and test_acc to compare")
     curves["epoch"] = our_epochs(run.config, curves)
+    curves["setting"] = [("sin2d" if pe == "sin2d" else f"learned σ={sigma:g}") + dropout_note(settings, pe)
+                         for pe, sigma in zip(curves["pe"], curves["sigma"])]
+    curves["folder"] = str(directory)
+    return curves, settings
+
+
+def pooled_curves(directories: list[Path]) -> pd.DataFrame:
+    """The curves of every folder as one run's, after checking that they trained alike."""
+    runs = [read_lst_run(directory) for directory in directories]
+    first_dir, (_, first) = directories[0], runs[0]
+    for directory, (_, settings) in zip(directories[1:], runs[1:]):
+        for name, value in dataclasses.asdict(settings).items():
+            ok = name in MAY_DIFFER or (name == "steps" and settings.schedule == first.schedule == "constant")
+            if not ok and value != getattr(first, name):
+                raise CompareError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
+                                   f"{getattr(first, name)!r}: not one run's models")
+    curves = pd.concat([c for c, _ in runs], ignore_index=True)
+    seeds = curves.drop_duplicates(["setting", "seed", "folder"])
+    twice = seeds[seeds.duplicated(["setting", "seed"])]
+    if len(twice):
+        setting, seed = twice.iloc[0][["setting", "seed"]]
+        raise CompareError(f"seed {seed} of {setting} is in more than one of the folders; give each seed once")
+    return curves
+
+
+def compare(directories: list[Path], logs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The comparison table (one row per setting and compared epoch) and the verdict lines."""
+    curves = pooled_curves(directories)
     logged = np.sort(logs["epoch"].unique())
     spacing = np.diff(logged).min() if len(logged) > 1 else 200
     curves["their_epoch"] = logged[np.abs(curves["epoch"].to_numpy()[:, None] - logged[None]).argmin(1)]
     curves = curves[np.abs(curves["epoch"] - curves["their_epoch"]) <= EPOCH_MATCH * spacing]
     rows, verdicts = [], []
-    for (pe, sigma), ours in curves.groupby(["pe", "sigma"], dropna=False, sort=True):
+    for (pe, sigma, label), ours in curves.groupby(["pe", "sigma", "setting"], dropna=False, sort=True):
         theirs_all = logs[(logs["pe"] == pe) & (logs["sigma"].isna() if pe == "sin2d"
                                                  else np.isclose(logs["sigma"], sigma))]
         shared = sorted(set(ours["seed"]) & set(theirs_all["seed"]))
-        label = ("sin2d" if pe == "sin2d" else f"learned σ={sigma:g}") + dropout_note(settings, pe)
         if not shared:
             verdicts.append(f"* **{label}**: none of its seeds is one of the authors'; nothing to compare.")
             continue
@@ -146,8 +188,9 @@ def percent(mean: float, sd: float) -> str:
     return f"{100 * mean:.1f} ± {100 * sd:.1f}"
 
 
-def markdown(table: pd.DataFrame, verdicts: list[str], directory: Path) -> str:
-    lines = [f"# {directory.resolve().name} against the authors' LST logs", "",
+def markdown(table: pd.DataFrame, verdicts: list[str], directories: list[Path]) -> str:
+    names = " + ".join(directory.resolve().name for directory in directories)
+    lines = [f"# {names} against the authors' LST logs", "",
              "Accuracy in %, mean ± sd over the seeds both runs have; Δ = ours − theirs paired by seed, also in "
              "units of their seed-sd over all 15 seeds. human108: their generalisation puzzles (not shipped).", "",
              "| setting | their epoch | our epoch | seeds | train: ours | theirs | Δ (sd) | test: ours | theirs | "
@@ -165,21 +208,30 @@ def markdown(table: pd.DataFrame, verdicts: list[str], directory: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pe_fast.compare_lst_logs",
                                      description="an LST run's accuracy next to the authors' own logs")
-    parser.add_argument("directory", help="an LST results folder (--out of pe_fast.sweep --task lst)")
+    parser.add_argument("directories", nargs="+", metavar="DIR",
+                        help="an LST results folder (--out of pe_fast.sweep --task lst); several count as one run")
+    parser.add_argument("--out", help=f"write the table here (default: DIR/{OUTPUT} for one folder, none for several)")
     parser.add_argument("--logs", help=f"the authors' training_logs.csv (default: ${LOGS_ENV} or {DEFAULT_LOGS})")
     args = parser.parse_args(argv)
+    directories = [Path(d) for d in args.directories]
     try:
+        if len(set(d.resolve() for d in directories)) < len(directories):
+            raise CompareError("a folder is named twice")
         logs = read_logs(Path(args.logs or os.environ.get(LOGS_ENV) or DEFAULT_LOGS))
-        directory = Path(args.directory)
-        table, verdicts = compare(directory, logs)
+        table, verdicts = compare(directories, logs)
         if table.empty:
-            raise CompareError(f"none of {directory}'s evaluations lies near an epoch of the authors' logs "
-                               f"(every 200 epochs) for a seed of theirs")
+            raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "
+                               f"of the authors' logs (every 200 epochs) for a seed of theirs")
+        out = Path(args.out) if args.out else directories[0] / OUTPUT if len(directories) == 1 else None
+        text = markdown(table, verdicts, directories)
+        if out is not None:
+            try:
+                out.write_text(text)
+            except OSError as error:
+                raise CompareError(f"--out {out}: cannot write ({error.strerror or error})")
     except CompareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    text = markdown(table, verdicts, directory)
-    (directory / OUTPUT).write_text(text)
     print(text, end="")
     return 0
 

@@ -33,13 +33,13 @@ def write_logs(path):
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
-def write_run(directory, test_offset: float, **settings):
+def write_run(directory, test_offset: float, trained_seeds=SEEDS[:3], **settings):
     """Our run: the same accuracies as theirs, except learned's test accuracy shifted by test_offset; evaluations
     at epochs 0, 195 (near their 200) and 300 (near none of theirs). Their PE dropout unless settings say."""
     directory.mkdir()
     rows = []
     for pe, sigma in (("sin2d", np.nan), ("learned", 1.0)):
-        for seed in SEEDS[:3]:
+        for seed in trained_seeds:
             for epoch in (0, 195, 300):
                 step = round(epoch * TRAIN / BATCH)
                 near = 200 if epoch == 195 else epoch
@@ -103,6 +103,36 @@ def test_a_difference_from_logs_whose_seeds_all_agree_is_outside_with_its_sign(t
     assert f"| -{below:.1f} (outside: their seeds' sd is 0) |" in text
     assert f"learned σ=1** at their epoch 200 (ours 195, 3 shared seeds): not within one of their seed-sds (train Δ " \
            f"-{below:.1f} points = outside: their seeds' sd is 0, test Δ +0.0 points = +0.00 sd)" in text
+
+
+def test_folders_with_different_seeds_compare_as_one_run(tmp_path, capsys):
+    """A --seeds 2 run and a run of the third seed alone give the table of the three seeds in one folder, written
+    only where --out says; folders that trained differently, or share a seed, are refused."""
+    write_logs(tmp_path / "logs.csv")
+    logs = ["--logs", str(tmp_path / "logs.csv")]
+    write_run(tmp_path / "all", test_offset=0.05)
+    write_run(tmp_path / "first", test_offset=0.05, trained_seeds=SEEDS[:2], seeds=2)
+    write_run(tmp_path / "third", test_offset=0.05, trained_seeds=SEEDS[2:3], seeds=1, seed_values=[SEEDS[2]])
+    assert main([str(tmp_path / "all"), *logs]) == 0
+    alone = capsys.readouterr().out
+    assert main([str(tmp_path / "first"), str(tmp_path / "third"), *logs]) == 0
+    pooled = capsys.readouterr().out
+    assert pooled.splitlines()[1:] == alone.splitlines()[1:]  # all but the title, which names the folders
+    assert pooled.splitlines()[0] == "# first + third against the authors' LST logs"
+    assert not (tmp_path / "first" / "compare_lst_logs.md").exists()
+    assert main([str(tmp_path / "first"), str(tmp_path / "third"), *logs, "--out", str(tmp_path / "t.md")]) == 0
+    assert (tmp_path / "t.md").read_text() == capsys.readouterr().out
+    config = json.loads((tmp_path / "third" / "config.json").read_text())
+    config["settings"]["precision"] = None  # as sweeps from before --precision recorded float32
+    (tmp_path / "third" / "config.json").write_text(json.dumps(config))
+    assert main([str(tmp_path / "first"), str(tmp_path / "third"), *logs]) == 0 and capsys.readouterr().out == pooled
+    write_run(tmp_path / "wider", test_offset=0.05, trained_seeds=SEEDS[2:3], width=192)
+    for folders, message in (([tmp_path / "first", tmp_path / "wider"], "trained with width = 192"),
+                             ([tmp_path / "all", tmp_path / "third"], f"seed {SEEDS[2]} of "),
+                             ([tmp_path / "all", tmp_path / "all"], "named twice")):
+        done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", *map(str, folders), *logs],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 
 
 def test_bad_input_is_one_line(tmp_path):
