@@ -301,7 +301,8 @@ MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
 RAY_CONNECT_TIMEOUT_S = 10
 # name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
 RANGES = {
-    "seeds": (1, None, "[)"), "seed_values": (0, 2**32, "[)"), "steps": (1, None, "[)"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
+    "seeds": (1, None, "[)"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
+    "steps": (1, None, "[)"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
     "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
     "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
     "threads": (1, None, "[)"), "warmup": (0, None, "[)"), "lr": (0, None, "()"), "weight_decay": (0, None, "[)"),
