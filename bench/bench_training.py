@@ -13,6 +13,7 @@ it first sets pe_fast.memory.keep_freed_memory (--default-malloc does not). `--d
 from __future__ import annotations
 
 import argparse
+import functools
 import operator
 import os
 import statistics
@@ -39,6 +40,11 @@ def step_flops(width: int, depth: int, batch: int, mlp: int) -> float:
     forward = (depth * attention + ((depth - 1) * tokens + batch) * per_token_rest
                + 2 * tokens * TOKEN_DIM * width + 2 * batch * width * CLASSES)
     return 3.0 * forward
+
+
+def fraction_of_large_matmul(flops: float, step_s: float, large_gflops: float) -> float:
+    """The share of the large matmul's GFLOP/s that a step of `flops` matmul FLOPs in step_s seconds reaches."""
+    return flops / step_s / 1e9 / large_gflops
 
 
 def large_matmul(device: torch.device):
@@ -95,18 +101,15 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, d
     matmul_gflops = [matmul_flops / s / 1e9 for s in times["matmul"]]
     flops = step_flops(width, depth, batch, 4 * width) * models
     med = statistics.median
-
-    def fraction_of_matmul(step_s, peak_gflops):
-        return flops / step_s / 1e9 / peak_gflops
-
+    of_large = functools.partial(fraction_of_large_matmul, flops)
     return {"width": width, "batch": batch, "models": models, "depth": depth,
             "stacked_step_ms": med(stacked_s) * 1e3, "one_by_one_step_ms": med(loop_s) * 1e3,
             "stacked_model_steps_per_s": models / med(stacked_s), "one_by_one_model_steps_per_s": models / med(loop_s),
             "speedup": measure.per_round(operator.truediv, loop_s, stacked_s),
             "stacked_gflops": flops / med(stacked_s) / 1e9, "one_by_one_gflops": flops / med(loop_s) / 1e9,
             "large_matmul_gflops": med(matmul_gflops),
-            "stacked_fraction_of_large_matmul": measure.per_round(fraction_of_matmul, stacked_s, matmul_gflops),
-            "one_by_one_fraction_of_large_matmul": measure.per_round(fraction_of_matmul, loop_s, matmul_gflops),
+            "stacked_fraction_of_large_matmul": measure.per_round(of_large, stacked_s, matmul_gflops),
+            "one_by_one_fraction_of_large_matmul": measure.per_round(of_large, loop_s, matmul_gflops),
             "stacked_all_ms": [t * 1e3 for t in stacked_s], "one_by_one_all_ms": [t * 1e3 for t in loop_s],
             "large_matmul_all_gflops": matmul_gflops}
 

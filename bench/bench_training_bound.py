@@ -16,6 +16,7 @@ Writes bench/results/training_bound_cpu.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import operator
 import os
 import statistics
@@ -24,8 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import measure
-from bench_training import (SWEEP_OPTIMIZER, large_matmul, lst_model, parse_shapes, random_batch, step_flops,
-                            training_step)
+from bench_training import (SWEEP_OPTIMIZER, fraction_of_large_matmul, large_matmul, lst_model, parse_shapes,
+                            random_batch, step_flops, training_step)
 
 from pe_fast.memory import keep_freed_memory
 from pe_fast.train import make_optimizer
@@ -94,10 +95,7 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -
     large_gflops = [large_flops / s / 1e9 for s in times.pop("large")]
     flops = step_flops(width, depth, batch, 4 * width) * models
     med = statistics.median
-
-    def fraction_of_large(step_s, peak_gflops):
-        return flops / step_s / 1e9 / peak_gflops
-
+    of_large = functools.partial(fraction_of_large_matmul, flops)
     return {
         "width": width, "batch": batch, "models": models, "depth": depth,
         "matmul_calls": len(matmul_calls), "gelu_calls": len(gelu_calls),
@@ -106,10 +104,10 @@ def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int) -
         "matmuls_gflops": flops / med(times["matmuls"]) / 1e9,
         "speedup": measure.per_round(operator.truediv, times["one_by_one"], times["stacked"]),
         "speedup_ceiling_matmuls_only": measure.per_round(operator.truediv, times["one_by_one"], times["matmuls"]),
-        "stacked_fraction_of_large_matmul": measure.per_round(fraction_of_large, times["stacked"], large_gflops),
-        "fraction_ceiling_matmuls_only": measure.per_round(fraction_of_large, times["matmuls"], large_gflops),
+        "stacked_fraction_of_large_matmul": measure.per_round(of_large, times["stacked"], large_gflops),
+        "fraction_ceiling_matmuls_only": measure.per_round(of_large, times["matmuls"], large_gflops),
         "fraction_ceiling_matmuls_and_gelus": measure.per_round(
-            lambda matmuls_s, gelus_s, peak: fraction_of_large(matmuls_s + gelus_s, peak),
+            lambda matmuls_s, gelus_s, peak: of_large(matmuls_s + gelus_s, peak),
             times["matmuls"], times["gelus"], large_gflops),
         "all_ms": {name: [t * 1e3 for t in ts] for name, ts in times.items()},
         "large_matmul_all_gflops": large_gflops,
