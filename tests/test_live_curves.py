@@ -2,8 +2,6 @@
 curves.parquet holds, model by model and step by step; a resumed pack shows no step twice; without TensorBoard
 the flag is one error line."""
 import importlib.util
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -13,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pe_fast.sweep.cli import main as sweep_main  # noqa: E402
 from pe_fast.sweep.live_curves import FOLDER, LiveCurves, run_name, tag  # noqa: E402
+from sweep_harness import run_sweep  # noqa: E402
 
 TINY = ["--task", "lst", "--steps", "4", "--eval-every", "2", "--width", "16", "--depth", "1", "--batch-size", "16",
         "--seeds", "2", "--pe", "learned,sin2d", "--sigmas", "0.1,2", "--lr", "1e-3,3e-3", "--no-report"]
@@ -26,8 +25,7 @@ def scalars(run_dir) -> dict[str, dict[int, float]]:
 
 def test_event_files_hold_the_curves(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "pe_fast.sweep", *TINY, "--tensorboard", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_sweep(*TINY, "--tensorboard", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     curves = pd.read_parquet(out / "curves.parquet")
     models = curves.drop_duplicates("model_id")

@@ -1,22 +1,16 @@
 """Learning rate, weight decay, momentum and optimizer as grid axes (issue 14): the grid and its packs, the
 results columns, and a model of a mixed pack training exactly as the same model in a pack of its own."""
-import subprocess
-import sys
-
 import numpy as np
-import pandas as pd
 
 from pe_fast.sweep import grid
-from pe_fast.sweep.settings import build_parser, from_flags
+from sweep_harness import TINY_NETSIM, settings_of, sweep_results
 
-NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
-          "--width", "16", "--depth", "1", "--batch-size", "16", "--seeds", "2", "--pe", "learned",
-          "--sigmas", "0.1,1", "--steps", "12", "--eval-every", "6", "--warmup", "0", "--threads", "1",
-          "--eval-items", "64"]
+NETSIM = [*TINY_NETSIM, "--seeds", "2", "--pe", "learned", "--sigmas", "0.1,1", "--steps", "12", "--eval-every", "6",
+          "--warmup", "0", "--threads", "1", "--eval-items", "64"]
 
 
 def settings(*flags):
-    return from_flags(build_parser().parse_args([*NETSIM, *flags, "--out", "unused"]))
+    return settings_of(*NETSIM, *flags)
 
 
 def test_grid_crosses_every_axis_and_packs_by_optimizer_kind():
@@ -41,10 +35,7 @@ def test_single_values_keep_the_grid_and_its_order():
 
 
 def sweep(out, *flags):
-    done = subprocess.run([sys.executable, "-m", "pe_fast.sweep", *NETSIM, *flags, "--no-report", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return pd.read_parquet(out / "results.parquet")
+    return sweep_results(out, *NETSIM, *flags)
 
 
 def test_mixed_pack_trains_each_model_as_its_own_pack(tmp_path):

@@ -4,23 +4,16 @@ sweep records the precision, keeps it on --resume and refuses what the device ca
 import dataclasses
 import json
 import math
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 import torch
 
 from op_harness import make_inputs
+from sweep_harness import run_sweep
 from pe_fast.models import ModelConfig
 from pe_fast.ops import backends, pe_attention, projection, reference
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import PackTrainer, TrainConfig
-
-
-def run_sweep(*args):
-    return subprocess.run([sys.executable, "-m", "pe_fast.sweep", *args], capture_output=True, text=True,
-                          timeout=600)
 
 
 def test_op_under_autocast_is_as_close_to_float64_as_the_reference_in_bf16():

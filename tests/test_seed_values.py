@@ -1,21 +1,17 @@
 """--seed-values: the seeds themselves instead of the first --seeds, so that a run can add one seed to an earlier
 one. A model is its seed's model whichever way the seed was chosen."""
-import subprocess
-import sys
-
 import numpy as np
-import pandas as pd
 
 from pe_fast.sweep import grid
-from pe_fast.sweep.settings import Settings, build_parser, from_flags
+from pe_fast.sweep.settings import Settings
+from sweep_harness import TINY_NETSIM, run_sweep, settings_of, sweep_results
 
-NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
-          "--width", "16", "--depth", "1", "--batch-size", "16", "--pe", "learned", "--sigmas", "0.1,1",
-          "--steps", "12", "--eval-every", "6", "--warmup", "0", "--threads", "1", "--eval-items", "64"]
+NETSIM = [*TINY_NETSIM, "--pe", "learned", "--sigmas", "0.1,1", "--steps", "12", "--eval-every", "6", "--warmup",
+          "0", "--threads", "1", "--eval-items", "64"]
 
 
 def settings(*flags):
-    return from_flags(build_parser().parse_args([*NETSIM, *flags, "--out", "unused"]))
+    return settings_of(*NETSIM, *flags)
 
 
 def test_seed_values_are_the_grid_seeds_in_the_given_order():
@@ -33,10 +29,7 @@ def test_seed_values_survive_config_json():
 
 
 def sweep(out, *flags):
-    done = subprocess.run([sys.executable, "-m", "pe_fast.sweep", *NETSIM, *flags, "--no-report", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return pd.read_parquet(out / "results.parquet")
+    return sweep_results(out, *NETSIM, *flags)
 
 
 def test_a_seed_chosen_by_value_trains_as_in_the_run_that_counted_it(tmp_path):
@@ -52,7 +45,6 @@ def test_a_seed_chosen_by_value_trains_as_in_the_run_that_counted_it(tmp_path):
     for column in ("train_mse", "test_mse", "test_r2", "pe_fc_corr"):
         np.testing.assert_allclose(both[f"{column}_alone"], both[f"{column}_counted"], rtol=1e-4, atol=1e-6,
                                    err_msg=column)
-    resumed = subprocess.run([sys.executable, "-m", "pe_fast.sweep", "--resume", "--out", str(tmp_path / "alone"),
-                              "--seed-values", str(grid.AUTHOR_SEEDS[1]), "--no-report"],
-                             capture_output=True, text=True, timeout=600)
+    resumed = run_sweep("--resume", "--out", str(tmp_path / "alone"), "--seed-values", str(grid.AUTHOR_SEEDS[1]),
+                        "--no-report")
     assert resumed.returncode == 0, resumed.stderr

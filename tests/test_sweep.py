@@ -3,20 +3,15 @@ and no results folder."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from sweep_harness import run_sweep
+
 TINY = ["--task", "lst", "--steps", "4", "--eval-every", "2", "--width", "16", "--depth", "1", "--batch-size", "16",
         "--seeds", "2"]
-
-
-def run_sweep(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pe_fast.sweep", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
 
 
 def test_tiny_sweep_writes_complete_results(tmp_path):

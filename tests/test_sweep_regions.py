@@ -1,13 +1,13 @@
 """`python -m pe_fast.sweep --task fmri | netsim`: small real runs and the one-line errors for bad input."""
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from sweep_harness import run_sweep
 
 TINY = ["--seeds", "1", "--steps", "12", "--eval-every", "6", "--width", "16", "--depth", "1", "--mlp-width", "32",
         "--batch-size", "16", "--threads", "1", "--eval-items", "64"]
@@ -19,8 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def sweep(*args, cwd=None):
     # The repository on the path, so that the run works from any folder even without an installed pe_fast.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "pe_fast.sweep", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env=env)
+    return run_sweep(*args, cwd=cwd, env=env)
 
 
 def check_gradient_columns(out: Path, results: pd.DataFrame):

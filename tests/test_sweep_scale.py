@@ -26,26 +26,15 @@ from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
+from sweep_harness import TINY_NETSIM, run_sweep, start_sweep, sweep_command
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
 # Long enough (160 steps a pack) that the kills below land before the end. Two learning rates: the middle pack
 # holds one model of each, so its optimizer is the stacked one with per-model rates, the others torch's.
-NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
-          "--width", "16", "--depth", "1", "--batch-size", "16", "--seeds", "1", "--pe", "learned",
+NETSIM = [*TINY_NETSIM, "--seeds", "1", "--pe", "learned",
           "--sigmas", "0.1,1,2", "--lr", "1e-3,3e-3", "--max-pack", "2", "--steps", "160", "--eval-every", "80",
           "--checkpoint-every", "10", "--threads", "1", "--no-report"]
 TIMING = ["train_seconds"]
-
-
-def start_sweep(*args):
-    return subprocess.Popen([sys.executable, "-m", "pe_fast.sweep", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def run_sweep(*args, timeout=600, env=None):
-    """The sweep as a user types it: python -m pe_fast.sweep in a process of its own."""
-    return subprocess.run([sys.executable, "-m", "pe_fast.sweep", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -255,8 +244,8 @@ def test_slurm_driver_killed_and_resumed_waits_for_its_running_jobs(tmp_path, re
     pytest.importorskip("submitit")
     out = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:  # the orphaned jobs keep writing: no pipe they could fill
-        first = subprocess.Popen([sys.executable, "-m", "pe_fast.sweep", *NETSIM, "--executor", "slurm",
-                                  "--slurm-local", "--out", str(out)], stdout=log, stderr=log)
+        first = subprocess.Popen(sweep_command(*NETSIM, "--executor", "slurm", "--slurm-local", "--out", str(out)),
+                                 stdout=log, stderr=log)
     try:
         wait_for(lambda: checkpoints(out) and len(slurm_jobs(out)) == 3
                  and all(child_of(job) for job in slurm_jobs(out).values()), first)

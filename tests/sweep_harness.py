@@ -1,0 +1,35 @@
+"""The sweep as users run it, shared by the tests that start it: `python -m pe_fast.sweep` in a process of its
+own, its settings as the command line makes them, and a network simulation small enough for a test."""
+import subprocess
+import sys
+
+import pandas as pd
+
+from pe_fast.sweep.settings import Settings, build_parser, from_flags
+
+# 12 nodes in 3 modules and a one-block width-16 model: a model-step takes about a millisecond
+TINY_NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",
+               "--width", "16", "--depth", "1", "--batch-size", "16"]
+
+
+def sweep_command(*args) -> list[str]:
+    return [sys.executable, "-m", "pe_fast.sweep", *args]
+
+
+def run_sweep(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_command(*args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def start_sweep(*args) -> subprocess.Popen:
+    return subprocess.Popen(sweep_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def sweep_results(out, *args) -> pd.DataFrame:
+    """results.parquet of a sweep that must succeed (no report: the tests read the table)."""
+    done = run_sweep(*args, "--no-report", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return pd.read_parquet(out / "results.parquet")
+
+
+def settings_of(*args) -> Settings:
+    return from_flags(build_parser().parse_args([*args, "--out", "unused"]))
