@@ -13,12 +13,12 @@ import torch
 
 from pe_fast.report.cli import main as report_main
 from pe_fast.sweep.cli import main as sweep_main
+from sweep_harness import TINY_NETSIM
 
 LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
        "--pe", "learned", "--sigmas", "0.5", "--no-report"]
-NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4", "--width",
-          "16", "--depth", "1", "--batch-size", "16", "--seeds", "1", "--pe", "learned", "--sigmas", "0.5",
-          "--steps", "4", "--eval-every", "2", "--no-report"]
+NETSIM = [*TINY_NETSIM, "--seeds", "1", "--pe", "learned", "--sigmas", "0.5", "--steps", "4", "--eval-every", "2",
+          "--no-report"]
 FMRI = ["--task", "fmri", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
         "--sigmas", "0.5", "--no-report"]
 

@@ -4,6 +4,7 @@ sweep records the precision, keeps it on --resume and refuses what the device ca
 import dataclasses
 import json
 import math
+
 import pandas as pd
 import pytest
 import torch
