@@ -50,7 +50,8 @@ def model_dissimilarities(run: Run) -> tuple[pd.DataFrame, np.ndarray]:
     models = run.results[[f"model_{int(i)}" in run.pe_tables for i in run.results["model_id"]]]
     rdms = [upper_triangle(1 - cosine_similarity_matrix(run.pe_tables[f"model_{int(i)}"][0]))
             for i in models["model_id"]]
-    return models.reset_index(drop=True), np.array(rdms).reshape(len(rdms), -1)
+    # no PE tables (a folder kept without pe_tables.npz, as docs/results keeps them): no RDMs, an empty [0, 0]
+    return models.reset_index(drop=True), (np.array(rdms) if rdms else np.empty((0, 0)))
 
 
 def as_rdms(run: Run, task: str, directory: Path):
