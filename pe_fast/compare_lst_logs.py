@@ -25,7 +25,6 @@ repository (notes in that folder's README).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -34,9 +33,10 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
+from pe_fast.report import pooling
 from pe_fast.report.reading import ReportError, read_run
 from pe_fast.sweep.grid import pe_dropout_of
-from pe_fast.sweep.settings import RUNTIME_FLAGS, Settings
+from pe_fast.sweep.settings import Settings
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 
 LOGS_ENV = "PE_FAST_LST_LOGS"
@@ -84,11 +84,10 @@ def dropout_note(settings: Settings, pe: str) -> str:
     return "" if ours == theirs else f" (PE dropout {ours:g}, theirs {theirs:g})"
 
 
-# What may differ between folders compared as one run: which models (seeds, PEs, σ), the PE dropout (in each
-# setting's label), how often they were evaluated, the preset's name (its values are compared), and where and how
-# they ran.
-MAY_DIFFER = {"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every", "eval_items",
-              "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS}
+# Folders compared as one run may differ as pooled ones may (pe_fast.report.pooling), and also in how many items
+# they evaluated and, at a constant learning rate, in their number of steps: the comparison is per logged epoch.
+# Where a PE kind's dropout differs, the setting's label says so.
+ALSO_MAY_DIFFER = frozenset({"eval_items"})
 
 
 def read_lst_run(directory: Path) -> tuple[pd.DataFrame, Settings]:
@@ -100,12 +99,10 @@ def read_lst_run(directory: Path) -> tuple[pd.DataFrame, Settings]:
     if (run.config.get("settings") or {}).get("task") != "lst":
         raise CompareError(f"{directory} is not an LST run (its config.json names task "
                            f"{(run.config.get('settings') or {}).get('task')!r})")
-    try:  # config.json files from before a setting get its default, as --resume gives them
-        settings = Settings.from_json(run.config["settings"], packs=())
-    except (TypeError, ValueError) as error:
-        raise CompareError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
-    if settings.precision is None:  # sweeps from before --precision trained in float32
-        settings = dataclasses.replace(settings, precision="fp32")
+    try:
+        settings = pooling.run_settings(directory, run)
+    except ReportError as error:
+        raise CompareError(str(error))
     curves = run.curves[run.curves["pe"].isin(["learned", "sin2d"])].copy()
     if curves.empty or not {"train_acc", "test_acc"} <= set(curves.columns):
         raise CompareError(f"{directory} has no learned or sin2d curves with train_acc and test_acc to compare")
@@ -119,13 +116,12 @@ def read_lst_run(directory: Path) -> tuple[pd.DataFrame, Settings]:
 def pooled_curves(directories: list[Path]) -> pd.DataFrame:
     """The curves of every folder as one run's, after checking that they trained alike."""
     runs = [read_lst_run(directory) for directory in directories]
-    first_dir, (_, first) = directories[0], runs[0]
-    for directory, (_, settings) in zip(directories[1:], runs[1:]):
-        for name, value in dataclasses.asdict(settings).items():
-            ok = name in MAY_DIFFER or (name == "steps" and settings.schedule == first.schedule == "constant")
-            if not ok and value != getattr(first, name):
-                raise CompareError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
-                                   f"{getattr(first, name)!r}: not one run's models")
+    settings = {directory: s for directory, (_, s) in zip(directories, runs)}
+    constant = all(s.schedule == "constant" for s in settings.values())
+    try:
+        pooling.check_alike(settings, pooling.MAY_DIFFER | ALSO_MAY_DIFFER | ({"steps"} if constant else set()))
+    except ReportError as error:
+        raise CompareError(str(error))
     curves = pd.concat([c for c, _ in runs], ignore_index=True)
     seeds = curves.drop_duplicates(["setting", "seed", "folder"])
     twice = seeds[seeds.duplicated(["setting", "seed"])]

@@ -33,6 +33,8 @@ PARTIAL = ".partial-"  # the infix of temporary files and folders
 CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
 RESULTS, CURVES, PE_TABLES, SUMMARY = "results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"
 REPORT, FIGURES = "report.md", "figures"
+# config.json of a folder that pools finished sweeps (pe_fast.report.pooling) names them under this key: no packs
+POOLED_FROM = "pooled_from"
 # pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
 # attention maps [L, N, N] on the task's attention split under "attention_map_<i>" (every model)
 ATTENTION_MAP = "attention_map_"

@@ -66,6 +66,7 @@ HOW = {
         "skip", "needs a SLURM cluster (sbatch, srun); tests/test_sweep_scale.py runs the path with --slurm-local and "
                 "checks the sbatch script these flags produce"),
     "python -m pe_fast.report runs/mine": ("run", ""),
+    "python -m pe_fast.report runs/mine runs/mine-seed4 --out runs/mine-pooled": ("run", ""),
     "python -m pe_fast.sweep --task fmri --tensorboard --out runs/fmri-watched": (
         "run", f"{TINY} --sigmas 0.5 --no-report"),
     "python -m pe_fast.sweep --task lst --pe learned,sin2d,none --sigmas 0.1,0.2,2.0 --seed-values 9742 --steps 3000 "

@@ -2,6 +2,7 @@
 means with numpy), on a running sweep's packs, on the real H100 results in docs/results, and on bad input."""
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -315,4 +316,27 @@ def test_paired_differences_by_seed_with_t_intervals():
                      f"random σ=0.5 − σ=2: {interval(np.subtract(fixed[0.5], fixed[2.0]))}",
                      f"learned − random (training the PE) at σ=0.5: {interval(np.subtract(r2[0.5], fixed[0.5]))}",
                      f"learned − random (training the PE) at σ=2: {interval(np.subtract(r2[2.0], fixed[2.0]))}",
+                     f"learned σ=0.1 − random σ=0.5: {interval(np.subtract(r2[0.1], fixed[0.5]))}",
                      f"learned σ=0.1 − baseline:linear: {interval(np.subtract(r2[0.1], 0.505))}"]
+    # and the best against the best of each other PE kind, those without a σ too (sinusoids of the index, no PE)
+    sinusoids, no_pe = [0.46, 0.47, 0.47, 0.45], [0.30, 0.31, 0.29, 0.30]
+    rows += [dict(pe=pe, sigma=np.nan, seed=seed, test_r2=value) for pe, values in (("sin1d", sinusoids),
+                                                                                     ("none", no_pe))
+             for seed, value in zip((7, 8, 9, 10), values)]
+    lines = paired_statements(pd.DataFrame(rows), "test_r2")
+    assert lines[-4:] == [f"learned σ=0.1 − random σ=0.5: {interval(np.subtract(r2[0.1], fixed[0.5]))}",
+                          f"learned σ=0.1 − sin1d: {interval(np.subtract(r2[0.1], sinusoids))}",
+                          f"learned σ=0.1 − none: {interval(np.subtract(r2[0.1], no_pe))}",
+                          f"learned σ=0.1 − baseline:linear: {interval(np.subtract(r2[0.1], 0.505))}"]
+    # a PE without a σ on top (as sin2d on the LST): it against each σ-PE's best σ
+    raised = pd.DataFrame(rows).assign(test_r2=lambda f: f["test_r2"] + 0.1 * (f["pe"] == "sin1d"))
+    assert (f"sin1d − learned σ=0.1: {interval(np.subtract(np.add(sinusoids, 0.1), r2[0.1]))}"
+            in paired_statements(raised, "test_r2"))
+
+
+def test_a_folder_kept_without_pe_tables_gets_its_report(tmp_path):
+    """docs/results keeps no pe_tables.npz: the report is still written, and its RSA section says why it is empty."""
+    pytest.importorskip("rsatoolbox")
+    folder = shutil.copytree(DOCS / "cpu-glasser360-learned-10k", tmp_path / "run")
+    text = report.write_report(folder).read_text()
+    assert "No model with a PE table" in text and "| learned | 0.5 | 3 |" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from pe_fast import run_folder
-from pe_fast.report import rsa
+from pe_fast.report import pooling, rsa
 from pe_fast.report.figures import draw_figures
 from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
                                     map_alignment, sigma_label, statement, summary_markdown)
@@ -126,18 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         print(report.__doc__.split("\n\n")[1].strip())
         return 0
     rdms = "--rdms" in argv
-    folders = [a for a in argv if a != "--rdms"]
-    if len(folders) != 1 or any(a.startswith("-") for a in folders):
-        print("error: usage: python -m pe_fast.report DIR [--rdms] (one results folder)", file=sys.stderr)
+    argv = [a for a in argv if a != "--rdms"]
+    out = None
+    if "--out" in argv:
+        at = argv.index("--out")
+        out, argv = (argv[at + 1] if at + 1 < len(argv) else ""), argv[:at] + argv[at + 2:]
+    if not argv or any(a.startswith("-") for a in argv) or out == "" or (out is None and len(argv) != 1):
+        print("error: usage: python -m pe_fast.report DIR [--rdms] (one results folder), or "
+              "python -m pe_fast.report DIR DIR ... --out POOLED [--rdms] (several, pooled as one run)",
+              file=sys.stderr)
         return 2
     if rdms and not rsa.available():
         print("error: --rdms needs rsatoolbox, which is not installed: pip install \"pe_fast[rsa]\"", file=sys.stderr)
         return 2
     try:
-        report = write_report(folders[0])
+        folder = Path(argv[0]) if out is None else pooling.pool([Path(a) for a in argv], Path(out))
+        report = write_report(folder)
         if rdms:
-            run = read_run(Path(folders[0]))
-            print(f"RDMs written to {rsa.export(run, task_name(run), Path(folders[0]))}", file=sys.stderr)
+            run = read_run(folder)
+            print(f"RDMs written to {rsa.export(run, task_name(run), folder)}", file=sys.stderr)
     except ReportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from pe_fast import run_folder
+from pe_fast.metrics import attention_maps
 from pe_fast.report.reading import Run
 from pe_fast.tasks.base import TaskView
 
@@ -135,6 +137,36 @@ def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
     return "\n".join(lines)
 
 
+def summary_table(results: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Mean ± sd over seeds for each (PE, σ, every optimizer axis that varies), of the task's summary columns
+    that the results hold."""
+    metrics = [c for c in columns if c in results]
+    axes = varying_axes(results)
+    rows = []
+    for key, group in results.groupby(["pe", "sigma", *axes], dropna=False, sort=False):
+        pe, sigma, *values = key
+        row = {"pe": pe, "sigma": "" if math.isnan(sigma) else f"{sigma:g}",
+               **{a: axis_label(a, v) for a, v in zip(axes, values)}, "seeds": len(group)}
+        for metric in metrics:
+            values = group[metric].to_numpy(dtype=float)
+            scale = 100.0 if metric.endswith("acc") or "_acc_" in metric else 1.0
+            digits = 1 if scale == 100.0 else 3
+            row[metric] = f"{np.nanmean(values) * scale:.{digits}f} ± {np.nanstd(values) * scale:.{digits}f}" \
+                if np.isfinite(values).any() else "-"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def attention_map_alignment(results: pd.DataFrame, pe_tables: dict, reference_pe: str | None) -> np.ndarray:
+    """Per results row, the alignment of the model's mean attention maps with those of the task's ground-truth
+    PE models (metrics.attention_maps.map_alignment); NaN where the task has none or the run trained none."""
+    maps = {i: pe_tables[f"{run_folder.ATTENTION_MAP}{i}"] for i in results["model_id"]
+            if f"{run_folder.ATTENTION_MAP}{i}" in pe_tables}
+    reference_ids = list(results.loc[results["pe"] == reference_pe, "model_id"]) if reference_pe else []
+    scores = attention_maps.map_alignment(maps, reference_ids)
+    return results["model_id"].map(scores).astype(float).to_numpy()
+
+
 def paired_difference(a: pd.Series, b: pd.Series | float) -> tuple[float, float, float, int] | None:
     """Mean of a − b over the seeds both have (a, b indexed by seed; b may be one number, e.g. a baseline) and its
     95 % t interval: (mean, low, high, seeds), or None with fewer than 2 seeds."""
@@ -153,8 +185,8 @@ def fmt_paired(label: str, paired: tuple[float, float, float, int]) -> str:
 
 def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
     """Seed-paired differences, when the grid varies only PE and σ: each σ-PE's best σ against its largest, the
-    learned PE against the random one at each σ both have, and the best (PE, σ) of all against each
-    non-transformer reference."""
+    learned PE against the random one at each σ both have, and the best (PE, σ) of all against each other PE kind's
+    best (its σ, or the sinusoids and none without one) and each non-transformer reference."""
     models = results[~is_baseline(results["pe"])]
     if varying_axes(results) or "seed" not in models or score not in models:
         return []
@@ -177,11 +209,17 @@ def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
         if (paired := paired_difference(by_seed[("learned", sigma)], by_seed[("random", sigma)])) is not None:
             lines.append(fmt_paired(f"learned − random (training the PE) at σ={sigma:g}:", paired))
     top = better(means, key=means.get)
+    label = lambda key: key[0] + (f" σ={key[1]:g}" if np.isfinite(key[1]) else "")  # noqa: E731
+    for pe in dict.fromkeys(models["pe"]):  # in the run's order
+        if pe == top[0] or not any(key[0] == pe for key in means):
+            continue
+        best = better((key for key in means if key[0] == pe), key=means.get)
+        if (paired := paired_difference(by_seed[top], by_seed[best])) is not None:
+            lines.append(fmt_paired(f"{label(top)} − {label(best)}:", paired))
     for row in results[is_baseline(results["pe"])].itertuples():
         reference = getattr(row, score)
         if np.isfinite(reference) and (paired := paired_difference(by_seed[top], float(reference))) is not None:
-            name = top[0] + (f" σ={top[1]:g}" if np.isfinite(top[1]) else "")
-            lines.append(fmt_paired(f"{name} − {row.pe}:", paired))
+            lines.append(fmt_paired(f"{label(top)} − {row.pe}:", paired))
     return lines
 
 

@@ -458,6 +458,9 @@ def from_resume(args: argparse.Namespace) -> Settings:
         raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
     except (ValueError, KeyError, TypeError) as error:
         raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
+    if run_folder.POOLED_FROM in config:
+        raise UsageError(f"--resume: {args.out} pools finished sweeps (python -m pe_fast.report DIR ... --out); it has "
+                         f"nothing to continue")
     given = {name: value for name, value in vars(args).items()
              if name not in RESUME_FLAGS and value is not None and value is not False}
     for name, value in given.items():
