@@ -318,6 +318,12 @@ def test_paired_differences_by_seed_with_t_intervals():
                      f"learned − random (training the PE) at σ=2: {interval(np.subtract(r2[2.0], fixed[2.0]))}",
                      f"learned σ=0.1 − random σ=0.5: {interval(np.subtract(r2[0.1], fixed[0.5]))}",
                      f"learned σ=0.1 − baseline:linear: {interval(np.subtract(r2[0.1], 0.505))}"]
+    # when the best model and the best random PE share σ, that pair is learned − random at σ, stated once
+    same_sigma = pd.DataFrame(rows).assign(test_r2=lambda f: f["test_r2"] + 0.1 * ((f["pe"] == "learned")
+                                                                                   & (f["sigma"] == 0.5)))
+    lines = paired_statements(same_sigma, "test_r2")
+    assert f"learned − random (training the PE) at σ=0.5: {interval(np.add(r2[0.5], 0.1) - fixed[0.5])}" in lines
+    assert not any(line.startswith("learned σ=0.5 − random") for line in lines)
     # and the best against the best of each other PE kind, those without a σ too (sinusoids of the index, no PE)
     sinusoids, no_pe = [0.46, 0.47, 0.47, 0.45], [0.30, 0.31, 0.29, 0.30]
     rows += [dict(pe=pe, sigma=np.nan, seed=seed, test_r2=value) for pe, values in (("sin1d", sinusoids),
