@@ -205,19 +205,17 @@ def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
             lines.append(fmt_paired(f"{pe} σ={best:g} − σ={sigmas[-1]:g}:", paired))
     # A random PE is the same seed's learned PE at initialisation, never trained (tests/test_pe.py): the paired
     # difference is what training the PE added.
-    stated = set()
     for sigma in sorted(s for pe, s in means if pe == "random" and ("learned", s) in means):
         if (paired := paired_difference(by_seed[("learned", sigma)], by_seed[("random", sigma)])) is not None:
             lines.append(fmt_paired(f"learned − random (training the PE) at σ={sigma:g}:", paired))
-            stated.add((("learned", sigma), ("random", sigma)))
     top = better(means, key=means.get)
     label = lambda key: key[0] + (f" σ={key[1]:g}" if np.isfinite(key[1]) else "")  # noqa: E731
     for pe in dict.fromkeys(models["pe"]):  # in the run's order
         if pe == top[0] or not any(key[0] == pe for key in means):
             continue
         best = better((key for key in means if key[0] == pe), key=means.get)
-        if (top, best) in stated:
-            continue
+        if best[1] == top[1] and {top[0], best[0]} == {"learned", "random"}:
+            continue  # the learned − random line at that σ above
         if (paired := paired_difference(by_seed[top], by_seed[best])) is not None:
             lines.append(fmt_paired(f"{label(top)} − {label(best)}:", paired))
     for row in results[is_baseline(results["pe"])].itertuples():
