@@ -269,6 +269,22 @@ def test_convergence_against_curves_of_known_shape():
     assert [(who, gain) for who, gain, _ in check.still_improving] == [("σ=0.1, lr=0.003", pytest.approx(0.1))]
 
 
+def test_convergence_between_sparse_evaluations():
+    """Evaluations every 1,000 of 10,000 steps miss the quarters' boundaries (5,000 lies on one, 7,500 does not).
+    Gains that halve every quarter (2,500 steps), 0.03 in the last one: two more quarters bring a gain of 0.0075,
+    under the tolerance, so about 5,000 more steps. Reading the score at 7,000 instead of 7,500 stretched the last
+    quarter and shrank the one before, and estimated 12,500."""
+    from pe_fast.report.numbers import convergence
+    steps = np.arange(0, 10001, 1000)
+    amplitude = 0.03 / (0.5 ** 3 - 0.5 ** 4)   # v(10,000) − v(7,500) = 0.03
+    curves = pd.DataFrame(dict(pe="learned", sigma=0.1, step=steps, ood_acc=0.95 - amplitude * 0.5 ** (steps / 2500),
+                               train_acc=1.0))
+    (check,) = convergence(curves, KINDS["lst"].view)
+    ((who, gain, more),) = check.still_improving
+    # linear interpolation between evaluations overstates the last quarter's gain by about 2 %
+    assert who == "σ=0.1" and gain == pytest.approx(0.03, rel=0.03) and more == 5000
+
+
 def test_optimizer_axes_get_their_own_rows_and_a_phase_diagram(tmp_path):
     """σ × two learning rates × two seeds: the summary has one row per (σ, lr) with numpy's means, and the
     σ × lr heatmaps and the rich/lazy figure are drawn."""
