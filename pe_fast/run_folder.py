@@ -5,6 +5,8 @@ since a pack's last checkpoint, and never leaves a half-written file where a rea
     DIR/config.json                settings, task, models and packs: written at the start
     DIR/ground_truth.npz           region tasks: FC, networks, centroids, coupling (written at the start)
     DIR/packs/<i>.checkpoint.pt    the training state of pack i while it trains (removed when it is done)
+    DIR/packs/<i>.step             the step pack i has reached, while a Ray or SLURM worker trains it: the
+                                   driver's progress line reads it (removed when the pack is done)
     DIR/packs/<i>/                 a finished pack: results.parquet, curves.parquet, pe_tables.npz
     DIR/results.parquet ...        at the end: every pack together, and summary.txt (results.parquet last,
                                    so its presence means the sweep finished)
@@ -197,6 +199,25 @@ def checkpoint_path(out: Path, index: int) -> Path:
     return out / "packs" / f"{index}.checkpoint.pt"
 
 
+def step_path(out: Path, index: int) -> Path:
+    return out / "packs" / f"{index}.step"
+
+
+def write_step(out: Path, index: int, step: int):
+    path = step_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda tmp: tmp.write_text(f"{step}\n"))
+
+
+def read_step(out: Path, index: int) -> int | None:
+    """The step a worker last reported for pack `index`; None before it reports, after the pack is done, or when
+    the file cannot be read (progress only: never an error)."""
+    try:
+        return int(step_path(out, index).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def finished_packs(out: Path) -> set[int]:
     folder = out / "packs"
     return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / RESULTS).is_file()} \
@@ -249,7 +270,7 @@ def check_checkpoint(out: Path, index: int) -> None:
 
 def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,
                pe_tables: dict[str, np.ndarray]):
-    """DIR/packs/<index>/ appears whole or not at all; the pack's checkpoint is removed after."""
+    """DIR/packs/<index>/ appears whole or not at all; the pack's checkpoint and step file are removed after."""
     (out / "packs").mkdir(parents=True, exist_ok=True)
     # Assembled beside packs/, not in it: a reader of packs/*/ (the report) must never see a partial pack.
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
@@ -266,6 +287,7 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     checkpoint_path(out, index).unlink(missing_ok=True)
+    step_path(out, index).unlink(missing_ok=True)
 
 
 def read_packs(out: Path, count: int) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:

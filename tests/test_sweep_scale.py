@@ -165,6 +165,7 @@ def test_ray_executor_from_the_command_line_equals_local(tmp_path, reference):
     proc = run_sweep(*NETSIM, "--executor", "ray", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert_same_results(out, reference)
+    assert not list((out / "packs").glob("*.step"))  # the workers' step reports went with their finished packs
 
 
 def test_ray_executor_joins_a_running_cluster(tmp_path, reference):

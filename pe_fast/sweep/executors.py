@@ -37,7 +37,7 @@ def apply_runtime(s: Settings):
 
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:
     """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
-    DIR/packs/<index>/. Returns {index, models, trained_steps}."""
+    DIR/packs/<index>/. Returns {index, trained_steps}."""
     trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s, pack),
                           [m["seed"] for m in pack], [m["sigma"] for m in pack], torch.device(s.device))
     state = run_folder.load_checkpoint(out, index)
@@ -62,14 +62,14 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
             pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
         pe_tables[f"{run_folder.ATTENTION_MAP}{model['model_id']}"] = result.attention_maps[local]
     run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables)
-    return {"index": index, "models": len(pack), "trained_steps": s.steps - first_step}
+    return {"index": index, "trained_steps": s.steps - first_step}
 
 
 def run_local(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, task, progress: Progress):
     for index in todo:
-        progress.start_pack(index, len(packs[index]))
+        progress.start_pack(index)
         done = train_and_store_pack(s, index, packs[index], out, task, on_step=progress.update)
-        progress.finish_pack(done["models"], done["trained_steps"])
+        progress.finish_pack(index, done["trained_steps"])
 
 
 @functools.lru_cache(maxsize=2)
@@ -77,11 +77,38 @@ def _cached_task(settings_json: str):
     return load_task(Settings.from_json(json.loads(settings_json), packs=()))
 
 
+STEP_REPORT_S = 5.0  # how often a worker writes its pack's step for the driver's progress line
+POLL_S = 2.0  # how often the Ray and SLURM drivers look for finished packs and reported steps
+
+
+class StepReporter:
+    """A worker's on_step: writes the pack's step to DIR/packs/<index>.step at its first step and then at most
+    every STEP_REPORT_S seconds, for the driver, which sees the worker only through the folder."""
+
+    def __init__(self, out: Path, index: int):
+        self.out, self.index, self.last = out, index, None
+
+    def __call__(self, step: int):
+        now = time.monotonic()
+        if self.last is None or now - self.last >= STEP_REPORT_S:
+            run_folder.write_step(self.out, self.index, step)
+            self.last = now
+
+
 def pack_job(s: Settings, index: int, pack: list[dict], out: str) -> dict:
     """One pack in a process of its own (a Ray worker, a SLURM job): load the task (once per process) and train."""
     apply_runtime(s)
     task = _cached_task(json.dumps(s.to_json(), sort_keys=True))
-    return train_and_store_pack(s, index, pack, Path(out), task)
+    return train_and_store_pack(s, index, pack, Path(out), task, on_step=StepReporter(Path(out), index))
+
+
+def observe_steps(out: Path, indices, progress: Progress):
+    """Give the progress line the steps the workers of these packs last reported."""
+    for index in indices:
+        step = run_folder.read_step(out, index)
+        if step is not None:
+            progress.observe(index, step)
+    progress.draw()
 
 
 def run_ray(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
@@ -93,16 +120,18 @@ def run_ray(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, pr
     gpus = 1 if s.device == "cuda" else 0
     remote = ray.remote(num_cpus=s.threads or 1, num_gpus=gpus, max_retries=0)(pack_job)
     settings = dataclasses.replace(s, threads=s.threads or 1)
-    pending = [remote.remote(settings, index, packs[index], str(out.resolve())) for index in todo]
+    pending = {remote.remote(settings, index, packs[index], str(out.resolve())): index for index in todo}
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        done = ray.get(ready[0])
-        progress.finish_pack(done["models"], done["trained_steps"])
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+        for ref in ready:
+            del pending[ref]
+            done = ray.get(ref)
+            progress.finish_pack(done["index"], done["trained_steps"])
+        observe_steps(out, list(pending.values()), progress)
 
 
 SLURM_FOLDER = "slurm"  # submitit's job scripts, pickles and logs, and JOBS_FILE
 JOBS_FILE = "jobs.json"  # pack index -> the job that trains it, so that a restarted driver finds running jobs
-POLL_S = 2.0
 MAX_TIME_LIMIT_REQUEUES = 100
 
 
@@ -191,4 +220,5 @@ def run_slurm(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, 
             except Exception as error:
                 raise PackFailed(f"pack {index}'s job {job.job_id} failed ({type(error).__name__}); its log: "
                                    f"{job.paths.stderr}; rerun with --resume to continue from its checkpoint")
-            progress.finish_pack(done["models"], done["trained_steps"])
+            progress.finish_pack(index, done["trained_steps"])
+        observe_steps(out, list(jobs), progress)
