@@ -37,7 +37,7 @@ def apply_runtime(s: Settings):
 
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:
     """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
-    DIR/packs/<index>/. Returns {index, trained_steps}."""
+    DIR/packs/<index>/. Returns {trained_steps}: the steps trained here, after the checkpoint it started from."""
     trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s, pack),
                           [m["seed"] for m in pack], [m["sigma"] for m in pack], torch.device(s.device))
     state = run_folder.load_checkpoint(out, index)
@@ -62,7 +62,7 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
             pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
         pe_tables[f"{run_folder.ATTENTION_MAP}{model['model_id']}"] = result.attention_maps[local]
     run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables)
-    return {"index": index, "trained_steps": s.steps - first_step}
+    return {"trained_steps": s.steps - first_step}
 
 
 def run_local(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, task, progress: Progress):
@@ -124,9 +124,7 @@ def run_ray(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, pr
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
         for ref in ready:
-            del pending[ref]
-            done = ray.get(ref)
-            progress.finish_pack(done["index"], done["trained_steps"])
+            progress.finish_pack(pending.pop(ref), ray.get(ref)["trained_steps"])
         observe_steps(out, list(pending.values()), progress)
 
 
