@@ -43,10 +43,15 @@ def _pe_attention(
     return _forward(*OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope_cos, rope_sin, bias, backend))
 
 
+def autocast_on(device: torch.device) -> bool:
+    # torch.is_autocast_enabled raises for device types without autocast, such as meta (shape inference)
+    return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
+
+
 def own_dtypes(device: torch.device):
     """The op's body, forward and backward, computes in its inputs' own dtypes (mixed under autocast: x in bf16,
     the PE's path in float32, projection.py), so autocast, where it is on, is switched off around it."""
-    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+    if autocast_on(device):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()
 
@@ -114,12 +119,44 @@ def _(info, in_dims, *args):
     return fold_into_model_axis(info, in_dims, args, PER_MODEL, _pe_attention)
 
 
+# Every backend computes in these (a kernel that lacks one hands it to the reference); integer or complex
+# tensors would fail deep inside a matmul, or be truncated to the weights' dtype without a word.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:
-    """Shape errors name the argument and the expected shape, instead of failing deep inside a matmul."""
+    """Every argument checked once, before any backend runs, so that all backends reject the same calls with one
+    error naming the argument (TypeError: not a tensor, not an int, a dtype that is not floating; ValueError: a
+    value, shape or device), instead of failing deep inside a kernel or returning garbage."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, torch.SymInt)):
+        raise TypeError(f"num_heads must be an int, got {num_heads!r} ({type(num_heads).__name__})")
+    if num_heads < 1:
+        raise ValueError(f"num_heads={num_heads} must be at least 1")
+    if rope is not None and (not isinstance(rope, (tuple, list)) or len(rope) != 2):
+        raise TypeError(f"rope must be a (cos, sin) pair of tensors, got {type(rope).__name__}")
+    cos, sin = rope if rope is not None else (None, None)
+    tensors = {"x": x, "pe": pe, "w_qkv": w_qkv, "b_qkv": b_qkv, "probes": probes, "rope[0]": cos, "rope[1]": sin,
+               "bias": bias}
+    for name, tensor in tensors.items():
+        if tensor is None and name not in ("x", "w_qkv"):  # the optional ones
+            continue
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        # probes may come in any dtype (bool and uint8 masks are the cheap ones to read)
+        if name != "probes" and tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a floating tensor ({', '.join(map(str, FLOAT_DTYPES))}), "
+                            f"got {tensor.dtype}")
+        # a meta tensor among real ones (or a second device) would make a kernel read memory that is not there
+        if tensor.device != x.device:
+            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}: every tensor argument must be "
+                             f"on x's device")
     if x.dim() != 4:
         raise ValueError(f"x must be [M,B,N,D], got shape {tuple(x.shape)}")
-    M, B, N, D = x.shape
-    if num_heads < 1 or D % num_heads:
+    M, _, N, D = x.shape
+    for dim, size in zip("MBND", x.shape):
+        if size == 0:  # the reference would divide by zero, a kernel would average nothing
+            raise ValueError(f"x [M,B,N,D] has an empty dimension {dim}=0, got shape {tuple(x.shape)}")
+    if D % num_heads:
         raise ValueError(f"num_heads={num_heads} must divide the model width D={D}")
     expected = {"pe": (pe, (M, N, D)), "w_qkv": (w_qkv, (M, D, 3 * D)), "b_qkv": (b_qkv, (M, 3 * D)),
                 "bias": (bias, (M, num_heads, N, N))}
@@ -145,9 +182,10 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     Optional: rope = (cos, sin) tables [N, dh/2] rotating q and k; bias [M,H,N,N] added to the logits.
     Under torch.autocast, x and the bias are cast to the autocast dtype, and so is x @ w_qkv; the PE's part,
     pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
+    A bad argument raises TypeError or ValueError naming it before any backend runs (`check_inputs`).
     """
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
-    if torch.is_autocast_enabled(x.device.type):
+    if autocast_on(x.device):
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
         # the statistics stay float32 and the gradients flow back to each input's own dtype.
         low = torch.get_autocast_dtype(x.device.type)

@@ -1,0 +1,141 @@
+"""pe_attention's own argument checks: every backend rejects the same bad calls, before it runs, with the same
+exception naming the argument (a meta or mixed-device tensor, num_heads that is not an int ≥ 1, an empty
+dimension, a dtype that is not floating, something that is not a tensor); valid calls still match the reference.
+
+Every backend that runs on this machine's devices: reference and cpp on the CPU, triton on CUDA, and triton on the
+CPU too under `TRITON_INTERPRET=1 python -m pytest tests/test_op_bad_input.py` (its interpreter decides at import).
+"""
+import re
+
+import pytest
+import torch
+
+from pe_fast.ops import BACKENDS, pe_attention
+
+M, B, N, D, H, K = 2, 2, 4, 8, 2, 2
+
+
+def _device(backend: str) -> str | None:
+    devices = BACKENDS[backend].devices
+    return "cpu" if "cpu" in devices else "cuda" if "cuda" in devices and torch.cuda.is_available() else None
+
+
+TARGETS = [pytest.param((name, _device(name)), id=f"{name}-{_device(name)}") for name in BACKENDS
+           if _device(name) is not None]
+
+
+def make(device, dtype=torch.float64, shape=(M, B, N, D), seed=0):
+    """A valid call's arguments, as pe_attention's keyword names (rope has head dim D/H = 4)."""
+    m, b, n, d = shape
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype)
+
+    angles = torch.rand(n, d // H // 2, generator=g, dtype=torch.float64).to(device, dtype)
+    return {"x": r(m, b, n, d), "pe": r(m, n, d), "w_qkv": r(m, d, 3 * d) / max(d, 1) ** 0.5, "b_qkv": r(m, 3 * d),
+            "num_heads": H, "probes": (torch.rand(K, n, n, generator=g) > 0.5).to(device),
+            "rope": (angles.cos(), angles.sin()), "bias": None}
+
+
+def call(args, backend):
+    return pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], args["num_heads"], args["probes"],
+                        rope=args["rope"], bias=args["bias"], backend=backend)
+
+
+def with_rope_table(i, change):
+    return lambda a: {**a, "rope": tuple(change(t) if j == i else t for j, t in enumerate(a["rope"]))}
+
+
+def with_bias(change):
+    return lambda a: {**a, "bias": change(torch.zeros(M, H, N, N, dtype=a["x"].dtype, device=a["x"].device))}
+
+
+def changed(name, change):
+    return lambda a: {**a, name: change(a[name])}
+
+
+def meta(t):
+    return t.to("meta")
+
+
+def integer(t):
+    return t.round().long()
+
+
+# (case, a change to a valid call's arguments, the exception, what its message must name)
+CASES = [
+    *[(f"meta {name}", changed(name, meta), ValueError, rf"{name} is on meta but x is on") for name in
+      ("pe", "w_qkv", "b_qkv", "probes")],
+    ("meta bias", with_bias(meta), ValueError, r"bias is on meta but x is on"),
+    ("meta rope cos", with_rope_table(0, meta), ValueError, r"rope\[0\] is on meta but x is on"),
+    ("meta x among real tensors", changed("x", meta), ValueError, r"pe is on \S+ but x is on meta"),
+    ("num_heads True", changed("num_heads", lambda h: True), TypeError, r"num_heads .*True \(bool\)"),
+    ("num_heads float", changed("num_heads", float), TypeError, r"num_heads .*2.0 \(float\)"),
+    ("num_heads str", changed("num_heads", str), TypeError, r"num_heads"),
+    ("num_heads zero", changed("num_heads", lambda h: 0), ValueError, r"num_heads=0"),
+    ("num_heads negative", changed("num_heads", lambda h: -2), ValueError, r"num_heads=-2"),
+    *[(f"int {name}", changed(name, integer), TypeError, rf"{name} .*torch.int64") for name in
+      ("x", "pe", "w_qkv", "b_qkv")],
+    ("int bias", with_bias(integer), TypeError, r"bias .*torch.int64"),
+    ("int rope sin", with_rope_table(1, integer), TypeError, r"rope\[1\] .*torch.int64"),
+    ("bool w_qkv", changed("w_qkv", lambda t: t > 0), TypeError, r"w_qkv .*torch.bool"),
+    ("complex x", changed("x", lambda t: t.to(torch.complex128)), TypeError, r"x .*torch.complex128"),
+    ("x a numpy array", changed("x", lambda t: t.cpu().numpy()), TypeError, r"x must be a torch.Tensor"),
+    ("w_qkv None", changed("w_qkv", lambda t: None), TypeError, r"w_qkv must be a torch.Tensor"),
+    ("pe a list", changed("pe", lambda t: t.tolist()), TypeError, r"pe must be a torch.Tensor"),
+    ("rope one table", changed("rope", lambda r: r[0]), TypeError, r"rope must be a \(cos, sin\) pair"),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("change, error, names", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_argument_raises_one_error_naming_it(target, change, error, names):
+    backend, device = target
+    with pytest.raises(error, match=names):
+        call(change(make(device)), backend)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dim", range(4), ids=list("MBND"))
+def test_empty_dimension_raises_a_value_error_naming_it(target, dim):
+    backend, device = target
+    shape = [M, B, N, D]
+    shape[dim] = 0
+    args = {**make(device, shape=tuple(shape)), "rope": None}  # rope tables need a head dim
+    with pytest.raises(ValueError, match=re.escape(f"{'MBND'[dim]}=0")):
+        call(args, backend)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_valid_call_matches_the_float64_reference(target):
+    backend, device = target
+    args = make(device, torch.float32)
+    leaves = {k: args[k].detach().clone().requires_grad_() for k in ("x", "pe", "w_qkv", "b_qkv")}
+    out, stats = call({**args, **leaves}, backend)
+    out.backward(torch.ones_like(out))
+    expected = make("cpu")
+    expected_leaves = {k: expected[k].requires_grad_() for k in leaves}
+    out64, stats64 = call({**expected, **expected_leaves}, "reference")
+    out64.backward(torch.ones_like(out64))
+    close = {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(out.cpu().double(), out64.detach(), **close)
+    torch.testing.assert_close(stats.cpu().double(), stats64.double(), **close)
+    for k, leaf in leaves.items():
+        torch.testing.assert_close(leaf.grad.cpu().double(), expected_leaves[k].grad, **close, msg=k)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_all_meta_arguments_infer_shapes_or_name_the_device(target):
+    """Meta tensors throughout are shape inference, not a mix: the backends that run on meta return meta outputs
+    of the right shapes, the others say that they do not run there."""
+    backend, _ = target
+    args = make("meta")
+    if "meta" not in BACKENDS[backend].devices:
+        with pytest.raises(ValueError, match=f"{backend}.*meta"):
+            call(args, backend)
+        return
+    out, stats = call(args, backend)
+    assert out.device.type == stats.device.type == "meta"
+    assert out.shape == (M, B, N, D) and stats.shape == (M, H, 3 + K)
+
