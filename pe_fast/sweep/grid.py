@@ -9,7 +9,7 @@ import torch
 from pe_fast import memory
 from pe_fast.models import ModelConfig
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.sweep.settings import Settings
+from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.train import TrainConfig
 
 # The authors' 15 LST seeds (notes/paper.md §2.6); --seeds N takes the first N, further ones count on from 1.
@@ -58,7 +58,12 @@ def split_into_packs(models: list[dict], max_pack: int) -> list[list[dict]]:
 def pack_models(s: Settings, models: list[dict]) -> list[list[dict]]:
     """The packs as config.json lists them (by model_id), or a new split for a new sweep."""
     if s.packs is not None:
-        return [[models[i] for i in ids] for ids in s.packs]
+        packs = [[models[i] for i in ids] for ids in s.packs]
+        for index, pack in enumerate(packs):  # a pack trains one architecture with one optimizer kind
+            if len({(m["pe"], m["optimizer"]) for m in pack}) > 1:
+                raise UsageError(f"config.json's pack {index} mixes PE or optimizer kinds "
+                                 f"({', '.join(sorted({m['pe'] for m in pack}))}); it cannot train as one pack")
+        return packs
     return split_into_packs(models, s.max_pack)
 
 

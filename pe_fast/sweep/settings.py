@@ -7,8 +7,12 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import os
+import re
 import shutil
 import socket
+import types
+import typing
 from pathlib import Path
 
 import torch
@@ -23,6 +27,9 @@ from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, compile_problem
 
 EXECUTORS = ("local", "ray", "slurm")
 COMPILE_CHOICES = ("auto", *COMPILE_MODES)
+DEVICES = ("auto", "cpu", "cuda")
+PE_AT = ("every", "input")
+SPLITS = ("subject", "run")
 
 PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
 # Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
@@ -159,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, help="number of blocks")
     p.add_argument("--heads", type=int)
     p.add_argument("--mlp-width", type=int, help="MLP hidden width (default 4·width)")
-    p.add_argument("--pe-at", choices=("every", "input"), help="add the PE at every block or at the input only")
+    p.add_argument("--pe-at", choices=PE_AT, help="add the PE at every block or at the input only")
     p.add_argument("--pe-dropout", type=float,
                    help="dropout probability on x + PE at each block while training, for the PE kinds of "
                         "--pe-dropout-on (default 0)")
@@ -180,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parcellation", help="fmri: the .dlabel.nii that parcellates a CIFTI --data")
     p.add_argument("--mask-fraction", type=float, help="fmri/netsim: fraction of tokens masked (default 0.2)")
     p.add_argument("--window", type=int, help="fmri/netsim: time points per token (default 1)")
-    p.add_argument("--split", choices=("subject", "run"), help="fmri/netsim: train/test split (default subject)")
+    p.add_argument("--split", choices=SPLITS, help="fmri/netsim: train/test split (default subject)")
     for name, kind in NETWORK_SETTINGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help="netsim: see pe_fast.data.simulate_network")
     p.add_argument("--out", help="results folder (must not hold results yet); default runs/<task>-<time>")
@@ -236,7 +243,7 @@ def parse_list(text, convert, flag: str) -> tuple:
 
 
 def from_flags(args: argparse.Namespace) -> Settings:
-    """Flags override the preset, which overrides the task's defaults; every check before anything runs."""
+    """Flags override the preset, which overrides the task's defaults; then validate() checks the whole."""
     task = args.task or "fmri"
     kind = KINDS[task]
     s = {**kind.defaults, "task": task}
@@ -249,63 +256,65 @@ def from_flags(args: argparse.Namespace) -> Settings:
     s = {**{f.name: f.default for f in dataclasses.fields(Settings)
             if f.default is not dataclasses.MISSING}, "mlp_width": None, "compile": "auto", "device": "auto",
          "precision": None, **s}
-    s["pe"] = parse_list(s["pe"], str, "--pe")
-    for pe in s["pe"]:
-        if pe not in kind.pe_kinds:
-            raise UsageError(f"--pe: {pe!r} is not a PE of --task {task}; choose from {', '.join(kind.pe_kinds)}")
     for name, convert in LIST_SETTINGS.items():
-        if name != "pe" and not (name in OPTIONAL_LISTS and s[name] is None):
+        if not (name in OPTIONAL_LISTS and s[name] is None):
             s[name] = parse_list(s[name], convert, f"--{name.replace('_', '-')}")
     if s["seed_values"] is not None:
         if args.seeds is not None:
             raise UsageError("--seeds and --seed-values both say which seeds to train; give one of them")
         s["seeds"] = len(s["seed_values"])
-    for name in s["optimizer"]:
-        if name not in OPTIMIZERS:
-            raise UsageError(f"--optimizer: unknown {name!r}; choose from {', '.join(OPTIMIZERS)}")
-    if any(not (math.isfinite(v) and 0 < v <= MAX_SIGMA) for v in s["sigmas"]):
-        raise UsageError(f"--sigmas: every σ must be a number in (0, {MAX_SIGMA:g}] (the PE is float32), "
-                         f"got {list(s['sigmas'])}")
+    if s["mlp_width"] is None and isinstance(s["width"], int):
+        s["mlp_width"] = 4 * s["width"]
+    return validate(s, args)
+
+
+def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Settings:
+    """Every rule of a sweep's settings, the same whatever their source: the flags (args, to tell what the user
+    gave), a resumed config.json (with its packs) or a Python caller. Nothing has been read or written yet; a
+    broken rule is a UsageError naming the setting as its flag."""
+    check_types(s)
+    check_choices(s)
+    check_text(s)
     check_ranges(s, args)
-    optimizer_points = sum(len(s["momentum"]) if name == "sgd" else 1 for name in s["optimizer"])
-    models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
-              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points)
-    if models > MAX_MODELS:
-        raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
+    models = check_grid(s)
     if s["width"] % s["heads"]:
         raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
-    if s["mlp_width"] is None:
-        s["mlp_width"] = 4 * s["width"]
-    resolve_runtime(s)
-    for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
-        if flag not in kind.flags and getattr(args, flag) is not None:
-            owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
-            raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
-    if task == "fmri" and (s["regions"] or s["parcellation"]) and not s["data"]:
+    if args is not None:
+        for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
+            if flag not in KINDS[s["task"]].flags and getattr(args, flag) is not None:
+                owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
+                raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
+        if s["data"] is not None and args.atlas is not None:
+            raise UsageError("--atlas chooses the built-in data; with --data, your --regions table describes "
+                             "the regions instead")
+    if s["task"] == "fmri" and (s["regions"] or s["parcellation"]) and not s["data"]:
         raise UsageError("--regions and --parcellation describe --data; give --data too")
     for path_flag in PATH_FLAGS:
-        if s.get(path_flag):
+        if s.get(path_flag) is not None:
             # absolute, so that a resume from elsewhere or a Ray worker finds them
             s[path_flag] = resolve_paths(s[path_flag], path_flag)
-    if s["backend"] is not None:
-        from pe_fast.ops.backends import BACKENDS
-        if s["backend"] not in BACKENDS:
-            raise UsageError(f"--backend: unknown {s['backend']!r}; available: {', '.join(BACKENDS)}")
+    resolve_runtime(s)
+    if packs is not None:
+        s["packs"] = check_packs(packs, models)
     return Settings(**s)
 
 
 # ---- the rules every setting must satisfy (one place; from_flags and from_resume apply them) ----
 
 MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
+MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
+MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
 RAY_CONNECT_TIMEOUT_S = 10
+MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
 # name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
 RANGES = {
-    "seeds": (1, None, "[)"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
-    "steps": (1, None, "[)"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
+    "seeds": (1, MAX_MODELS, "[]"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
+    "steps": (1, MAX_STEPS, "[]"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
     "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
     "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
-    "threads": (1, None, "[)"), "warmup": (0, None, "[)"), "lr": (0, None, "()"), "weight_decay": (0, None, "[)"),
+    "threads": (1, MAX_THREADS, "[]"), "warmup": (0, None, "[)"), "lr": (0, None, "()"),
+    "weight_decay": (0, None, "[)"),
     "momentum": (0, 1, "[)"), "pe_dropout": (0, 1, "[)"), "mask_fraction": (0, 1, "()"), "window": (1, None, "[)"),
     "nodes": (2, None, "[)"), "modules": (1, None, "[)"), "timepoints": (2, None, "[)"), "runs": (1, None, "[)"),
     "p_within": (0, 1, "[]"), "p_between": (0, 1, "[]"), "coupling": (0, None, "[)"),
@@ -316,6 +325,98 @@ RANGES = {
 APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", "pe_dropout_on")}
 
 
+def check_types(s: dict):
+    """Each setting of the type Settings declares (a list for a tuple): config.json and Python callers can hold
+    anything. A setting missing from an older config.json takes its default; one without a default is refused."""
+    hints = typing.get_type_hints(Settings)
+    for field in dataclasses.fields(Settings):
+        if field.name == "packs":
+            continue
+        if field.name not in s:
+            if field.default is dataclasses.MISSING:
+                raise UsageError(f"--{field.name.replace('_', '-')} is missing")
+            s[field.name] = field.default
+        if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
+            s[field.name] = conform(field.name, s[field.name], hints[field.name])
+
+
+def conform(name: str, value, hint):
+    """value as the type hint says (ints as floats where floats are asked for, lists as tuples), or UsageError."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        if value is None:
+            return None
+        hint = next(option for option in typing.get_args(hint) if option is not type(None))
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+        return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is float and number:
+        return float(value)
+    if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
+        return value
+    raise UsageError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+
+
+def check_choices(s: dict):
+    """Each setting with a fixed set of values holds one of them (the task first: the others depend on it)."""
+    if s["task"] not in KINDS:
+        raise UsageError(f"--task {s['task']!r}: choose from {', '.join(KINDS)}")
+    kind = KINDS[s["task"]]
+    from pe_fast.ops.backends import BACKENDS  # the ops load the compiled kernels: only when asked
+    choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
+               "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "atlas": ATLASES,
+               "split": SPLITS, "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES,
+               "backend": (None, *BACKENDS)}
+    for name, allowed in choices.items():
+        for value in s[name] if isinstance(s[name], tuple) else (s[name],):
+            if value not in allowed:
+                where = f" of --task {s['task']}" if name in ("pe", "preset") else ""
+                raise UsageError(f"--{name.replace('_', '-')} {value!r} is not one{where}; choose from "
+                                 f"{', '.join(str(a) for a in allowed if a is not None)}")
+    for name in LIST_SETTINGS:
+        values = s[name]
+        if values is not None and len(set(values)) < len(values):
+            raise UsageError(f"--{name.replace('_', '-')}: {','.join(map(str, values))} names a value twice")
+
+
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+# what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
+SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+")
+SLURM_KEY = re.compile(r"[A-Za-z][\w-]*")
+
+
+def check_text(s: dict):
+    """No setting's text holds a line break or another control character: the values reach job scripts, file
+    names and one-line messages."""
+    for name, value in s.items():
+        for text in value if isinstance(value, tuple) else (value,):
+            if isinstance(text, str) and CONTROL_CHARACTER.search(text):
+                raise UsageError(f"--{name.replace('_', '-')} {text!r}: holds a control character (a line break?)")
+
+
+def check_grid(s: dict) -> int:
+    """The grid's size, within MAX_MODELS; --seeds counts --seed-values where those are given."""
+    if s["seed_values"] is not None and s["seeds"] != len(s["seed_values"]):
+        raise UsageError(f"--seeds {s['seeds']} does not count --seed-values {','.join(map(str, s['seed_values']))}")
+    optimizer_points = sum(len(s["momentum"]) if name == "sgd" else 1 for name in s["optimizer"])
+    models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
+              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points)
+    if models > MAX_MODELS:
+        raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
+    return models
+
+
+def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
+    """config.json's packs hold every model id of the grid exactly once."""
+    packs = conform("packs", packs, tuple[tuple[int, ...], ...])
+    ids = sorted(i for pack in packs for i in pack)
+    if ids != list(range(models)) or not all(packs):
+        raise UsageError(f"packs: {[list(p) for p in packs][:4]}... do not hold the grid's {models} models "
+                         f"once each")
+    return packs
+
+
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
     for name, (low, high, ends) in RANGES.items():
@@ -324,6 +425,12 @@ def check_ranges(s: dict, args: argparse.Namespace | None = None):
             if value is None:
                 continue
             check_range(name, value, low, high, ends)
+    if any(not (math.isfinite(v) and MIN_SIGMA <= v <= MAX_SIGMA) for v in s["sigmas"]):
+        raise UsageError(f"--sigmas: every σ must be a number in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (the PE is "
+                         f"float32), got {list(s['sigmas'])}")
+    cores = len(os.sched_getaffinity(0))
+    if s["executor"] == "local" and s["threads"] is not None and s["threads"] > cores:
+        raise UsageError(f"--threads {s['threads']}: this machine has {cores} cores")
     check_pe_dropout_on(s, args)
     for flag, (setting, values) in APPLIES_ONLY_WITH.items():
         values = s[values] if isinstance(values, str) else values
@@ -370,6 +477,10 @@ def resolve_runtime(s: dict):
     """The settings that may differ on --resume (device, executor, compilation), and what depends on them."""
     if s["device"] == "auto":
         s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    elsewhere = s["executor"] in ("ray", "slurm")
+    if s["device"] == "cuda" and not torch.cuda.is_available() and not elsewhere:  # a cluster may have GPUs
+        raise UsageError(f"--device {s['device']!r} is not available here "
+                         f"(cpu{', cuda' if torch.cuda.is_available() else ''})")
     if s["compile"] == "auto":  # measured: bench/results/h100-20261126-sweep (1.1-1.3× on an H100)
         s["compile"] = "on" if s["device"] == "cuda" else "off"
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
@@ -383,11 +494,6 @@ def resolve_runtime(s: dict):
     check_ray_address(s["ray_address"])
     check_slurm(s)
     on_ray = s["executor"] == "ray"
-    elsewhere = s["executor"] in ("ray", "slurm")
-    if s["device"] not in ("cpu", "cuda") or (s["device"] == "cuda" and not torch.cuda.is_available()
-                                              and not elsewhere):  # a cluster's workers may have the GPUs
-        raise UsageError(f"--device {s['device']!r} is not available here "
-                         f"(cpu{', cuda' if torch.cuda.is_available() else ''})")
     if s.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
         raise UsageError("--tensorboard needs TensorBoard, which is not installed: pip install 'pe_fast[tensorboard]' "
                          "(or pip install tensorboard)")
@@ -408,9 +514,16 @@ def check_slurm(s: dict):
         return
     options = s.get("slurm_option") or ()
     for option in options:
-        key, sep, _ = option.partition("=")
+        key, sep, value = option.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
+        if not (SLURM_KEY.fullmatch(key) and SLURM_VALUE.fullmatch(value)):
+            raise UsageError(f"--slurm-option {option!r}: KEY=VALUE of letters, digits and .,:@%+=/|&*[]-_ only "
+                             f"(it becomes a line of the job script)")
+    for name in ("slurm_partition", "slurm_account"):
+        if s.get(name) is not None and not SLURM_VALUE.fullmatch(s[name]):
+            raise UsageError(f"--{name.replace('_', '-')} {s[name]!r}: letters, digits and .,:@%+=/|&*[]-_ only "
+                             f"(it becomes a line of the job script)")
     s["slurm_option"] = tuple(options)
     if importlib.util.find_spec("submitit") is None:
         raise UsageError("--executor slurm needs submitit, which is not installed: pip install 'pe_fast[slurm]' "
@@ -430,8 +543,10 @@ def resolve_paths(value: str, flag: str) -> str:
     """The files a path flag names, checked and made absolute, as config.json records them."""
     paths = split_paths(value, flag)
     for path in paths:
-        if not path or not Path(path).exists():
-            raise UsageError(f"--{flag.replace('_', '-')}: {path or repr(value)} does not exist")
+        if not path:
+            raise UsageError(f"--{flag.replace('_', '-')} {value!r}: names no file")
+        if not Path(path).exists():
+            raise UsageError(f"--{flag.replace('_', '-')}: {path} does not exist")
     return ",".join(str(Path(path).resolve()) for path in paths)
 
 
@@ -445,22 +560,26 @@ def as_recorded(name: str, value):
 
 
 def from_resume(args: argparse.Namespace) -> Settings:
-    """--resume: the settings of DIR/config.json. The flags of RESUME_FLAGS may change; any other flag may be
-    repeated with its recorded value (rerunning the same command with --resume works) but not changed."""
+    """--resume: the settings of DIR/config.json, validated as flags are (a folder may come from anyone). The
+    flags of RESUME_FLAGS may change; any other flag may be repeated with its recorded value (rerunning the same
+    command with --resume works) but not changed."""
     if not args.out:
         raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
     path = Path(args.out) / run_folder.CONFIG
     try:
         config = run_folder.read_config(Path(args.out))
-        s = dict(config["settings"])
-        packs = config["packs"]
     except FileNotFoundError:
         raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
-    except (ValueError, KeyError, TypeError) as error:
-        raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
-    if run_folder.POOLED_FROM in config:
-        raise UsageError(f"--resume: {args.out} pools finished sweeps (python -m pe_fast.report DIR ... --out); it has "
-                         f"nothing to continue")
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--resume: {path} cannot be read as a sweep's config "
+                         f"({type(error).__name__}: {getattr(error, 'strerror', None) or error})")
+    if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
+            and isinstance(config.get("packs"), list)):
+        if isinstance(config, dict) and run_folder.POOLED_FROM in config:
+            raise UsageError(f"--resume: {args.out} pools finished sweeps (python -m pe_fast.report DIR ... --out); "
+                             f"it has nothing to continue")
+        raise UsageError(f"--resume: {path} is not a sweep's config (it lacks its settings or packs)")
+    s = dict(config["settings"])
     given = {name: value for name, value in vars(args).items()
              if name not in RESUME_FLAGS and value is not None and value is not False}
     for name, value in given.items():
@@ -477,11 +596,10 @@ def from_resume(args: argparse.Namespace) -> Settings:
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)
     s["out"] = args.out
-    s.setdefault("precision", "fp32")  # sweeps from before --precision trained in float32
-    s.setdefault("pe_dropout_on", list(SINUSOIDAL_PES))  # and before --pe-dropout-on, dropped out these only
+    for name in LIST_SETTINGS:  # a single value in config.json files from before the optimizer axes
+        if s.get(name) is not None and not isinstance(s[name], list):
+            s[name] = [s[name]]
     try:
-        check_ranges(s)
-        resolve_runtime(s)
-        return Settings.from_json(s, packs)
-    except (ValueError, KeyError, TypeError) as error:
-        raise UsageError(f"--resume: {path} is not a sweep's config ({type(error).__name__}: {error})")
+        return validate(s, packs=config["packs"])
+    except UsageError as error:
+        raise UsageError(f"--resume: {path}: {error}")
