@@ -24,7 +24,6 @@ repository (notes in that folder's README).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.report import pooling
 from pe_fast.report.reading import ReportError, read_run
 from pe_fast.sweep.grid import pe_dropout_of
-from pe_fast.sweep.settings import Settings
+from pe_fast.sweep.settings import OneLineParser, Settings
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 
 LOGS_ENV = "PE_FAST_LST_LOGS"
@@ -202,8 +201,8 @@ def markdown(table: pd.DataFrame, verdicts: list[str], directories: list[Path]) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pe_fast.compare_lst_logs",
-                                     description="an LST run's accuracy next to the authors' own logs")
+    parser = OneLineParser(prog="python -m pe_fast.compare_lst_logs",
+                           description="an LST run's accuracy next to the authors' own logs")
     parser.add_argument("directories", nargs="+", metavar="DIR",
                         help="an LST results folder (--out of pe_fast.sweep --task lst); several count as one run")
     parser.add_argument("--out", help=f"write the table here (default: DIR/{OUTPUT} for one folder, none for several)")

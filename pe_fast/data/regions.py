@@ -108,6 +108,15 @@ class RegionData:
                 f"{len(set(self.subjects))} subjects, {self.n_timepoints} time points, {k}, {c}; {self.source}")
 
 
+def median_centroid_distance(centroids: np.ndarray) -> float:
+    """The median distance between two regions' centroids: the length scale of the 3D measures (the near_3d
+    attention probe). It is 0 when more than half the pairs of regions share a point, which leaves those
+    measures undefined (0 / 0), and with every region on one point the Procrustes fit of a PE to the
+    centroids too (its SVD does not converge): a centroid source must refuse such centroids."""
+    d = np.linalg.norm(centroids[:, None] - centroids[None, :], axis=-1)
+    return float(np.median(d[np.triu_indices(len(centroids), 1)]))
+
+
 def correlation_fc(runs: Sequence[np.ndarray], chunk_rows: int = 4096) -> np.ndarray:
     """FC of a set of runs: the Pearson correlation of each run, averaged with weights T_r.
 

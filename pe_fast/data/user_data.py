@@ -24,11 +24,13 @@ rows are matched to parcels by label, so their order is free. Without a table: t
 The ground-truth FC of user data is the correlation of the data themselves (`correlation_fc`: each
 run's Pearson correlation, averaged with weights = run lengths).
 
-Every problem the user can fix raises `DataError` with one line naming the file and the fix: an
-unknown extension, an unreadable file, wrong dimensions, NaN or Inf (found in chunks, so a large
-memory map is never loaded whole; the message names the subject, time and region), a region that is
-constant, a table that misses a column or does not match the data, a file that is not CIFTI or not a
-dense time series, a parcellation on other grayordinates.
+Every problem the user can fix raises `DataError` with one line naming the file and the fix: a folder or
+nothing where a file is expected, an unknown extension, an unreadable file, no subjects, wrong
+dimensions, NaN or Inf (found in chunks, so a large memory map is never loaded whole; the message names
+the subject, time and region), a region that is constant, a table that misses a column or does not match
+the data, centroids that coincide for more than half the pairs of regions
+(pe_fast.data.regions.median_centroid_distance), a file that is not CIFTI or not a dense time series, a
+parcellation on other grayordinates.
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_fast.data.regions import DataError, RegionData, correlation_fc
+from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_centroid_distance
 
 PathLike = str | os.PathLike
 
 _CHUNK_ELEMENTS = 1 << 22  # values per slice when scanning a run (32 MB of float64)
+# What each file the user names must be, for the message that refuses a folder or a missing file
+DATA_FILE = "a .npy, .npz, .h5/.hdf5 or .dtseries.nii file"
+REGIONS_FILE = "a regions table, a CSV file with the header line label[,x,y,z][,network]"
+PARCELLATION_FILE = "a .dlabel.nii parcellation file"
 
 
 def load_user_data(path: PathLike | Sequence[PathLike], regions: PathLike | None = None, *,
@@ -64,14 +70,16 @@ def load_user_data(path: PathLike | Sequence[PathLike], regions: PathLike | None
     if not paths:
         raise DataError("no data file given: pass a .npy, .npz, .h5 or .dtseries.nii path")
     for p in paths:
-        if not p.is_file():
-            raise DataError(f"{p}: no such file: check the path")
+        _check_file(p, DATA_FILE)
+    if regions is not None:
+        _check_file(Path(regions), REGIONS_FILE)
     cifti = [_is_nifti_name(p) for p in paths]
     if any(cifti):
         if not all(cifti):
             raise DataError(f"{paths[0]}: several files are only read as CIFTI runs: pass .dtseries.nii files only")
         if parcellation is None:
             raise DataError(f"{paths[0]}: CIFTI input needs a parcellation: pass parcellation='atlas.dlabel.nii'")
+        _check_file(Path(parcellation), PARCELLATION_FILE)
         runs, subjects, run_names, parcel_names, tr = _read_cifti(paths, Path(parcellation))
         fmt = "CIFTI dtseries parcellated by " + Path(parcellation).name
         tr_seconds = tr if tr_seconds is None else tr_seconds
@@ -102,6 +110,14 @@ def load_user_data(path: PathLike | Sequence[PathLike], regions: PathLike | None
 
 
 # ------------------------------------------------------------------ arrays: .npy / .npz / .h5
+
+def _check_file(p: Path, expected: str):
+    """A path the user gave as a file: a folder or nothing there is refused, saying what was expected."""
+    if p.is_dir():
+        raise DataError(f"{p}: a folder, not a file: give {expected}")
+    if not p.is_file():
+        raise DataError(f"{p}: no such file: check the path (expected {expected})")
+
 
 def _is_nifti_name(p: Path) -> bool:
     return p.name.lower().endswith((".nii", ".nii.gz"))
@@ -240,9 +256,14 @@ def _read_h5(p: Path, name: str | None):
         else:
             if ds.ndim not in (2, 3):
                 _split_subjects(ds, p, f"dataset {name!r}")  # raises the dimension error
-            # Chunked or compressed: read one subject at a time into float32.
-            arr = (np.stack([np.asarray(ds[i], np.float32) for i in range(ds.shape[0])]) if ds.ndim == 3
-                   else np.asarray(ds[()], np.float32))
+            # Chunked or compressed: read into float32, one subject at a time (no subjects: an empty array, which
+            # _check_runs refuses, naming the file).
+            arr = np.empty(ds.shape, np.float32)
+            if ds.ndim == 3:
+                for i in range(ds.shape[0]):
+                    arr[i] = ds[i]
+            else:
+                arr[...] = ds[()]
             fmt = f"HDF5 dataset {name!r}, chunked, read into memory"
         return (*_split_subjects(arr, p, f"dataset {name!r}"), fmt)
 
@@ -424,7 +445,21 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         else:
             network_names = list(dict.fromkeys(values))  # in order of first appearance
             networks = np.array([network_names.index(v) for v in values])
+    if centroids is not None and median_centroid_distance(centroids) == 0:
+        _refuse_coinciding(p, labels, centroids)
     return np.array(labels), centroids, networks, network_names
+
+
+def _refuse_coinciding(p: Path, labels: list[str], centroids: np.ndarray):
+    """More than half the region pairs on one point each: name the largest group of regions that share one."""
+    points, group, counts = np.unique(centroids, axis=0, return_inverse=True, return_counts=True)
+    largest = int(counts.argmax())
+    shared = [labels[i] for i in np.flatnonzero(group.ravel() == largest)]
+    names = ", ".join(map(repr, shared[:3])) + (f" and {len(shared) - 3} more" if len(shared) > 3 else "")
+    x, y, z = points[largest]
+    raise DataError(f"{p}: regions {names} share the centroid ({x:g}, {y:g}, {z:g}), so over half the region pairs "
+                    f"are 0 mm apart and the median distance, the scale of the 3D measures, is 0: give the regions "
+                    f"distinct x, y, z")
 
 
 def _is_float(s: str) -> bool:

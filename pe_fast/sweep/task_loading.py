@@ -1,9 +1,9 @@
 """The task a sweep trains, built by its TaskKind from the settings; a problem with the user's files or a missing
-data package becomes a UsageError (one line, exit 2)."""
+data package becomes a UsageError (one line, exit 2) that names the flag of the file it is about."""
 from __future__ import annotations
 
 from pe_fast.data import DataError
-from pe_fast.sweep.settings import Settings, UsageError
+from pe_fast.sweep.settings import PATH_FLAGS, Settings, UsageError, split_paths
 from pe_fast.tasks import KINDS
 
 
@@ -11,4 +11,14 @@ def load_task(s: Settings):
     try:
         return KINDS[s.task].load(s)
     except (DataError, ValueError) as error:  # pe_fast.tasks.lst_puzzles.PuzzleFileError is a ValueError
-        raise UsageError(str(error))
+        raise UsageError(with_flag(str(error), s))
+
+
+def with_flag(message: str, s: Settings) -> str:
+    """The message with the flag in front that named the file (or the folder of the file) it opens with: the data
+    layer names files, as it is also a library, and the user typed flags."""
+    named = [(path, flag) for flag in PATH_FLAGS if getattr(s, flag) for path in split_paths(getattr(s, flag), flag)]
+    for path, flag in sorted(named, key=lambda named_path: -len(named_path[0])):  # a file in a named folder: its own
+        if message.startswith(path) and message[len(path):len(path) + 1] in (":", " ", "/"):
+            return f"--{flag.replace('_', '-')} {message}"
+    return message

@@ -200,7 +200,7 @@ def read_puzzle_folder(path: str | os.PathLike) -> Puzzles:
         raise PuzzleFileError(path, 0, "no such file or folder")
     files = sorted(path.glob("*.csv"))
     if not files:
-        raise PuzzleFileError(path, 0, "folder has no *.csv puzzle files")
+        raise PuzzleFileError(path, 0, "folder has no *.csv puzzle files: give a puzzle CSV file or a folder of them")
     return Puzzles.concat([read_puzzles(f) for f in files], source=str(path))
 
 

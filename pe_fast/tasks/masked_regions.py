@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from pe_fast.data.regions import median_centroid_distance
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
@@ -84,10 +85,8 @@ def zscore(run: np.ndarray) -> np.ndarray:
 
 
 def windows(run: np.ndarray, width: int) -> np.ndarray:
-    """[T, N] -> [T − w + 1, N, w]: every window of w consecutive TRs (stride 1)."""
+    """[T, N] -> [T − w + 1, N, w]: every window of w consecutive TRs (stride 1); T ≥ w (MaskedRegionTask checks)."""
     T = run.shape[0]
-    if T < width:
-        raise ValueError(f"a run of {T} time points is shorter than the window ({width})")
     index = np.arange(T - width + 1)[:, None] + np.arange(width)[None, :]
     return np.ascontiguousarray(run[index].transpose(0, 2, 1))
 
@@ -131,14 +130,13 @@ def probe_matrices(data, names: list[str]) -> np.ndarray:
     """Attention probes [K, N, N] with a zero diagonal: a token's attention to itself says nothing about
     structure. same_network: 1 within a module; near_3d: exp(−d²/2s²), s = the median centroid distance / 2;
     fc: max(FC, 0); coupling: |G| + |Gᵀ| scaled to max 1."""
-    N = len(data.labels)
     probes = []
     for name in names:
         if name == "same_network":
             p = (data.networks[:, None] == data.networks[None, :]).astype(np.float64)
         elif name == "near_3d":
             d = np.linalg.norm(data.centroids[:, None] - data.centroids[None, :], axis=-1)
-            scale = np.median(d[np.triu_indices(N, 1)]) / 2
+            scale = median_centroid_distance(data.centroids) / 2
             p = np.exp(-d ** 2 / (2 * scale ** 2))
         elif name == "fc":
             p = np.clip(data.fc, 0.0, None)
@@ -166,6 +164,10 @@ class MaskedRegionTask:
             raise ValueError(f"the mask fraction must be in (0, 1), got {mask_fraction}")
         if window < 1:
             raise ValueError(f"the window must be at least 1 TR, got {window}")
+        shortest = min(run.shape[0] for run in data.runs)
+        if window > shortest:  # named as the flag: the sweep passes --window here as given
+            raise ValueError(f"--window {window} is longer than the shortest run of the data ({shortest} time "
+                             f"points): give --window {shortest} or less")
         self.name, self.data = name, data
         self.gradients = reference_gradients(data)
         self.data_kind = data.kind  # real fMRI, simulated from real FC, or a simulated network: never mixed up

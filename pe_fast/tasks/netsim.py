@@ -2,6 +2,8 @@
 (pe_fast.tasks.masked_regions) on a modular network simulated by pe_fast.data.netsim."""
 from __future__ import annotations
 
+import inspect
+
 from pe_fast.tasks.base import TaskKind
 from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
@@ -14,6 +16,12 @@ NETWORK_SETTINGS = {"nodes": int, "modules": int, "p_within": float, "p_between"
 def simulated_network(s):
     from pe_fast.data.netsim import simulate_network
     network = {k: getattr(s, k) for k in NETWORK_SETTINGS if getattr(s, k) is not None and k != "netsim_seed"}
+    # Checked here to name the flags (simulate_network's own check names its arguments); a flag not given takes
+    # simulate_network's default.
+    defaults = inspect.signature(simulate_network).parameters
+    nodes, modules = (network.get(k, defaults[k].default) for k in ("nodes", "modules"))
+    if modules > nodes:
+        raise ValueError(f"--modules {modules} is more than --nodes {nodes}: every module needs at least one node")
     return simulate_network(**network, seed=s.netsim_seed or 0)
 
 

@@ -1,0 +1,103 @@
+"""Bad data files and data-dependent flags, through the real command-line entry points: exit code 2, exactly one
+line on stderr naming the flag and the file or the problem, no traceback, no results folder (issue 42). The
+pattern and the tiny flag sets are tests/test_bad_input.py's; the cases that need files of their own are here."""
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_bad_input import FMRI, LST, NETSIM, assert_one_line, fill, inputs, without
+from test_user_data import save_dlabel, save_dtseries, write_table
+
+from pe_fast.compare_lst_logs import main as compare_main
+from pe_fast.data import DataError, load_user_data
+from pe_fast.sweep.cli import main as sweep_main
+
+
+def regions_at(path: Path, points) -> str:
+    """A regions table of len(points) regions r0, r1, .. at the given x, y, z."""
+    return str(write_table(path, [f"r{i},{x},{y},{z},a" for i, (x, y, z) in enumerate(points)]))
+
+
+def data_files(tmp_path: Path) -> dict[str, str]:
+    """test_bad_input's files (NPY: 2 subjects × 60 time points × 10 regions) and the broken ones of this file."""
+    files = inputs(tmp_path)
+    files["ONE_POINT"] = regions_at(tmp_path / "one_point.csv", [(1, 2, 3)] * 10)
+    # 8 of 10 on one point: 28 of the 45 pairs 0 mm apart, the median distance 0 (the near_3d probe's scale)
+    files["MOSTLY_ONE_POINT"] = regions_at(tmp_path / "mostly.csv", [(1, 2, 3)] * 8 + [(0, 0, 0), (5, 5, 5)])
+    for name, shape in (("NO_SUBJECTS", (0, 60, 10)), ("NO_TIME", (2, 0, 10))):
+        path = tmp_path / f"{name.lower()}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("timeseries", shape=shape, dtype="f4", chunks=True, maxshape=(None, None, 10))
+        files[name] = str(path)
+    (tmp_path / "empty").mkdir()
+    files["EMPTY_FOLDER"] = str(tmp_path / "empty")
+    files["TMP"] = str(tmp_path.resolve())
+    return files
+
+
+# (case, the command's flags, what the one line must hold). Tokens are data_files()'s, also in the expected line
+# as {TOKEN}; "." is the test's folder, which holds the files of data_files().
+CASES = [
+    ("all centroids on one point", FMRI + ["--data", "NPY", "--regions", "ONE_POINT"],
+     "--regions {ONE_POINT}: regions 'r0', 'r1', 'r2' and 7 more share the centroid (1, 2, 3)"),
+    ("most centroids on one point", FMRI + ["--data", "NPY", "--regions", "MOSTLY_ONE_POINT"],
+     "--regions {MOSTLY_ONE_POINT}: regions 'r0', 'r1', 'r2' and 5 more share the centroid (1, 2, 3)"),
+    ("chunked h5 without subjects", FMRI + ["--data", "NO_SUBJECTS"],
+     "--data {NO_SUBJECTS}: the file holds no subjects"),
+    ("chunked h5 without time points", FMRI + ["--data", "NO_TIME"],
+     "--data {NO_TIME}: subject 'subject0' has shape (0, 10)"),
+    ("window longer than the data", FMRI + ["--data", "NPY", "--window", "100000"],
+     "--window 100000 is longer than the shortest run of the data (60 time points)"),
+    ("window longer than the simulation", NETSIM + ["--window", "100000"],
+     "--window 100000 is longer than the shortest run of the data (200 time points)"),
+    ("more modules than nodes", NETSIM + ["--modules", "50"], "--modules 50 is more than --nodes 12"),
+    ("more modules than the default nodes", without(without(NETSIM, "--nodes"), "--modules") + ["--modules", "101"],
+     "--modules 101 is more than --nodes 100"),
+    ("regions table a folder", FMRI + ["--data", "NPY", "--regions", "."], "--regions {TMP}: a folder, not a file"),
+    ("data a folder", FMRI + ["--data", "."], "--data {TMP}: a folder, not a file"),
+    ("puzzle folder of other CSV files", LST + ["--lst-train", "."],  # mostly.csv: the first CSV file by name
+     "--lst-train {TMP}/mostly.csv:1: missing column(s) condition, puzzles, solutions"),
+    ("puzzle folder without CSV files", LST + ["--lst-train", "EMPTY_FOLDER"],
+     "--lst-train {EMPTY_FOLDER}:0: folder has no *.csv puzzle files"),
+]
+
+
+@pytest.mark.parametrize("args, must_name", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_data(args, must_name, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # "." and a default --out would land here
+    files = data_files(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    threads = torch.get_num_threads()
+    try:
+        code = sweep_main(fill(args, files) + ["--out", str(tmp_path / "run")])
+    finally:
+        torch.set_num_threads(threads)
+    assert_one_line(capsys, code, must_name.format(**files))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
+
+
+def test_centroids_that_coincide_for_at_most_half_the_pairs_are_taken(tmp_path):
+    """Two regions on one point, or 5 of 10 (10 of 45 pairs), leave the median distance above 0."""
+    files = inputs(tmp_path)
+    two_on_one_point = [(0, 0, 0)] * 2 + [(0, 0, i) for i in range(2, 10)]
+    half_on_one_point = [(1, 2, 3)] * 5 + [(i, 0, 0) for i in range(5)]
+    for points in (two_on_one_point, half_on_one_point):
+        data = load_user_data(files["NPY"], regions_at(tmp_path / "r.csv", points))
+        np.testing.assert_array_equal(data.centroids, points)
+
+
+def test_cifti_regions_table_on_one_point_is_refused(tmp_path):
+    """The other user source of centroids: a CIFTI parcellation's regions table (an atlas's own are fine)."""
+    series = save_dtseries(tmp_path / "run.dtseries.nii", np.random.default_rng(0).normal(size=(10, 12)))
+    table = write_table(tmp_path / "t.csv", [f"{label},4,5,6,a" for label in "ABCD"])
+    with pytest.raises(DataError, match=r"t\.csv: regions 'A', 'B', 'C' and 1 more share the centroid \(4, 5, 6\)"):
+        load_user_data(series, table, parcellation=save_dlabel(tmp_path / "p.dlabel.nii"))
+
+
+def test_compare_lst_logs_bad_argument_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        compare_main([str(tmp_path), "--no-such-flag"])
+    assert_one_line(capsys, exit_.value.code, "unrecognized arguments: --no-such-flag")
+    assert list(tmp_path.iterdir()) == []
