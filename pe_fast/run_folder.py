@@ -168,7 +168,33 @@ def read_config(out: Path) -> dict:
 
 
 def is_finished(out: Path) -> bool:
-    return (out / RESULTS).is_file()
+    return readable_table(out / RESULTS)
+
+
+def readable_table(path: Path) -> bool:
+    """A results file counts only if it parses (a garbage file in a shared folder is not a finished sweep)."""
+    import pyarrow.parquet
+    try:
+        pyarrow.parquet.read_metadata(path)
+    except (OSError, ValueError, pyarrow.ArrowException):
+        return False
+    return True
+
+
+class LeavesFolder(Exception):
+    """A path in the results folder that leads out of it (a symbolic link): nothing is written through it."""
+
+
+def check_inside(out: Path):
+    """Raise LeavesFolder if any link in DIR (at any depth) points outside DIR: the sweep and the report write
+    and delete inside DIR only, and a link would carry those writes elsewhere."""
+    root = out.resolve()
+    for folder, subfolders, files in os.walk(out):
+        for name in subfolders + files:
+            path = Path(folder) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise LeavesFolder(f"{path} is a link to {path.resolve()}, outside {out}; the sweep writes inside "
+                                   f"its folder only: replace the link by the folder or file itself")
 
 
 def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_tables: dict[str, np.ndarray],
@@ -220,7 +246,7 @@ def read_step(out: Path, index: int) -> int | None:
 
 def finished_packs(out: Path) -> set[int]:
     folder = out / "packs"
-    return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / RESULTS).is_file()} \
+    return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and readable_table(p / RESULTS)} \
         if folder.is_dir() else set()
 
 
@@ -260,12 +286,21 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
     return _load_checkpoint(path, index, mmap=False) if path.is_file() else None
 
 
-def check_checkpoint(out: Path, index: int) -> None:
-    """Raise UnreadableCheckpoint unless pack `index`'s checkpoint (if any) loads safely; memory-mapped, so the
-    check reads the pickle and not the tensors."""
+def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -> None:
+    """Raise UnreadableCheckpoint unless pack `index`'s checkpoint (if any) loads safely, holds these keys and
+    (if it has one) a step of at most `steps`; memory-mapped, so the check reads the pickle and not the tensors."""
     path = checkpoint_path(out, index)
-    if path.is_file():
-        _load_checkpoint(path, index, mmap=True)
+    if path.exists() and not path.is_file():
+        raise UnreadableCheckpoint(f"{path} is not a file; delete it to retrain pack {index} from its start")
+    if not path.is_file():
+        return
+    state = _load_checkpoint(path, index, mmap=True)
+    missing = [key for key in keys if key not in state] if isinstance(state, dict) else list(keys)
+    step = state.get("step", 0) if isinstance(state, dict) else None
+    if missing or not (type(step) is int and 0 <= step <= steps):
+        what = f"lacks {', '.join(missing)}" if missing else f"has step {step!r}, not one of 0…{steps}"
+        raise UnreadableCheckpoint(f"{path} is not a checkpoint of this sweep ({what}); delete it to retrain "
+                                   f"pack {index} from its start")
 
 
 def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,
@@ -282,6 +317,8 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
         for file in tmp.iterdir():
             with open(file, "rb+") as handle:
                 os.fsync(handle.fileno())
+        if pack_folder(out, index).is_dir():  # a pack folder whose results did not parse (not finished)
+            shutil.rmtree(pack_folder(out, index))
         os.replace(tmp, pack_folder(out, index))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

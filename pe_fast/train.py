@@ -193,6 +193,10 @@ class PackTrainer:
     (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
     curves so far, the initial PE), so that run() after load_state_dict() continues exactly where it stopped."""
 
+    # what state_dict() holds: a checkpoint without one of them is not this class's (run_folder.check_checkpoint)
+    STATE_KEYS = ("step", "model", "optimizer", "scheduler", "sampler", "batches", "loss_buffer", "stats_buffer",
+                  "filled", "curves", "initial_pe", "seconds", "torch_rng")
+
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
                  sigmas: list[float | None], device: torch.device):
         self.task, self.model_config, self.config, self.device = task, model_config, train_config, device

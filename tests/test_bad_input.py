@@ -1,6 +1,8 @@
 """Every kind of bad input to the sweep and the report, through the real command-line entry points: exit code 2,
 exactly one line on stderr naming the flag or file, no traceback, no results folder created, and an existing
 folder left byte for byte as it was. One case per line in CASES / RESUME_CASES: add yours there."""
+import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -8,12 +10,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
+from pe_fast import run_folder
 from pe_fast.report.cli import main as report_main
 from pe_fast.sweep.cli import main as sweep_main
-from sweep_harness import TINY_NETSIM
+from pe_fast.sweep.settings import Settings
+from sweep_harness import TINY_NETSIM, run_sweep, start_sweep
 
 LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
        "--pe", "learned", "--sigmas", "0.5", "--no-report"]
@@ -102,6 +107,23 @@ CASES = [
     ("tf32 on the CPU", LST + ["--precision", "tf32"], "tf32"),
     ("unknown backend", LST + ["--backend", "nosuch"], "--backend"),
     ("cuda where there is none", LST + ["--device", "cuda"], "--device"),
+    ("device empty", LST + ["--device", ""], "--device"),
+    ("device gpu", LST + ["--device", "gpu"], "--device"),
+    ("device cuda:abc", LST + ["--device", "cuda:abc"], "--device"),
+    ("threads beyond the machine's cores", LST + ["--threads", "100000"], "--threads"),
+    ("steps beyond what can finish", LST + ["--steps", "1" + "0" * 30], "--steps"),
+    ("sigma rounding to zero in float32", LST + ["--sigmas", "1e-50"], "--sigmas"),
+    ("data empty", FMRI + ["--data", ""], "--data"),
+    ("lst train empty", LST + ["--lst-train", ""], "--lst-train"),
+    ("out empty", LST + ["--out", ""], "--out"),
+    ("atlas with data", FMRI + ["--data", "NPY", "--atlas", "glasser360"], "--atlas"),
+    ("slurm option with a line break", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
+                                              "qos=short\ntouch PWNED"], "--slurm-option"),
+    ("slurm option with a shell command", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
+                                                 "qos=short;touch PWNED"], "--slurm-option"),
+    ("slurm partition with a quote", LST + ["--executor", "slurm", "--slurm-local", "--slurm-partition", "gpu'"],
+     "--slurm-partition"),
+    ("pe with a line break", LST + ["--pe", "learned\nnone"], "--pe"),
 ]
 
 
@@ -192,6 +214,49 @@ def config_text(text: str):
     return lambda folder: (folder / "config.json").write_text(text)
 
 
+def config_with(**settings):
+    """The folder's config.json with these settings changed (a tampered or foreign folder)."""
+    def change(folder: Path):
+        config = json.loads((folder / "config.json").read_text())
+        config["settings"].update(settings)
+        (folder / "config.json").write_text(json.dumps(config))
+    return change
+
+
+def config_packs(packs):
+    def change(folder: Path):
+        config = json.loads((folder / "config.json").read_text())
+        config["packs"] = packs
+        (folder / "config.json").write_text(json.dumps(config))
+    return change
+
+
+def config_a_folder(folder: Path):
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+
+
+def checkpoint_without_keys(folder: Path):
+    torch.save({"step": 1, "model": {}}, folder / "packs" / "0.checkpoint.pt")
+
+
+def checkpoint_a_folder(folder: Path):
+    (folder / "packs" / "0.checkpoint.pt").mkdir()
+
+
+def link_out(name: str):
+    """DIR/<name> a link to a folder beside DIR, holding a file the sweep must not touch."""
+    def change(folder: Path):
+        elsewhere = folder.parent / "elsewhere"
+        elsewhere.mkdir(exist_ok=True)
+        (elsewhere / "0.checkpoint.pt").write_bytes(b"someone else's")
+        target = folder / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.symlink_to(elsewhere, target_is_directory=True)
+    return change
+
+
 # (case, how the folder is spoiled, flags after --resume --out DIR, what the one line must name)
 RESUME_CASES = [
     ("crafted checkpoint runs nothing", evil_checkpoint, [], "0.checkpoint.pt cannot be loaded safely"),
@@ -204,6 +269,25 @@ RESUME_CASES = [
     ("changed PE", None, ["--pe", "none"], "--pe none differs"),
     ("ray address that does not answer", None, ["--executor", "ray", "--ray-address", "127.0.0.1:1"],
      "--ray-address"),
+    ("recorded ray address that does not answer", config_with(executor="ray", ray_address="127.0.0.1:1"), [],
+     "--ray-address"),
+    ("recorded slurm option with a line break",
+     config_with(executor="slurm", slurm_local=True, slurm_option=["qos=short\ntouch PWNED"]), [], "--slurm-option"),
+    ("recorded sigma nan", config_with(sigmas=[float("nan")]), [], "--sigmas"),
+    ("recorded sigma 1e300", config_with(sigmas=[1e300]), [], "--sigmas"),
+    ("recorded seeds beyond the grid limit", config_with(seeds=300000), [], "--seeds"),
+    ("recorded seeds unlike the packs", config_with(seeds=2), [], "packs"),
+    ("recorded task unknown", config_with(task="bogus"), [], "--task"),
+    ("recorded packs naming no model", config_packs([[999]]), [], "packs"),
+    ("recorded packs not lists", config_packs("all"), [], "packs"),
+    ("recorded backend unknown", config_with(backend="nosuch"), [], "--backend"),
+    ("recorded seed value not an integer", config_with(seed_values=[1.5], seeds=1), [], "--seed-values"),
+    ("recorded steps beyond what can finish", config_with(steps=10**30), [], "--steps"),
+    ("recorded threads beyond the machine's cores", config_with(threads=100000), [], "--threads"),
+    ("config a folder", config_a_folder, [], "config.json"),
+    ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),
+    ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
+    ("packs a link out of the folder", link_out("packs"), [], "outside"),
 ]
 
 
@@ -214,10 +298,49 @@ def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monke
     shutil.copytree(unfinished, folder)
     if spoil is not None:
         spoil(folder)
-    before = snapshot(folder)
+    before, beside = snapshot(folder), snapshot(tmp_path)
     assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder), *flags]), must_name)
     assert snapshot(folder) == before
+    assert snapshot(tmp_path) == beside  # nothing written beside the folder either (through a link)
     assert not (tmp_path / "PWNED").exists()
+
+
+# Every setting of config.json, tampered: a value of the wrong type, and (for text) a line break. Not read on
+# --resume: the packs (config.json's own key, above), out (the folder itself) and compile (chosen anew).
+FIELDS = [f for f in dataclasses.fields(Settings) if f.name not in ("packs", "out", "compile")]
+TEXT_FIELDS = [f.name for f in FIELDS if "str" in str(f.type) and "tuple" not in str(f.type)]
+
+
+@pytest.mark.parametrize("name", [f.name for f in FIELDS])
+def test_resume_refuses_any_setting_of_a_wrong_type(name, unfinished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(**{name: {"not": "a setting"}})(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), f"--{name.replace('_', '-')}")
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("name", TEXT_FIELDS)
+def test_resume_refuses_a_line_break_in_any_text_setting(name, unfinished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(**{name: "x\ntouch PWNED"})(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), f"--{name.replace('_', '-')}")
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("name", ["packs/0.checkpoint.pt", "slurm", "figures", "tensorboard"])
+def test_resume_refuses_a_link_out_of_the_folder_anywhere(name, unfinished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (folder / name).symlink_to(elsewhere)
+    before, beside = snapshot(folder), snapshot(tmp_path)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), f"{name} is a link")
+    assert snapshot(folder) == before and snapshot(tmp_path) == beside
 
 
 def test_resume_without_out_and_of_no_sweep(tmp_path, capsys):
@@ -232,3 +355,104 @@ def test_report_of_a_malformed_config(text, tmp_path, capsys):
     before = snapshot(tmp_path)
     assert_one_line(capsys, report_main([str(tmp_path)]), "config.json")
     assert snapshot(tmp_path) == before
+
+
+def test_a_checkpoint_holds_exactly_the_keys_the_check_asks_for():
+    from pe_fast.sweep import grid
+    from pe_fast.sweep.task_loading import load_task
+    from pe_fast.train import PackTrainer
+    from sweep_harness import settings_of
+    s = settings_of(*NETSIM)
+    task = load_task(s)
+    pack = grid.expand_grid(s)
+    trainer = PackTrainer(task, grid.model_config(s, task, "learned"), grid.train_config(s, pack), [0], [0.5],
+                          torch.device("cpu"))
+    assert tuple(trainer.state_dict()) == PackTrainer.STATE_KEYS
+
+
+def resume_in_process(folder: Path) -> int:
+    threads = torch.get_num_threads()
+    try:
+        return sweep_main(["--resume", "--out", str(folder)])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_result_file_that_does_not_parse_is_not_finished(unfinished, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    (folder / "results.parquet").write_bytes(b"not a table")
+    (folder / "packs" / "0").mkdir()
+    (folder / "packs" / "0" / "results.parquet").write_bytes(b"not a table")
+    assert resume_in_process(folder) == 0
+    assert (pd.read_parquet(folder / "results.parquet")["pack"] == 0).sum() == 1
+    assert len(pd.read_parquet(folder / "packs" / "0" / "results.parquet")) == 1
+
+
+def test_a_full_disk_is_one_line_and_resume_continues(unfinished, tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+
+    def full(out, index, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "packs"))
+    monkeypatch.setattr(run_folder, "write_pack", full)
+    code = resume_in_process(folder)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert code == 1 and "Traceback" not in err, err
+    assert len(lines) == 1 and str(folder) in lines[0] and "--resume" in lines[0], err
+    monkeypatch.undo()
+    assert resume_in_process(folder) == 0
+    assert (pd.read_parquet(folder / "results.parquet")["pack"] == 0).sum() == 1
+
+
+def test_two_sweeps_on_one_new_folder_exactly_one_proceeds(tmp_path):
+    """The folder check repeats under the lock: of a netsim and an LST sweep started at once on one new --out,
+    one trains and the other stops with one line, and the folder holds one sweep's files only."""
+    out = tmp_path / "run"
+    sweeps = [start_sweep(*flags, "--threads", "1", "--out", str(out)) for flags in (NETSIM, LST)]
+    outcomes = [(sweep.wait(timeout=600), sweep.stderr.read()) for sweep in sweeps]
+    codes = sorted(code for code, _ in outcomes)
+    assert codes == [0, 2], outcomes
+    refused = next(err for code, err in outcomes if code == 2)
+    assert len(refused.strip().splitlines()) == 1 and str(out) in refused, refused
+    config = json.loads((out / "config.json").read_text())
+    assert set(pd.read_parquet(out / "results.parquet")["task"]) == {config["settings"]["task"]}
+
+
+def test_a_recorded_job_of_another_process_is_not_waited_for(unfinished, tmp_path):
+    """slurm/jobs.json naming pid 1 (alive, not a job of this sweep) for pack 0: the resumed driver submits the
+    pack anew instead of waiting for pid 1 for ever."""
+    pytest.importorskip("submitit")
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(executor="slurm", slurm_local=True)(folder)
+    (folder / "slurm").mkdir()
+    (folder / "slurm" / "jobs.json").write_text(json.dumps({"0": "1"}))
+    (folder / "slurm" / "1_submitted.pkl").write_bytes(b"")  # even with a submission file of that id
+    done = run_sweep("--resume", "--out", str(folder), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1 pack jobs submitted" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("text", ["{broken", json.dumps({"0": "1; touch PWNED"}), "[1]"])
+def test_a_malformed_jobs_file_is_one_line(text, unfinished, tmp_path, capsys):
+    pytest.importorskip("submitit")
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(executor="slurm", slurm_local=True)(folder)
+    (folder / "slurm").mkdir()
+    (folder / "slurm" / "jobs.json").write_text(text)
+    assert_one_line(capsys, resume_in_process(folder), "jobs.json")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_report_refuses_a_link_out_of_the_folder(unfinished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (folder / "figures").symlink_to(elsewhere)
+    before, beside = snapshot(folder), snapshot(tmp_path)
+    assert_one_line(capsys, report_main([str(folder)]), "figures is a link")
+    assert snapshot(folder) == before and snapshot(tmp_path) == beside

@@ -387,7 +387,7 @@ def test_checkpoints_with_numpy_data_load_and_code_does_not(tmp_path):
     loaded = run_folder.load_checkpoint(tmp_path, 0)
     np.testing.assert_array_equal(loaded["initial_pe"][0], state["initial_pe"][0])
     assert loaded["curves"][0]["pe_rsa"] == 0.5 and loaded["ids"].tolist() == [0, 1, 2]
-    run_folder.check_checkpoint(tmp_path, 0)
+    run_folder.check_checkpoint(tmp_path, 0, keys=tuple(state), steps=1)
     torch.save({"step": 1, "call": os.getcwd}, run_folder.checkpoint_path(tmp_path, 1))
     with pytest.raises(run_folder.UnreadableCheckpoint, match="1.checkpoint.pt cannot be loaded safely"):
-        run_folder.check_checkpoint(tmp_path, 1)
+        run_folder.check_checkpoint(tmp_path, 1, keys=("step",), steps=1)

@@ -106,6 +106,10 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
 def write_report(directory: str | os.PathLike) -> Path:
     """Write DIR/report.md and DIR/figures/*.png from the results in DIR; return the report's path."""
     directory = Path(directory)
+    try:  # report.md and figures/ are written inside DIR only
+        run_folder.check_inside(directory)
+    except run_folder.LeavesFolder as error:
+        raise ReportError(str(error))
     run = read_run(directory)
     task = task_name(run)
     view = KINDS[task].view

@@ -1,6 +1,7 @@
 """`python -m pe_fast.sweep`: settings → task → grid → packs → results folder, and the one-line errors."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from pe_fast.sweep import executors, folder, grid, settings
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.sweep.task_loading import load_task
-from pe_fast.train import BatchSampler
+from pe_fast.train import BatchSampler, PackTrainer
 
 
 def check_out_folder(out: Path):
@@ -48,18 +49,31 @@ def check_against_task(s: Settings, task):
             raise UsageError(f"--pe {kind}: {error}")
 
 
+def check_folder(out: Path, resume: bool):
+    """A new sweep's folder is empty (but for our own lock); a resumed one has no link leading out of it."""
+    if not out.is_dir():
+        return
+    if not resume and any(p.name != run_folder.LOCK for p in out.iterdir()):  # the lock: ours, or stale
+        hint = f"; to continue it: --resume --out {out}" if (out / run_folder.CONFIG).is_file() else ""
+        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
+    try:
+        run_folder.check_inside(out)
+    except run_folder.LeavesFolder as error:
+        raise UsageError(str(error))
+
+
 def run(s: Settings) -> Path:
     resume = s.packs is not None
-    out = Path(s.out) if s.out else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(s.out) if s.out is not None else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not str(out).strip():
+        raise UsageError("--out '' names no folder")
     s = dataclasses.replace(s, out=str(out))
     check_out_folder(out)
     holder = run_folder.lock_holder(out) if out.is_dir() else None
     if holder is not None:
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
                          f"wait for it or stop it")
-    if not resume and out.exists() and any(out.iterdir()):
-        hint = f"; to continue it: --resume --out {out}" if (out / run_folder.CONFIG).is_file() else ""
-        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
+    check_folder(out, resume)
     if resume and run_folder.is_finished(out):
         print(f"{out} is finished; nothing to resume", file=sys.stderr)
         return out
@@ -73,11 +87,20 @@ def run(s: Settings) -> Path:
         print(f"pe_fast sweep: pack size {s.max_pack} ({how})", file=sys.stderr)
     packs = grid.pack_models(s, models)
     s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
+    created = not out.exists()
     try:
         run_folder.acquire_lock(out, notice=lambda line: print(f"note: {line}", file=sys.stderr))
     except run_folder.FolderLocked as error:
         raise UsageError(str(error))
     try:
+        try:  # again under the lock: another sweep may have written the folder since the first look
+            check_folder(out, resume)
+        except UsageError:
+            run_folder.release_lock(out)
+            if created:
+                with contextlib.suppress(OSError):  # not empty: the other sweep's, keep it
+                    out.rmdir()
+            raise
         if not resume:
             folder.start_folder(s, out, task, models, packs)
         if s.executor != "slurm":  # a stopped driver's SLURM jobs may still be writing
@@ -86,9 +109,11 @@ def run(s: Settings) -> Path:
         todo = [i for i in range(len(packs)) if i not in finished]
         for index in todo:  # every checkpoint readable (and safely so) before any training
             try:
-                run_folder.check_checkpoint(out, index)
+                run_folder.check_checkpoint(out, index, PackTrainer.STATE_KEYS, s.steps)
             except run_folder.UnreadableCheckpoint as error:
                 raise UsageError(str(error))
+        if s.executor == "slurm":  # the jobs a stopped driver recorded, readable before any is waited for
+            executors.recorded_jobs(out, todo)
         if task.data_line is not None:
             print(task.data_line, file=sys.stderr)
         print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "
@@ -131,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except executors.PackFailed as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # a full disk, a lost mount: the checkpoints written before it are whole
+        where = f" ({error.filename})" if error.filename else ""
+        print(f"error: {out}: {error.strerror or error}{where}; the finished packs and checkpoints are kept: "
+              f"free the space or fix the folder, then continue with python -m pe_fast.sweep --resume --out {out}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\ninterrupted; the finished packs and checkpoints are kept: continue with "

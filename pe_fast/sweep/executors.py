@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from pe_fast.sweep import live_curves
 from pe_fast.sweep.grid import model_config, train_config
 from pe_fast.sweep.live_curves import LiveCurves
 from pe_fast.sweep.progress import Progress
-from pe_fast.sweep.settings import Settings
+from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import PackTrainer
 
@@ -29,8 +30,8 @@ def apply_runtime(s: Settings):
     """Process-wide settings, in the sweep's process and in every Ray worker: threads, backend, malloc, TF32."""
     memory.keep_freed_memory()
     precision.apply(s.precision)
-    if s.threads:
-        torch.set_num_threads(s.threads)
+    if s.threads:  # a Ray or SLURM driver may have fewer cores than the workers its --threads is for
+        torch.set_num_threads(min(s.threads, len(os.sched_getaffinity(0))))
     if s.backend is not None:
         os.environ["PE_FAST_BACKEND"] = s.backend
 
@@ -165,7 +166,8 @@ def slurm_executor(s: Settings, folder: Path):
 
 def job_alive(job) -> bool:
     """Whether a job found in JOBS_FILE still runs (or waits to). A local job whose driver was restarted is known
-    by its controller's process id only: it runs while that process does."""
+    by its controller's process id only: it runs while that process does, and is this sweep's job only if that
+    process is submitit's controller of this folder (a pid alone may since name any process, even pid 1)."""
     import submitit
     if not isinstance(job, submitit.LocalJob):
         return not job.done(force_check=True)
@@ -173,10 +175,31 @@ def job_alive(job) -> bool:
     if state != "NO PROCESS AND NO RESULT":
         return state == "RUNNING"
     try:
-        os.kill(int(job.job_id), 0)
+        command = Path(f"/proc/{int(job.job_id)}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return False
-    return True
+    return b"submitit.local._local" in command and str(job.paths.folder).encode() in command
+
+
+JOB_ID = re.compile(r"\d+(_\d+)?")  # SLURM's (an array's task: JOB_TASK); a local job's is its controller's pid
+
+
+def recorded_jobs(out: Path, todo: list[int]) -> dict[str, str]:
+    """JOBS_FILE's pack index -> job id, for the packs still to do; only jobs this sweep submitted (their
+    submission is in its SLURM folder). A file that is not such a map is one line naming it."""
+    folder = (out / SLURM_FOLDER).resolve()
+    jobs_file = folder / JOBS_FILE
+    if not jobs_file.is_file():
+        return {}
+    try:
+        recorded = json.loads(jobs_file.read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{jobs_file} cannot be read ({type(error).__name__}); delete it to submit the packs anew")
+    if not (isinstance(recorded, dict) and all(isinstance(job, str) and JOB_ID.fullmatch(job)
+                                               for job in recorded.values())):
+        raise UsageError(f"{jobs_file} is not a map of pack indices to job ids; delete it to submit the packs anew")
+    return {index: job for index, job in recorded.items()
+            if index.isdigit() and int(index) in todo and (folder / f"{job}_submitted.pkl").is_file()}
 
 
 def run_slurm(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
@@ -186,14 +209,13 @@ def run_slurm(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, 
     folder = (out / SLURM_FOLDER).resolve()
     executor = slurm_executor(s, folder)
     jobs_file = folder / JOBS_FILE
-    recorded = json.loads(jobs_file.read_text()) if jobs_file.is_file() else {}
+    recorded = recorded_jobs(out, todo)
     job_class = submitit.LocalJob if s.slurm_local else submitit.SlurmJob
     jobs = {}
-    for index in todo:
-        if str(index) in recorded:
-            job = job_class(folder, recorded[str(index)])
-            if job_alive(job):
-                jobs[index] = job
+    for index, job_id in recorded.items():
+        job = job_class(folder, job_id)
+        if job_alive(job):
+            jobs[int(index)] = job
     resumed = len(jobs)
     new = [index for index in todo if index not in jobs]
     settings = dataclasses.replace(s, threads=s.threads or 1)

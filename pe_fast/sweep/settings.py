@@ -371,9 +371,9 @@ def check_choices(s: dict):
     for name, allowed in choices.items():
         for value in s[name] if isinstance(s[name], tuple) else (s[name],):
             if value not in allowed:
-                where = f" of --task {s['task']}" if name in ("pe", "preset") else ""
-                raise UsageError(f"--{name.replace('_', '-')} {value!r} is not one{where}; choose from "
-                                 f"{', '.join(str(a) for a in allowed if a is not None)}")
+                what = {"pe": f"a PE of --task {s['task']}", "preset": f"a preset of --task {s['task']}"}
+                raise UsageError(f"--{name.replace('_', '-')} {value!r} is not {what.get(name, 'one of them')}; "
+                                 f"choose from {', '.join(str(a) for a in allowed if a is not None)}")
     for name in LIST_SETTINGS:
         values = s[name]
         if values is not None and len(set(values)) < len(values):
@@ -573,11 +573,11 @@ def from_resume(args: argparse.Namespace) -> Settings:
     except (OSError, ValueError) as error:
         raise UsageError(f"--resume: {path} cannot be read as a sweep's config "
                          f"({type(error).__name__}: {getattr(error, 'strerror', None) or error})")
+    if isinstance(config, dict) and run_folder.POOLED_FROM in config:
+        raise UsageError(f"--resume: {args.out} pools finished sweeps (python -m pe_fast.report DIR ... --out); "
+                         f"it has nothing to continue")
     if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
             and isinstance(config.get("packs"), list)):
-        if isinstance(config, dict) and run_folder.POOLED_FROM in config:
-            raise UsageError(f"--resume: {args.out} pools finished sweeps (python -m pe_fast.report DIR ... --out); "
-                             f"it has nothing to continue")
         raise UsageError(f"--resume: {path} is not a sweep's config (it lacks its settings or packs)")
     s = dict(config["settings"])
     given = {name: value for name, value in vars(args).items()
