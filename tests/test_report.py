@@ -137,7 +137,8 @@ def test_lst_report_on_a_running_sweep(tmp_path):
     results = synthetic_rows("lst", models, layers=2, heads=2, probes=["same_row", "same_col", "same_row_or_col"],
                              rng=rng)
     write_folder(tmp_path, "lst", models, results, tokens=16, packs_only=[0, 1])
-    config, loaded, curves, tables = load_run(tmp_path)
+    run = load_run(tmp_path)
+    config, loaded, curves, tables = run.config, run.results, run.curves, run.pe_tables
     present = results[results["pack"].isin([0, 1])]
     assert len(loaded) == len(present) == 12 and set(tables) == {f"model_{i}" for i in present["model_id"]}
     assert len(curves) == 3 * 12 and len(config["models"]) == len(models) == 15
@@ -202,12 +203,14 @@ def test_fmri_without_ground_truth_notes_the_missing_figure(tmp_path, monkeypatc
 
 def test_real_h100_results_load_and_align():
     """The H100 runs in docs/results: real column names; a folder with curves only stands in its last evaluation."""
-    _, results, curves, _ = load_run(DOCS / "h100-paper-learned-16k")
+    run = load_run(DOCS / "h100-paper-learned-16k")
+    results, curves = run.results, run.curves
     align = alignment(results, KINDS["lst"].view)
     want, n = expected_alignment(results, "ood_attn", "same_row_or_col", "ood_acc")
     assert align.n == n == 6 and align.rho == pytest.approx(want)
     assert probe_names(curves) == ["same_row", "same_col", "same_row_or_col"]
-    _, derived, curves, tables = load_run(DOCS / "h100-paper-sin2d-6k")
+    run = load_run(DOCS / "h100-paper-sin2d-6k")
+    derived, curves, tables = run.results, run.curves, run.pe_tables
     final = curves[curves["step"] == curves["step"].max()].sort_values("model_id")
     assert len(derived) == 3 and not tables
     np.testing.assert_array_equal(derived.sort_values("model_id")["ood_acc"], final["ood_acc"])

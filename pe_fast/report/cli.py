@@ -125,6 +125,10 @@ def write_report(directory: str | os.PathLike) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--version"]:
+        import pe_fast
+        print(f"pe-fast {pe_fast.__version__}")
+        return 0
     if argv and argv[0] in ("-h", "--help"):
         from pe_fast import report  # the package's docstring holds the usage
         print(report.__doc__.split("\n\n")[1].strip())

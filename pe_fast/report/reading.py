@@ -18,11 +18,27 @@ class ReportError(Exception):
 
 @dataclasses.dataclass
 class Run:
+    """A results folder as Python objects (pe_fast.load_run): results and curves one row per model (and
+    evaluation), the PE tables and mean attention maps by key (run_folder.py names the keys)."""
     config: dict
     results: pd.DataFrame
     curves: pd.DataFrame
     pe_tables: dict[str, np.ndarray]
     notes: list[str]  # how the run was read (partial, derived results): shown at the top of report.md
+    path: Path | None = None
+
+    @property
+    def settings(self) -> dict:
+        """The sweep's settings as config.json records them (flag name -> value)."""
+        return self.config.get("settings") or {}
+
+    def pe_table(self, model_id: int) -> np.ndarray:
+        """The final PE table of one model (learned, random or fixed PEs): [N, D], or [L, N, D] with one per
+        block."""
+        key = f"model_{model_id}"
+        if key not in self.pe_tables:
+            raise KeyError(f"model {model_id} has no PE table in {self.path} (a PE kind without one, or diverged)")
+        return self.pe_tables[key]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -64,10 +80,10 @@ def _last_evaluation(curves: pd.DataFrame) -> pd.DataFrame:
     return curves[curves["step"] == last].drop(columns="step").reset_index(drop=True)
 
 
-def load_run(directory: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
-    """(config, results, curves, pe_tables) of a results folder; see read_run for the rules."""
-    run = read_run(Path(directory))
-    return run.config, run.results, run.curves, run.pe_tables
+def load_run(directory: str | os.PathLike) -> Run:
+    """A results folder, finished or still running, as a Run; see read_run for the rules. A folder that cannot
+    be read raises ReportError naming the file."""
+    return read_run(Path(directory))
 
 
 def read_run(directory: Path) -> Run:
@@ -127,7 +143,7 @@ def read_run(directory: Path) -> Run:
         notes.append(f"{len(diverged)} PE table(s) or attention map(s) hold NaN or inf (diverged models: "
                      f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
-    return Run(config, results, curves, pe_tables, notes)
+    return Run(config, results, curves, pe_tables, notes, path=directory)
 
 
 def task_name(run: Run) -> str:

@@ -9,8 +9,19 @@ a killed sweep continues with `--resume --out DIR` and ends with the results an 
 `--executor ray` trains the packs as Ray tasks, on this machine or a cluster. A user mistake stops with one line
 and exit code 2, before anything is written.
 
+From Python: `pe_fast.sweep.run(task="lst", sigmas=[0.2, 2.0], ...)` takes the flags as keyword arguments and
+returns the results folder as a `pe_fast.report.reading.Run` (api.py).
+
 The package: settings.py (flags + task defaults + preset → one validated, frozen Settings), task_loading.py (the
 task from the settings), grid.py (models, packs, model and training configurations), executors.py (local and
 Ray; one pack's unit of work), folder.py (what the sweep writes at its start and end), progress.py (the progress
 line), cli.py (run and main).
 """
+
+
+def __getattr__(name: str):
+    """pe_fast.sweep.run (api.py), imported when first used: importing pe_fast.sweep.settings stays light."""
+    if name == "run":
+        from pe_fast.sweep.api import run
+        return run
+    raise AttributeError(f"module 'pe_fast.sweep' has no attribute {name!r}")

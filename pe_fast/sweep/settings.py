@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+import pe_fast
 from pe_fast import precision, run_folder
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
@@ -144,6 +145,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m pe_fast.sweep",
                       description="train a grid of PE types × σ × seeds as stacked packs and write a results folder")
+    p.add_argument("--version", action="version", version=f"pe-fast {pe_fast.__version__}")
     # Every default is None so that a preset can fill what the user did not set.
     p.add_argument("--task", choices=tuple(KINDS), help="fmri (default), lst or netsim")
     presets = sorted({name for kind in KINDS.values() for name in kind.presets})
@@ -245,6 +247,8 @@ def parse_list(text, convert, flag: str) -> tuple:
 def from_flags(args: argparse.Namespace) -> Settings:
     """Flags override the preset, which overrides the task's defaults; then validate() checks the whole."""
     task = args.task or "fmri"
+    if task not in KINDS:  # the parser's choices; a Python caller's value comes here unchecked
+        raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
     kind = KINDS[task]
     s = {**kind.defaults, "task": task}
     if args.preset:

@@ -1,0 +1,36 @@
+"""The `pe-fast` command: one entry point for the package's programs, beside their `python -m` forms.
+
+    pe-fast sweep --task fmri          = python -m pe_fast.sweep --task fmri
+    pe-fast report DIR                 = python -m pe_fast.report DIR
+    pe-fast compare-lst-logs DIR       = python -m pe_fast.compare_lst_logs DIR
+    pe-fast --version
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pe_fast
+
+# subcommand -> the module whose main(argv) runs it
+PROGRAMS = {"sweep": "pe_fast.sweep.cli", "report": "pe_fast.report.cli",
+            "compare-lst-logs": "pe_fast.compare_lst_logs"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"pe-fast {pe_fast.__version__}")
+        return 0
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    if argv[0] not in PROGRAMS:
+        print(f"error: pe-fast {argv[0]}: not a program; choose from {', '.join(PROGRAMS)} (see pe-fast --help)",
+              file=sys.stderr)
+        return 2
+    program = importlib.import_module(PROGRAMS[argv[0]])
+    try:
+        return program.main(argv[1:])
+    except SystemExit as exit_:  # argparse's --help and errors
+        return exit_.code if isinstance(exit_.code, int) else 1

@@ -1,0 +1,43 @@
+"""The sweep from Python: the command line's flags as keyword arguments, through the same validation and into the
+same results folder.
+
+    import pe_fast.sweep
+    run = pe_fast.sweep.run(task="lst", preset="cpu", sigmas=[0.2, 2.0], seeds=2, out="runs/lst")
+    run.results          # one row per model (pandas), as results.parquet holds it
+
+A keyword is a flag's name with underscores (--seed-values: seed_values); a comma-separated flag takes a list;
+an on/off flag (--no-report, --resume) takes True. A bad argument raises UsageError with the message the command
+line prints, naming the argument by its flag, before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+
+from pe_fast.report.reading import Run, load_run
+from pe_fast.sweep import cli, settings
+from pe_fast.sweep.settings import UsageError
+
+
+def arguments(keywords: dict) -> argparse.Namespace:
+    """The parser's namespace with these keywords set, as if given on the command line."""
+    parser = settings.build_parser()
+    namespace = parser.parse_args([])
+    on_off = {action.dest for action in parser._actions if isinstance(action, argparse._StoreTrueAction)}
+    for name, value in keywords.items():
+        if name not in vars(namespace):
+            raise UsageError(f"unknown argument {name}=; the arguments are the flags of python -m pe_fast.sweep "
+                             f"with underscores: {', '.join(sorted(vars(namespace)))}")
+        if name in on_off and not isinstance(value, bool):
+            raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
+        if name == "slurm_option" and value is not None:  # repeatable on the command line: a list here
+            value = [value] if isinstance(value, str) else list(value)
+        setattr(namespace, name, None if value is False else value)
+    return namespace
+
+
+def run(**keywords) -> Run:
+    """Train the sweep these arguments describe (or continue one: resume=True, out=DIR) and return its results
+    folder as a Run (pe_fast.load_run). Progress goes to stderr as on the command line."""
+    namespace = arguments(keywords)
+    s = settings.from_resume(namespace) if namespace.resume else settings.from_flags(namespace)
+    return load_run(cli.run(s))

@@ -1,0 +1,95 @@
+"""The Python API (pe_fast.sweep.run, pe_fast.load_run) and the pe-fast command: the same validation and the same
+results folder as the command line, which is the reference here."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from sweep_harness import TINY_NETSIM, sweep_results
+
+import pe_fast
+import pe_fast.sweep
+from pe_fast import cli
+from pe_fast.sweep import api
+from pe_fast.sweep.settings import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+# TINY_NETSIM's flags as keyword arguments
+TINY = dict(task="netsim", nodes=12, modules=3, timepoints=200, runs=4, width=16, depth=1, batch_size=16)
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
+    flags = ["--pe", "learned,none", "--sigmas", "0.1,2", "--seeds", "2", "--steps", "6", "--eval-every", "3"]
+    reference = sweep_results(tmp_path / "cli", *TINY_NETSIM, *flags)
+    run = pe_fast.sweep.run(**TINY, pe=["learned", "none"], sigmas=[0.1, 2], seeds=2, steps=6, eval_every=3,
+                            no_report=True, out=str(tmp_path / "api"))
+    assert run.path == tmp_path / "api"
+    columns = [c for c in reference.columns if c != "train_seconds"]
+    pd.testing.assert_frame_equal(run.results[columns], reference[columns])
+    again = pe_fast.load_run(tmp_path / "api")
+    assert again.settings["sigmas"] == [0.1, 2.0] and again.settings["seeds"] == 2
+    assert len(again.curves) == (2 * 2 + 2) * 3  # 4 learned models and 2 without a PE, evaluated at 0, 3 and 6
+    learned = again.results.query("pe == 'learned'")["model_id"]
+    assert all(again.pe_table(i).shape[-2:] == (12, 16) for i in learned)
+    with pytest.raises(KeyError, match="no PE table"):
+        again.pe_table(int(again.results.query("pe == 'none'")["model_id"].iloc[0]))
+
+
+@pytest.mark.parametrize("arguments, names", [
+    (dict(bogus=1), "bogus"),
+    (dict(steps=1.5), "--steps"),
+    (dict(sigmas=[0.1, float("nan")]), "--sigmas"),
+    (dict(task="bogus"), "--task"),
+    (dict(no_report="yes"), "--no-report"),
+    (dict(pe=["learned", "sin2d"]), "--pe"),
+    (dict(slurm_option=["qos=short\ntouch PWNED"], executor="slurm", slurm_local=True), "--slurm-option"),
+])
+def test_bad_arguments_raise_naming_them_and_write_nothing(arguments, names, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=re.escape(names)):
+        pe_fast.sweep.run(**{**TINY, **arguments, "out": str(tmp_path / "run")})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_from_python(tmp_path, keep_threads):
+    out = tmp_path / "run"
+    first = pe_fast.sweep.run(**TINY, seeds=1, sigmas=[0.5], steps=4, eval_every=2, no_report=True, out=str(out))
+    again = pe_fast.sweep.run(resume=True, out=str(out))  # finished: nothing to do, the same folder back
+    pd.testing.assert_frame_equal(again.results, first.results)
+
+
+def test_docs_example_runs(tmp_path, monkeypatch, keep_threads):
+    """docs/python-api.md's code blocks, in order, from a fresh folder; the sweep shrunk to a tiny network."""
+    monkeypatch.chdir(tmp_path)
+    real = api.run
+    monkeypatch.setattr(api, "run", lambda **kw: real(**{**kw, **{k: v for k, v in TINY.items() if k != "task"},
+                                                          "steps": 4, "eval_every": 2, "no_report": True}))
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        exec(compile(block, "docs/python-api.md", "exec"), {})
+    assert not (tmp_path / "runs" / "never-written").exists()
+
+
+def test_pe_fast_command(capsys):
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"pe-fast {pe_fast.__version__}"
+    assert cli.main(["bogus"]) == 2 and "choose from sweep, report, compare-lst-logs" in capsys.readouterr().err
+    assert cli.main(["sweep", "--task", "bogus"]) == 2
+    assert cli.main(["report", "--version"]) == 0
+
+
+def test_pe_fast_script_is_installed():
+    script = Path(sys.executable).parent / "pe-fast"
+    if not script.exists():
+        pytest.skip("pe-fast is not installed beside this Python (pip install -e . puts it there)")
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"pe-fast {pe_fast.__version__}", done.stderr
