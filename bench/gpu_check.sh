@@ -100,7 +100,7 @@ science() {
     rm -rf "$SCIENCE_RUNS"
     for precision in "${precisions[@]}"; do
         # sin2d without the preset's dropout, as in the earlier checks: with it, sin2d and σ 0.2 generalise
-        # alike (docs/reproduction.md), and the verdict's ranking test would follow the noise between them
+        # alike (docs/reproduction-lst.md, epoch 200); the verdict's ranking test would follow the noise between them
         for pe in learned "sin2d --pe-dropout 0"; do
             # shellcheck disable=SC2086  # $pe carries its flag
             python3 -m pe_fast.sweep --task lst --preset paper --pe $pe --sigmas 0.2,2.0 --seeds ${SCIENCE_SEEDS:-5} \

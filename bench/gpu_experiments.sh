@@ -4,7 +4,7 @@
 #   lst_lr_adam     issue 14: LST paper configuration, learned σ 0.2 / 2.0 × AdamW lr 3e-5, 1e-4 (the paper's), 3e-4
 #                   × 3 seeds, 8,000 steps, one 18-model pack with per-model rates
 #   lst_lr_sgd      the same with SGD + momentum 0.9 at 100× those rates (3e-3, 1e-2, 3e-2; on fMRI SGD needed about
-#                   100× Adam's rate to leave the lazy regime, docs/reproduction.md)
+#                   100× Adam's rate to leave the lazy regime, docs/reproduction-fmri.md)
 #   glasser         issue 17 item 4: fMRI on the Glasser-360 surrogate, the default σ grid, --preset converged
 #   glasser_none, glasser_sin1d, glasser_random, glasser_sinnd
 #                   the rest of --preset all-pes at the converged preset's steps, one sweep per PE kind: the local
