@@ -94,27 +94,50 @@ def providers():
     return found
 
 
-def flops(M, B, N, D, H, mode):
-    """(attention FLOPs by flash-attention's convention, total FLOPs with the QKV GEMMs)."""
+# The fused op's kernels: the forward's two, then the backward's two. The per-kernel counts below are the one
+# model of the op's cost (bench/traffic.py counts the training step's pe_attention calls with them too).
+FORWARD_KERNELS = ("projection", "attention")
+BACKWARD_KERNELS = ("attention_backward", "projection_backward")
+
+
+def fused_kernel_flops(M, B, N, D, H) -> dict[str, float]:
+    """FLOPs of each kernel: attention by flash-attention's convention (fwd 4·MB·N²·H·dh, bwd 2.5× fwd), the QKV
+    GEMM (bwd: dx and dw, 2× fwd)."""
     attn = 4.0 * M * B * N * N * D  # 4·MB·N²·H·dh
     gemm = 2.0 * M * B * N * D * 3 * D
-    if mode == "forward":
-        return attn, attn + gemm
-    return 3.5 * attn, 3.5 * attn + 3 * gemm  # backward: 2.5× attention, 2× the GEMM (dx, dw)
+    return {"projection": gemm, "attention": attn, "attention_backward": 2.5 * attn, "projection_backward": 2 * gemm}
+
+
+def fused_kernel_bytes(M, B, N, D, H, K, itemsize) -> dict[str, tuple[int, int]]:
+    """(bytes read, bytes written) of HBM that each kernel of a fused implementation must move: each tensor read or
+    written once per kernel."""
+    act = M * B * N * D * itemsize  # one [M,B,N,D] activation
+    weights = M * D * 3 * D * itemsize
+    rows = M * B * H * N * 4  # one fp32 value per attention row
+    return {
+        "projection": (act + weights, 3 * act),  # read x (pe is small), w; write qkv
+        "attention": (3 * act + K * N * N * 4, act + rows * (1 + 3 + K)),  # read qkv, probes; write out, lse, stats
+        # read qkv, out, dO, lse, Δ; write Δ, dqkv
+        "attention_backward": (3 * act + 2 * act + 2 * rows, rows + 3 * act),
+        "projection_backward": ((act + 3 * act) + (3 * act + weights), weights + act),  # dw = hᵀ·dqkv; dx = dqkv·wᵀ
+    }
+
+
+def _kernels_of(mode: str) -> tuple[str, ...]:
+    return FORWARD_KERNELS if mode == "forward" else FORWARD_KERNELS + BACKWARD_KERNELS
+
+
+def flops(M, B, N, D, H, mode):
+    """(attention FLOPs by flash-attention's convention, total FLOPs with the QKV GEMMs)."""
+    per_kernel = fused_kernel_flops(M, B, N, D, H)
+    kernels = _kernels_of(mode)
+    return (sum(per_kernel[k] for k in kernels if k.startswith("attention")), sum(per_kernel[k] for k in kernels))
 
 
 def fused_bytes(M, B, N, D, H, K, itemsize, mode):
     """HBM bytes a fused implementation must move: each tensor read or written once per kernel."""
-    act = M * B * N * D * itemsize  # one [M,B,N,D] activation
-    weights = M * D * 3 * D * itemsize
-    rows = M * B * H * N * 4  # one fp32 value per attention row
-    projection = act + weights + 3 * act  # read x (pe is small), w; write qkv
-    attention = 3 * act + act + rows * (1 + 3 + K) + K * N * N * 4  # read qkv, probes; write out, lse, stats
-    if mode == "forward":
-        return projection + attention
-    attention_bwd = 3 * act + 2 * act + 3 * rows + 3 * act  # read qkv, out, dO, lse, Δ (+ write Δ); write dqkv
-    gemms_bwd = (act + 3 * act + weights) + (3 * act + weights + act)  # dw = hᵀ·dqkv; dx = dqkv·wᵀ
-    return projection + attention + attention_bwd + gemms_bwd
+    per_kernel = fused_kernel_bytes(M, B, N, D, H, K, itemsize)
+    return sum(sum(per_kernel[k]) for k in _kernels_of(mode))
 
 
 def make_inputs(M, B, N, D, K, dtype, grad):

@@ -17,7 +17,9 @@ The baseline is the authors' loop: one float32 model (torch.nn.MultiheadAttentio
 MLP linears, a learned PE per block, readout at the last cell) trained with AdamW on batches of the same data,
 one model at a time, timed in the same process. FLOPs per model-step are bench_training.step_flops (the
 matmuls of forward + backward); the device's peak is its dense tensor-core rate for tf32 / bf16 and its
-CUDA-core rate for fp32. One JSON record per configuration, written after each (a time limit keeps what ran).
+CUDA-core rate for fp32. bytes_per_model_step is bench/traffic.py's count of the same step's eager kernels (with
+--compile on/graphs too: torch.compile's fusion is not counted). One JSON record per configuration, written after
+each (a time limit keeps what ran).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from torch import nn
 
 import measure
 from bench_training import step_flops
+from traffic import peak_tflops, step_ledger
 
 from pe_fast import memory, precision
 from pe_fast.models import ModelConfig
@@ -43,17 +46,6 @@ from pe_fast.train import PackTrainer, TrainConfig, compile_problem
 WIDTH, DEPTH, MLP, BATCH, LR = 160, 4, 640, 128, 1e-4
 PAPER_SIGMAS = [s / 10 for s in range(1, 21)]
 PAPER_MODELS, PAPER_STEPS, PAPER_EVAL_EVERY = 315, 252_000, 12_600
-# Dense peak TFLOP/s by precision (NVIDIA's data sheets, without sparsity): fp32 on CUDA cores.
-PEAKS = {"H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
-         "H100": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},  # SXM
-         "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4}}
-
-
-def peak_tflops(device_name: str, precision_name: str) -> float | None:
-    for key, peaks in PEAKS.items():  # "H100 PCIe" is tried before "H100"
-        if key in device_name:
-            return peaks[precision_name]
-    return None
 
 
 class AuthorsLST(nn.Module):
@@ -124,6 +116,8 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compile_mod
                         eval_every=warmup + steps * repeats, eval_items=eval_items, precision=precision_name,
                         compile=compile_mode)
     sigmas = [PAPER_SIGMAS[m % len(PAPER_SIGMAS)] for m in range(pack)]
+    # what the step moves, eager (bench/traffic.py: fake tensors, no device time)
+    moved = step_ledger(task, config, train, list(range(pack)), sigmas).bytes_per_model_step
     trainer = PackTrainer(task, config, train, list(range(pack)), sigmas, device)
     started = time.perf_counter()
     for _ in range(warmup):
@@ -153,8 +147,8 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compile_mod
     del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return dict(models=models, pack_size=pack, packs=packs, compile=compile_mode, step_ms=step_s * 1e3,
-                step_ms_rounds=[r * 1e3 for r in rounds], warmup_s=warmup_s,
+    return dict(models=models, pack_size=pack, packs=packs, compile=compile_mode, bytes_per_model_step=moved,
+                step_ms=step_s * 1e3, step_ms_rounds=[r * 1e3 for r in rounds], warmup_s=warmup_s,
                 train_model_steps_per_s=pack / step_s, model_steps_per_s=with_evals,
                 eval_intermediate_s=evals[0], eval_full_s=evals[1],
                 paper_sweep_hours=PAPER_MODELS * PAPER_STEPS / with_evals / 3600)
