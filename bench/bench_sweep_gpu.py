@@ -49,7 +49,7 @@ PAPER_MODELS, PAPER_STEPS, PAPER_EVAL_EVERY = 315, 252_000, 12_600
 
 
 class AuthorsLST(nn.Module):
-    """One model as the authors wrote it (notes/paper.md §2.4): plain torch modules, post-LN, float32."""
+    """One model as the authors wrote it (their LST code): plain torch modules, post-LN, float32."""
 
     def __init__(self, sigma: float):
         super().__init__()

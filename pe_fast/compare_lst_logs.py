@@ -1,6 +1,6 @@
 """Compare an LST run with the authors' own training logs (issue 17).
 
-    python -m pe_fast.compare_lst_logs DIR [DIR ...] [--out FILE] [--logs training_logs.csv]
+    python -m pe_fast.compare_lst_logs DIR [DIR ...] [--out FILE] [--logs FILE]
 
 For every PE setting (sin2d, learned σ) that DIR trained with seeds of the authors' 15, and every epoch of the
 authors' logs (one every 200) that one of DIR's evaluations falls near, it prints our train and in-distribution
@@ -19,12 +19,11 @@ Several folders count as one run: the seeds of a setting pool across them, e.g. 
 seeds, the PEs and σ, the PE dropout, which the setting's label shows, and, at a constant learning rate, the
 number of steps); a seed of one setting in two folders is refused. The table then goes to --out only.
 
-The logs: --logs, else $PE_FAST_LST_LOGS, else ../shared/data/lst-authors-logs/training_logs.csv beside the
-repository (notes in that folder's README).
+The logs: the authors' own, which ship with pe_fast (pe_fast/data/lst_authors/SOURCE.md), or --logs FILE, a
+table of the same columns as parquet or CSV.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -37,9 +36,8 @@ from pe_fast.report.reading import ReportError, read_run
 from pe_fast.sweep.grid import pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser, Settings
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
+from pe_fast.tasks.lst_puzzles import AUTHORS_LOGS_FILE, authors_file
 
-LOGS_ENV = "PE_FAST_LST_LOGS"
-DEFAULT_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lst-authors-logs" / "training_logs.csv"
 LOG_COLUMNS = {"pe", "sigma", "seed", "epoch", "phase", "condition", "accuracy"}
 # An evaluation stands for a logged epoch when it lies within this share of the logs' 200-epoch spacing
 EPOCH_MATCH = 0.1
@@ -50,14 +48,21 @@ class CompareError(Exception):
     """Bad input: one line, exit code 2."""
 
 
-def read_logs(path: Path) -> pd.DataFrame:
-    """The authors' average accuracies: one row per (pe, sigma, seed, epoch, phase)."""
+def read_logs(path: Path | None = None) -> pd.DataFrame:
+    """The average accuracies of the logs at path, by default the authors' (shipped with pe_fast): one row per
+    (pe, sigma, seed, epoch, phase)."""
+    if path is None:
+        try:
+            path = authors_file(AUTHORS_LOGS_FILE)
+        except FileNotFoundError as error:  # an install without its package data
+            raise CompareError(str(error))
     if not path.is_file():
-        raise CompareError(f"the authors' logs are not at {path}; pass --logs or set {LOGS_ENV}")
+        raise CompareError(f"the logs are not at {path}; give --logs a parquet or CSV file of the authors' columns")
     try:
-        logs = pd.read_csv(path)
+        logs = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as error:
-        raise CompareError(f"{path} is not a readable CSV ({type(error).__name__})")
+        raise CompareError(f"{path} is not a readable {'parquet' if path.suffix == '.parquet' else 'CSV'} file "
+                           f"({type(error).__name__})")
     if not LOG_COLUMNS <= set(logs.columns):
         raise CompareError(f"{path} lacks the columns {sorted(LOG_COLUMNS - set(logs.columns))}")
     logs = logs[logs["condition"] == "average"]
@@ -206,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directories", nargs="+", metavar="DIR",
                         help="an LST results folder (--out of pe_fast.sweep --task lst); several count as one run")
     parser.add_argument("--out", help=f"write the table here (default: DIR/{OUTPUT} for one folder, none for several)")
-    parser.add_argument("--logs", help=f"the authors' training_logs.csv (default: ${LOGS_ENV} or {DEFAULT_LOGS})")
+    parser.add_argument("--logs", help="logs to compare with, parquet or CSV (default: the authors' own, which ship "
+                        "with pe_fast)")
     args = parser.parse_args(argv)
     directories = [Path(d) for d in args.directories]
     try:
         if len(set(d.resolve() for d in directories)) < len(directories):
             raise CompareError("a folder is named twice")
-        logs = read_logs(Path(args.logs or os.environ.get(LOGS_ENV) or DEFAULT_LOGS))
+        logs = read_logs(Path(args.logs) if args.logs else None)
         table, verdicts = compare(directories, logs)
         if table.empty:
             raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "

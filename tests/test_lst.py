@@ -1,28 +1,13 @@
 """Tests of pe_fast.tasks.lst against independent references (brute force, plain Python sets, loops)."""
 
 import itertools
-import os
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from pe_fast.tasks import lst, lst_puzzles
-
-
-def _authors_data_dir():
-    env = os.environ.get("PE_FAST_LST_DATA")
-    candidates = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[1] / "../shared/data/lst"]
-    for path in candidates:
-        if path.is_dir() and any(path.glob("*.csv")):
-            return path
-    return None
-
-
-AUTHORS_DATA = _authors_data_dir()
-needs_authors_data = pytest.mark.skipif(AUTHORS_DATA is None, reason="authors' LST puzzles not found")
 
 
 def _shown(grid):
@@ -330,19 +315,6 @@ def test_stratified_split():
 # ----------------------------------------------------------------------------- data location and task
 
 
-def test_find_authors_data_env_var(tmp_path, monkeypatch):
-    folder = tmp_path / "lst"
-    folder.mkdir()
-    lst_puzzles.write_puzzles(lst_puzzles.generate_puzzles(3, seed=0), folder / "x.csv")
-    monkeypatch.setenv("PE_FAST_LST_DATA", str(folder))
-    assert lst_puzzles.find_authors_data() == folder.resolve()
-    # A folder without CSV files is passed over.
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    monkeypatch.setenv("PE_FAST_LST_DATA", str(empty))
-    assert lst_puzzles.find_authors_data() != empty.resolve()
-
-
 def test_task_from_files(tmp_path):
     lst_puzzles.write_puzzles(lst_puzzles.generate_puzzles(300, seed=21), tmp_path / "train.csv")
     ood = lst_puzzles.generalisation_set(lst_puzzles.read_puzzles(tmp_path / "train.csv"), 4, 0.6, seed=2,
@@ -367,24 +339,19 @@ def test_task_from_files(tmp_path):
     assert task.description["ood_min_distance_achieved"] >= 0.6
 
 
-def test_task_falls_back_to_generated_puzzles(monkeypatch, capsys):
-    monkeypatch.setattr(lst, "find_authors_data", lambda: None)
-    # Keep the test fast: a smaller pool than the real 9,000.
-    monkeypatch.setattr(lst.LSTTask, "generated_pool_size", 150)
-    task = lst.LSTTask(ood_per_condition=3, ood_min_distance=0.7)
-    assert "not found" in capsys.readouterr().err
-    assert [len(task.splits[k]) for k in ("train", "test", "ood")] == [135, 15, 9]
-    # Every pool puzzle is far from every ood puzzle, checked with Python sets.
-    pool = lst_puzzles.Puzzles.concat([task.puzzles["train"], task.puzzles["test"]])
-    assert min(_reference_jaccard(a, b) for a in task.puzzles["ood"].grids for b in pool.grids) >= 0.7
+def test_task_without_its_package_data_says_so(tmp_path, monkeypatch):
+    """The authors' puzzles ship with pe_fast: an install that lost them fails, naming the file, rather than
+    training on something else."""
+    monkeypatch.setattr(lst_puzzles, "AUTHORS_DATA", tmp_path)
+    with pytest.raises(FileNotFoundError, match="generated_puzzle_data_binary_dist80.csv is missing.*reinstall"):
+        lst.LSTTask()
 
 
 # ----------------------------------------------------------------------------- the authors' puzzles
 
 
-@needs_authors_data
 def test_classifier_reproduces_authors_labels():
-    puzzles = lst_puzzles.read_puzzle_folder(AUTHORS_DATA)
+    puzzles = lst_puzzles.authors_puzzles()
     assert len(puzzles) == 9000
     agree = 0
     for grid, answer, condition in zip(puzzles.grids, puzzles.answers, puzzles.conditions):
@@ -394,9 +361,8 @@ def test_classifier_reproduces_authors_labels():
     assert agree / len(puzzles) >= 0.99
 
 
-@needs_authors_data
 def test_generalisation_set_against_authors_puzzles():
-    puzzles = lst_puzzles.read_puzzle_folder(AUTHORS_DATA)
+    puzzles = lst_puzzles.authors_puzzles()
     ood = lst_puzzles.generalisation_set(puzzles, n_per_condition=10, seed=1, batch_per_condition=500)
     assert np.bincount(ood.conditions, minlength=3).tolist() == [10, 10, 10]
     d = lst_puzzles.jaccard_distance_matrix(ood.grids, puzzles.grids)

@@ -1,5 +1,5 @@
 """--pe-dropout: the authors' sinusoidal PE modules apply Dropout(p) to x + PE at the input of every block while
-training (notes/paper.md §2.5), and nothing at evaluation; --pe-dropout-on gives the same to other PEs added to x.
+training, and nothing at evaluation; --pe-dropout-on gives the same to other PEs added to x.
 Checked against that formula built by hand around blocks that add no PE, and for the masks' one promise: they
 depend on the model's seed and the step alone."""
 import json

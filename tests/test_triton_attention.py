@@ -87,7 +87,7 @@ def test_interpreter_matches_reference_fp32(case):
 @pytest.mark.parametrize("N", [16, 40])  # packed, long
 def test_interpreter_tf32_statistics_within_1e4(N, monkeypatch):
     """PE_FAST_TF32=1: the kernels round every tl.dot operand to TF32 (the interpreter's dot then multiplies
-    exactly those values). Rounded, the statistics stay within design.md's 1e-4 (≈1e-5 measured); truncated,
+    exactly those values). Rounded, the statistics stay within 1e-4 relative (≈1e-5 measured); truncated,
     as the tensor cores do to unrounded fp32 registers, the logits shrink by ~1e-3 on average and the averaged
     entropy / max-prob / Σp² move by ~5e-4 relative (the H100 TF32 failures). Outputs and gradients carry
     TF32's own ~1e-3 error, as in any TF32 matmul."""
@@ -241,7 +241,7 @@ def test_cuda_autocast_bf16_within_twice_the_reference_error(case):
 @cuda
 @pytest.mark.parametrize("case", ["lst-N16-dh160", "N100-dh16-H4", "fmri-N360-dh16-H4"])
 def test_cuda_tf32_within_twice_the_reference_error(case, monkeypatch):
-    """Flash rule against the reference's own TF32 run, and design.md §3's 1e-4 relative for the statistics
+    """Flash rule against the reference's own TF32 run, and 1e-4 relative for the statistics
     (means over many rows: TF32's rounding errors average out, a bias would not; the kernels round their
     operands to TF32 like cuBLAS instead of letting the tensor cores truncate them). Elementwise outputs and
     gradients carry TF32's ~1e-3 error, the reference's too, so 1e-4 is not attainable for them."""

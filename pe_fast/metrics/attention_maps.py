@@ -1,4 +1,4 @@
-"""Attention maps as the paper compares them (notes/paper.md §5.3): each model's attention probabilities, averaged
+"""Attention maps as the paper compares them: each model's attention probabilities, averaged
 over heads and over the items of one split, per layer — an [L, N, N] map per model — and the alignment of a
 model's maps with those of the ground-truth PE's models (the 2D sinusoidal PE on the LST): the Pearson r of the
 flattened maps, per layer, averaged over layers. The paper reports a Spearman ρ of 0.96 between that alignment

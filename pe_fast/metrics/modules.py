@@ -1,4 +1,4 @@
-"""How well a token-by-token similarity matrix follows a known partition into modules (notes/paper.md §5.4).
+"""How well a token-by-token similarity matrix follows a known partition into modules.
 
 Both functions take a symmetric similarity matrix S [N, N] (e.g. the cosine similarity of a learned PE's rows)
 and the ground-truth module of each token [N]; the diagonal is ignored.

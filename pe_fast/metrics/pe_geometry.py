@@ -1,4 +1,4 @@
-"""How well a learned PE mirrors the tokens' ground-truth positions (notes/paper.md §5.2, §5.4).
+"""How well a learned PE mirrors the tokens' ground-truth positions.
 
 All functions take one model's PE table P [N, D] (numpy) and return a float.
 """

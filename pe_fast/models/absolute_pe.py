@@ -102,7 +102,7 @@ class AbsolutePE(nn.Module):
 
 class PEDropout:
     """The authors' sinusoidal PE modules apply Dropout(p) to x + PE at the input of each block while training
-    (notes/paper.md §2.5; their learned PE has none, pe_fast can give it the same). This draws those keep masks,
+    (p = 0.1 in their code; their learned PE has none, pe_fast can give it the same). This draws those keep masks,
     scaled by 1 / (1 - p).
 
     Each model's masks come from a generator seeded with its seed and the step alone, so they do not depend on

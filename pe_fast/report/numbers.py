@@ -91,7 +91,7 @@ def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
 
 
 def map_alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
-    """The paper's alignment (notes/paper.md §5.3): each model's mean attention maps against those of the task's
+    """The paper's attention-map alignment: each model's mean attention maps against those of the task's
     ground-truth PE models (results' attn_map_alignment), against generalisation, across all models."""
     if view.reference_pe is None or "attn_map_alignment" not in results:
         return None

@@ -28,7 +28,7 @@ class TaskView:
     probe: str                          # the attention probe whose mass is the "alignment"
     fit: str | None                     # the training-fit metric quoted in the statement
     reference_pe: str | None = None     # the ground-truth PE whose models' attention maps the others are compared
-                                        # with (attn_map_alignment; notes/paper.md §5.3), if the task has one
+                                        # with (attn_map_alignment, the paper's measure), if the task has one
 
 
 class Batches(Protocol):

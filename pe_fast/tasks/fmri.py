@@ -23,7 +23,7 @@ def region_data(s):
 KIND = TaskKind(
     name="fmri",
     defaults=REGION_DEFAULTS,
-    # Every PE family of the paper's fMRI comparison (notes/paper.md §4), not only the σ grid.
+    # Every PE family of the paper's fMRI comparison, not only the σ grid.
     presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random,sinnd")},
     pe_kinds=REGION_PES,
     flags=("atlas", "data", "regions", "parcellation") + REGION_FLAGS,

@@ -635,19 +635,25 @@ def stratified_split(puzzles: Puzzles, test_fraction: float = 0.1, seed: int = 4
     return train, test
 
 
-def _has_csv(path: Path) -> bool:
-    return (path.is_dir() and any(path.glob("*.csv"))) or (path.is_file() and path.suffix == ".csv")
+# --------------------------------------------------------------------------------------------------
+# The authors' data, shipped with pe_fast
+# --------------------------------------------------------------------------------------------------
+
+# Their 9,000 puzzles and their training logs (data/lst_authors/SOURCE.md says where from and what each file is).
+AUTHORS_DATA = Path(__file__).resolve().parents[1] / "data" / "lst_authors"
+# In name order, as a folder of them reads: the pool's order, and so which puzzle each training batch indexes.
+AUTHORS_PUZZLE_FILES = tuple(f"generated_puzzle_data_{name}_dist80.csv" for name in sorted(CONDITIONS))
+AUTHORS_LOGS_FILE = "training_logs.parquet"
 
 
-def find_authors_data() -> Path | None:
-    """Where the authors' puzzles are: $PE_FAST_LST_DATA, else ../shared/data/lst from the current
-    folder, else from the repository root; the first that holds *.csv files, or None."""
-    candidates = []
-    if os.environ.get("PE_FAST_LST_DATA"):
-        candidates.append(Path(os.environ["PE_FAST_LST_DATA"]))
-    candidates.append(Path.cwd() / "../shared/data/lst")
-    candidates.append(Path(__file__).resolve().parents[2] / "../shared/data/lst")
-    for path in candidates:
-        if _has_csv(path):
-            return path.resolve()
-    return None
+def authors_file(name: str) -> Path:
+    """One file of the authors' data that ships with pe_fast; FileNotFoundError where this install lacks it."""
+    path = AUTHORS_DATA / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: it ships with pe_fast (package data); reinstall pe_fast")
+    return path
+
+
+def authors_puzzles() -> Puzzles:
+    """The authors' 9,000 puzzles, 3,000 per condition: the LST task's default training pool."""
+    return Puzzles.concat([read_puzzles(authors_file(name)) for name in AUTHORS_PUZZLE_FILES], source=str(AUTHORS_DATA))

@@ -1,4 +1,4 @@
-"""Masked-region prediction: the fMRI and network-simulation task (notes/paper.md §3–4).
+"""Masked-region prediction: the task of the paper's fMRI and network-simulation experiments.
 
 One token per region (or network node). A sample is one TR of every region (or a window of w TRs); a fraction
 of the tokens is masked and the model predicts their values. Token features are [values · (1 − mask), mask],
@@ -240,7 +240,7 @@ class MaskedRegionTask:
         return rows
 
     def pe_metrics(self, table: np.ndarray) -> dict:
-        """How the PE's token-similarity structure matches the ground truth (notes/paper.md §5.4)."""
+        """How the PE's token-similarity structure matches the ground truth."""
         data = self.data
         similarity = pe_geometry.cosine_similarity_matrix(table)
         upper = pe_geometry.upper_triangle(similarity)
