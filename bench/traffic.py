@@ -15,8 +15,8 @@ statistics buffer, runs uncounted; the second is counted. What is counted, op by
     slice, detach) move nothing. Fused AdamW reads parameter, gradient and both moments and writes all but the
     gradient: 28 bytes per float32 parameter.
   * materialised broadcasts, reported as rows of their own: CUDA's baddbmm first copies its bias, broadcast to
-    the output's shape, into the output, and the GEMM then reads it back (the H200 profile's copy kernels,
-    ../shared/notes/gpu-traffic.md); a copy of an expanded view writes the whole expanded tensor.
+    the output's shape, into the output, and the GEMM then reads it back (the copy kernels of an H200 profile
+    of the step); a copy of an expanded view writes the whole expanded tensor.
   * pe_fast::pe_attention (forward and backward) counts as the fused op's own kernels, bench_ops.py's
     fused_kernel_bytes and fused_kernel_flops, not as the reference decomposition that runs on the fake tensors.
   * FLOPs: torch.utils.flop_counter's formulas (the GEMMs); element-wise work counts none.
@@ -61,7 +61,7 @@ from pe_fast.train import PackTrainer
 
 aten = torch.ops.aten
 
-# Reachable HBM bandwidth of an H200: its step's GELU kernels run at 4.24–4.40 TB/s (notes/gpu-traffic.md)
+# Reachable HBM bandwidth of an H200: its step's GELU kernels ran at 4.24–4.40 TB/s in an H200 profile
 H200_BYTES_PER_S = 4.3e12
 # Dense peak TFLOP/s by precision (NVIDIA's data sheets, without sparsity): fp32 on CUDA cores.
 PEAKS = {"H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},

@@ -12,7 +12,7 @@ from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.train import TrainConfig
 
-# The authors' 15 LST seeds (notes/paper.md §2.6); --seeds N takes the first N, further ones count on from 1.
+# The authors' 15 LST seeds (their code and training logs); --seeds N takes the first N, further ones count on from 1.
 AUTHOR_SEEDS = (2235, 6312, 6068, 9742, 8880, 2197, 669, 6256, 3309, 2541, 8643, 7785, 195, 6914, 29)
 
 
