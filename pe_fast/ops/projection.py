@@ -13,7 +13,7 @@ Mixed precision (the op under autocast: x in bf16, the parameters in float32; th
 off, pe_attention.py): x @ W runs in bf16, the addend in float32, and the kernels add the two in float32 before
 rounding q, k, v once. Rounded to bf16 first, a PE of σ = 2 would move in steps of 2⁻⁸–2⁻⁷ of its values
 (0.4–0.8 %), about its whole drift over a training run at the paper's rate (0.8 % after 16,000 steps at lr 1e-4,
-docs/reproduction.md): attention would see it frozen.
+docs/reproduction-lst.md): attention would see it frozen.
 """
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ class IndexedBatches:
 
 # The authors' configuration, from their code and logs: 4000 epochs of 63 steps; meant for a GPU. Their
 # sinusoidal PE modules apply dropout 0.1 to x + PE (pe_dropout; the other PEs get none): without it our 2D
-# sinusoidal PE fits better and generalises worse than theirs (docs/reproduction.md, "The paper's figure at
+# sinusoidal PE fits better and generalises worse than theirs (docs/reproduction-lst.md, "The paper's figure at
 # epoch 200").
 AUTHORS_SINUSOIDAL_PE_DROPOUT = 0.1
 PAPER = dict(pe="learned,sin2d,sin1d,rope,relative,none,random",
@@ -194,14 +194,14 @@ KIND = TaskKind(
     defaults=dict(pe="learned,sin2d,none", sigmas="0.1,0.2,2.0", seeds=3, steps=2000, width=64, depth=4, heads=1,
                   batch_size=128, lr=1e-3, optimizer="adamw", schedule="constant", warmup=0, eval_every=250),
     presets={
-        # Fits 2 CPU cores in about 10 minutes and shows the paper's effect (docs/reproduction.md).
+        # Fits 2 CPU cores in about 10 minutes and shows the paper's effect (docs/reproduction-lst.md).
         "cpu": dict(pe="learned,sin2d", sigmas="0.2,2.0", seeds=3, steps=6000, width=32, depth=4, heads=1,
                     mlp_width=128, batch_size=64, lr=2e-3, schedule="cosine", warmup=200, eval_every=1000),
         "paper": PAPER,
         # The paper's figure at the authors' epoch 200 (200 × 63 steps), where every setting has reached its final
         # accuracy (their logs, which ship in pe_fast/data/lst_authors): their 21 settings × 15 seeds, for
         # `python -m pe_fast.compare_lst_logs`. Checkpoints every 500 steps, so that a GPU granted in short
-        # slots makes progress in each (docs/reproduction.md, "The paper's figure at epoch 200").
+        # slots makes progress in each (docs/reproduction-lst.md, "The paper's figure at epoch 200").
         "paper-e200": {**PAPER, "pe": "learned,sin2d", "steps": 12_600, "eval_every": 3_150, "checkpoint_every": 500},
     },
     pe_kinds=PE_KINDS,

@@ -27,8 +27,8 @@ def simulated_network(s):
 
 KIND = TaskKind(
     name="netsim",
-    # σ = 2 creeps up for longer here than on fMRI: 7,000 steps reach the report's plateau (docs/reproduction.md,
-    # 8 min 48 s on 2 cores); evaluations every 500 steps pay for the extra 2,000.
+    # σ = 2 creeps up for longer here than on fMRI: 7,000 steps reach the report's plateau
+    # (docs/reproduction-netsim.md, 8 min 48 s on 2 cores); evaluations every 500 steps pay for the extra 2,000.
     defaults={**REGION_DEFAULTS, "steps": 7000, "eval_every": 500},
     presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random")},
     pe_kinds=REGION_PES,
