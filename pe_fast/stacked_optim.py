@@ -10,6 +10,13 @@ schedule's factor, 1.0 at construction. Model m's rate at a step is model_lr[m] 
 LambdaLR(optimizer, f), which sets group["lr"] = initial_lr × f(step) = f(step), scales every model's own base
 rate. current_lrs() gives the rates themselves.
 
+Leaving models out. step(live=mask) updates only the models the mask marks (fp16's loss scaling skips the step of a
+model whose gradients overflowed: precision.LossScaler); the others keep their parameters, moments and Adam step
+count, whatever their gradients hold. The mask stays on the device (no host sync), so it enters as per-model
+factors: zero rate and decay, moment factors of 1, and from that first masked step on each model keeps its own
+bias-correction powers β₁ᵗ, β₂ᵗ (products of β, rounded alike at every position of a pack, where torch's pow on a
+vector is not). Without a mask the step is torch's, bit for bit as before.
+
 Speed. An Adam step is nine torch._foreach_* calls over all of a group's tensors, where torch's fused Adam makes one
 pass: on the CPU about 3× the fused step's time, under 1 % of a training step of the fMRI pack
 (bench/bench_stacked_optimizer.py). On CUDA the calls whose operand is a per-model vector take foreach's
@@ -51,7 +58,10 @@ def per_model_values(name: str, value: PerModel, num_models: int) -> list[float]
 
 
 def along_model_axis(vector: Tensor, tensors: list[Tensor]) -> list[Tensor]:
-    """vector [M] viewed as [M, 1, ..., 1] for each of `tensors`, to broadcast along its model axis."""
+    """vector [M] viewed as [M, 1, ..., 1] for each of `tensors`, to broadcast along its model axis; a matrix
+    [len(tensors), M] gives each tensor its own row."""
+    if vector.dim() == 2:
+        return [row.view(-1, *(1,) * (t.dim() - 1)) for row, t in zip(vector, tensors, strict=True)]
     views = {dim: vector.view(-1, *(1,) * (dim - 1)) for dim in {t.dim() for t in tensors}}
     return [views[t.dim()] for t in tensors]
 
@@ -119,26 +129,37 @@ class StackedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"this optimizer state is for {len(saved['model_lr'])} models; this pack has "
                                  f"{len(group['model_lr'])}")
         super().load_state_dict(state_dict)
+        # torch casts a parameter's state to the parameter's dtype: the powers go back to float64, as saved
+        params = [p for group in self.param_groups for p in group["params"]]
+        saved_ids = [i for group in saved_groups for i in group["params"]]
+        for p, i in zip(params, saved_ids):
+            if "beta_powers" in state_dict["state"].get(i, {}):
+                self.state[p]["beta_powers"] = state_dict["state"][i]["beta_powers"].to(p.device, torch.float64)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, live: Tensor | None = None):
+        """One update of every model, or with `live` (bool [M], on the parameters' device) of the models it marks:
+        a model left out keeps its parameters and optimizer state, whatever its gradients hold."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for (phase, _, _), params in self._batches(group).items():
+            for (phase, _, _), params in self._batches(group, per_model=live is not None).items():
                 grads = [p.grad for p in params]
+                if live is not None:  # a left-out model's inf or NaN must reach nothing (0·inf is NaN)
+                    grads = [g.where(keep, 0) for g, keep in zip(grads, along_model_axis(live, grads))]
                 states = [self.state[p] for p in params]
                 if self.kind == "sgd":
-                    self._sgd_update(group, params, grads, states, first=not phase)
+                    self._sgd_update(group, params, grads, states, first=not phase, live=live)
                 else:
-                    self._adam_update(group, params, grads, states, step=phase)
+                    self._adam_update(group, params, grads, states, step=phase, live=live)
         return loss
 
-    def _batches(self, group: dict) -> dict[tuple, list[Tensor]]:
+    def _batches(self, group: dict, per_model: bool) -> dict[tuple, list[Tensor]]:
         """The group's parameters with a gradient, in batches that one foreach call can take: one device, one
-        dtype, and one phase: Adam's step count (bias corrections), or whether SGD's momentum buffer exists."""
+        dtype, and one phase: Adam's step count (bias corrections; None once each model counts its own), or
+        whether SGD's momentum buffer exists."""
         batches: dict[tuple, list[Tensor]] = {}
         for p in group["params"]:
             if p.grad is None:
@@ -153,8 +174,13 @@ class StackedOptimizer(torch.optim.Optimizer):
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                phase = state["step"]
+                if "step" in state and per_model:  # the shared count so far becomes each model's powers
+                    step, (beta1, beta2) = state.pop("step"), group["betas"]
+                    state["beta_powers"] = torch.tensor([[beta1 ** step], [beta2 ** step]], dtype=torch.float64,
+                                                        device=p.device).expand(2, len(p)).clone()
+                if "step" in state:
+                    state["step"] += 1
+                phase = state.get("step")
             batches.setdefault((phase, p.device, p.dtype), []).append(p)
         return batches
 
@@ -166,12 +192,23 @@ class StackedOptimizer(torch.optim.Optimizer):
             self._on_device[key] = torch.tensor(group[name], dtype=torch.float64, device=device)
         return self._on_device[key]
 
-    def _adam_update(self, group: dict, params: list[Tensor], grads: list[Tensor], states: list[dict], step: int):
+    def _rates(self, group: dict, device: torch.device, live: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Each model's learning rate at this step and its weight decay (None where no model has any), both 0
+        for a model left out."""
+        lr = self._vector(group, "model_lr", device) * group["lr"]
+        decay = self._vector(group, "model_weight_decay", device) if any(group["model_weight_decay"]) else None
+        if live is not None:
+            lr, decay = lr * live, None if decay is None else decay * live
+        return lr, decay
+
+    def _adam_update(self, group: dict, params: list[Tensor], grads: list[Tensor], states: list[dict],
+                     step: int | None, live: Tensor | None):
         beta1, beta2 = group["betas"]
         device, dtype = params[0].device, params[0].dtype
-        lr = self._vector(group, "model_lr", device) * group["lr"]
-        if any(group["model_weight_decay"]):
-            decay = self._vector(group, "model_weight_decay", device)
+        if step is None and live is None:  # each model counts its own steps (an earlier step left some out)
+            live = torch.ones(len(group["model_lr"]), dtype=torch.bool, device=device)
+        lr, decay = self._rates(group, device, live)
+        if decay is not None:
             if self.kind == "adamw":
                 torch._foreach_mul_(params, along_model_axis((1 - lr * decay).to(dtype), params))
             else:
@@ -179,11 +216,23 @@ class StackedOptimizer(torch.optim.Optimizer):
                 grads = torch._foreach_addcmul(grads, params, along_model_axis(decay.to(dtype), params))
         exp_avgs = [s["exp_avg"] for s in states]
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
+        if live is None:
+            weight1, factor2 = 1 - beta1, beta2
+            bias_correction1 = 1 - beta1 ** step
+            bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+        else:  # a left-out model: lerp weight 0 and factor 1 keep its moments, factors 1 its powers
+            factors = torch.where(live, self._vector(group, "betas", device)[:, None], 1.0)  # [2, M]: β or 1
+            weight1 = along_model_axis((1 - factors[0]).to(dtype), params)
+            factor2 = along_model_axis(factors[1].to(dtype), params)
+            powers = [s["beta_powers"] for s in states]
+            torch._foreach_mul_(powers, [factors] * len(powers))
+            # [len(params), 2, M]; a model that has never stepped has no correction yet (its rate is 0 anyway)
+            corrections = (1 - torch.stack(powers)).masked_fill_(~live, 1.0)
+            bias_correction1 = corrections[:, 0]
+            bias_correction2_sqrt = along_model_axis(corrections[:, 1].sqrt().to(dtype), params)
+        torch._foreach_lerp_(exp_avgs, grads, weight1)
+        torch._foreach_mul_(exp_avg_sqs, factor2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
         denoms = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_div_(denoms, bias_correction2_sqrt)
         torch._foreach_add_(denoms, group["eps"])
@@ -191,11 +240,11 @@ class StackedOptimizer(torch.optim.Optimizer):
         steps = torch._foreach_mul(exp_avgs, along_model_axis((-(lr / bias_correction1)).to(dtype), params))
         torch._foreach_addcdiv_(params, steps, denoms)
 
-    def _sgd_update(self, group: dict, params: list[Tensor], grads: list[Tensor], states: list[dict], first: bool):
+    def _sgd_update(self, group: dict, params: list[Tensor], grads: list[Tensor], states: list[dict], first: bool,
+                    live: Tensor | None):
         device, dtype = params[0].device, params[0].dtype
-        lr = self._vector(group, "model_lr", device) * group["lr"]
-        if any(group["model_weight_decay"]):
-            decay = self._vector(group, "model_weight_decay", device)
+        lr, decay = self._rates(group, device, live)
+        if decay is not None:
             grads = torch._foreach_addcmul(grads, params, along_model_axis(decay.to(dtype), params))
         if any(group["model_momentum"]):
             # A model with momentum 0 gets buf = 0·buf + g = g: plain SGD, as torch's without a buffer
@@ -206,6 +255,8 @@ class StackedOptimizer(torch.optim.Optimizer):
             else:
                 buffers = [s["momentum_buffer"] for s in states]
                 momentum = self._vector(group, "model_momentum", device)
+                if live is not None:  # a left-out model's buffer: 1·buf + 0
+                    momentum = momentum.masked_fill(~live, 1.0)
                 torch._foreach_mul_(buffers, along_model_axis(momentum.to(dtype), buffers))
                 torch._foreach_add_(buffers, grads)
             grads = buffers

@@ -67,7 +67,7 @@ class TrainConfig:
     # intermediate evaluations score at most this many items of each split but the task's attention split (in
     # full: the convergence check compares its scores); the last evaluation scores every item
     eval_items: int = 2048
-    precision: str = "fp32"  # pe_fast.precision: fp32, tf32 or bf16 (autocast; float32 weights and optimizer)
+    precision: str = "fp32"  # pe_fast.precision: fp32, tf32, bf16 or fp16 (autocast; float32 weights and optimizer)
     compile: str = "off"  # COMPILE_MODES: torch.compile of the training step's forward and loss (and their backward)
 
 
@@ -88,12 +88,13 @@ def _one_value(value: PerModel) -> float | None:
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
-    """torch's own optimizer when every model of the pack shares its numbers; else the stacked optimizer with
-    per-model values (exactly M torch optimizers, tests/test_stacked_optimizer.py)."""
+    """torch's own optimizer when every model of the pack shares its numbers; else, or where a model may skip a
+    step (fp16's loss scaling), the stacked optimizer with per-model values (exactly M torch optimizers,
+    tests/test_stacked_optimizer.py)."""
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
     lr, decay, momentum = (_one_value(v) for v in (config.lr, config.weight_decay, config.momentum))
-    if None in (lr, decay, momentum):
+    if None in (lr, decay, momentum) or config.precision in precision.SCALED:
         return StackedOptimizer(params, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 momentum=config.momentum if config.optimizer == "sgd" else 0.0)
     # fused: one multi-tensor kernel per step instead of about ten ops per parameter tensor: about 10 % of a
@@ -195,7 +196,7 @@ class PackTrainer:
 
     # what state_dict() holds: a checkpoint without one of them is not this class's (run_folder.check_checkpoint)
     STATE_KEYS = ("step", "model", "optimizer", "scheduler", "sampler", "batches", "loss_buffer", "stats_buffer",
-                  "filled", "curves", "initial_pe", "seconds", "torch_rng")
+                  "filled", "curves", "initial_pe", "seconds", "torch_rng", "scaler")
 
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
                  sigmas: list[float | None], device: torch.device):
@@ -222,6 +223,7 @@ class PackTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, train_config))
         self.sampler = BatchSampler(len(task.splits["train"]), train_config.batch_size, seeds, device)
         self.autocast = lambda: precision.autocast(train_config.precision, device)
+        self.scaler = precision.LossScaler(M, device, enabled=train_config.precision in precision.SCALED)
         # Compiled, the step's layer norms, residual adds, GELUs and loss fuse with their backward into a few
         # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
         # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
@@ -280,8 +282,8 @@ class PackTrainer:
         inputs, targets = self.batches(self.sampler.next())
         loss_per_model, stats = self.forward_loss(inputs, targets, self.pe_dropout_masks(inputs))
         self.optimizer.zero_grad(set_to_none=True)
-        loss_per_model.sum().backward()
-        self.optimizer.step()
+        self.scaler.scaled_loss(loss_per_model).backward()
+        self.scaler.step(self.optimizer)
         self.scheduler.step()
         if self.stats_buffer is None:
             self.stats_buffer = torch.zeros(self.config.eval_every, *stats.shape, device=self.device)
@@ -353,7 +355,7 @@ class PackTrainer:
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "batches": batches, "loss_buffer": self.loss_buffer, "stats_buffer": self.stats_buffer,
                 "filled": self.filled, "curves": self.curves, "initial_pe": self.initial_pe,
-                "seconds": self.seconds, "torch_rng": torch.get_rng_state()}
+                "seconds": self.seconds, "torch_rng": torch.get_rng_state(), "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict):
         self.model.load_state_dict(state["model"])
@@ -368,3 +370,5 @@ class PackTrainer:
         # tensors; numpy arrays in checkpoints written before 2026-11-26
         self.curves, self.initial_pe = list(state["curves"]), [torch.as_tensor(t) for t in state["initial_pe"]]
         torch.set_rng_state(state["torch_rng"])
+        if "scaler" in state:  # not in checkpoints from before fp16, none of which scaled its loss
+            self.scaler.load_state_dict(state["scaler"])

@@ -63,6 +63,17 @@ def test_each_rule_can_fail(tmp_path):
     assert "learned σ = 0.2 generalisation -55.00 points" in verdict
 
 
+def test_each_precision_gets_its_own_verdict(tmp_path):
+    write_runs(tmp_path, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
+               + grid("bf16", [0.84, 0.86, 0.88], [0.30, 0.32, 0.34])
+               + grid("fp16", [0.84, 0.86, 0.88], [0.37, 0.39, 0.41]))
+    result = run(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "train acc fp32 / bf16 / fp16" in result.stdout
+    verdicts = result.stdout.splitlines()[-2:]
+    assert verdicts[0].startswith("bf16: NOT faithful to fp32") and verdicts[1].startswith("fp16: faithful to fp32")
+
+
 def test_missing_settings_are_named(tmp_path):
     write_runs(tmp_path, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
                + grid("bf16", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])[:3])
