@@ -194,9 +194,11 @@ class PackTrainer:
     (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
     curves so far, the initial PE), so that run() after load_state_dict() continues exactly where it stopped."""
 
-    # what state_dict() holds: a checkpoint without one of them is not this class's (run_folder.check_checkpoint)
-    STATE_KEYS = ("step", "model", "optimizer", "scheduler", "sampler", "batches", "loss_buffer", "stats_buffer",
-                  "filled", "curves", "initial_pe", "seconds", "torch_rng", "scaler")
+    # what state_dict() holds: a checkpoint without one of REQUIRED_STATE_KEYS is not this class's
+    # (run_folder.check_checkpoint); "scaler" is missing from checkpoints written before fp16, which load as unscaled
+    REQUIRED_STATE_KEYS = ("step", "model", "optimizer", "scheduler", "sampler", "batches", "loss_buffer",
+                           "stats_buffer", "filled", "curves", "initial_pe", "seconds", "torch_rng")
+    STATE_KEYS = (*REQUIRED_STATE_KEYS, "scaler")
 
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
                  sigmas: list[float | None], device: torch.device):

@@ -357,7 +357,7 @@ def test_report_of_a_malformed_config(text, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
-def test_a_checkpoint_holds_exactly_the_keys_the_check_asks_for():
+def tiny_trainer():
     from pe_fast.sweep import grid
     from pe_fast.sweep.task_loading import load_task
     from pe_fast.train import PackTrainer
@@ -365,9 +365,13 @@ def test_a_checkpoint_holds_exactly_the_keys_the_check_asks_for():
     s = settings_of(*NETSIM)
     task = load_task(s)
     pack = grid.expand_grid(s)
-    trainer = PackTrainer(task, grid.model_config(s, task, "learned"), grid.train_config(s, pack), [0], [0.5],
-                          torch.device("cpu"))
-    assert tuple(trainer.state_dict()) == PackTrainer.STATE_KEYS
+    return PackTrainer(task, grid.model_config(s, task, "learned"), grid.train_config(s, pack), [0], [0.5],
+                       torch.device("cpu"))
+
+
+def test_a_checkpoint_holds_exactly_the_keys_the_check_asks_for():
+    from pe_fast.train import PackTrainer
+    assert tuple(tiny_trainer().state_dict()) == PackTrainer.STATE_KEYS
 
 
 def resume_in_process(folder: Path) -> int:
@@ -456,3 +460,14 @@ def test_report_refuses_a_link_out_of_the_folder(unfinished, tmp_path, capsys):
     before, beside = snapshot(folder), snapshot(tmp_path)
     assert_one_line(capsys, report_main([str(folder)]), "figures is a link")
     assert snapshot(folder) == before and snapshot(tmp_path) == beside
+
+
+def test_a_checkpoint_from_before_fp16_passes_the_check(tmp_path):
+    """Checkpoints written before the loss scaler lack its key; the sweep checks the required keys only."""
+    from pe_fast.train import PackTrainer
+    state = tiny_trainer().state_dict()
+    del state["scaler"]
+    run_folder.save_checkpoint(tmp_path, 0, state)
+    run_folder.check_checkpoint(tmp_path, 0, PackTrainer.REQUIRED_STATE_KEYS, steps=4)
+    with pytest.raises(run_folder.UnreadableCheckpoint, match="lacks scaler"):
+        run_folder.check_checkpoint(tmp_path, 0, PackTrainer.STATE_KEYS, steps=4)

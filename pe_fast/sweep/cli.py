@@ -109,7 +109,7 @@ def run(s: Settings) -> Path:
         todo = [i for i in range(len(packs)) if i not in finished]
         for index in todo:  # every checkpoint readable (and safely so) before any training
             try:
-                run_folder.check_checkpoint(out, index, PackTrainer.STATE_KEYS, s.steps)
+                run_folder.check_checkpoint(out, index, PackTrainer.REQUIRED_STATE_KEYS, s.steps)
             except run_folder.UnreadableCheckpoint as error:
                 raise UsageError(str(error))
         if s.executor == "slurm":  # the jobs a stopped driver recorded, readable before any is waited for

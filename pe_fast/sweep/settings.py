@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
     p.add_argument("--precision", choices=precision.PRECISIONS,
-                   help="fp32 (default), tf32 (CUDA) or bf16 (autocast, float32 weights)")
+                   help="fp32 (default), tf32 (CUDA), bf16 or fp16 (autocast, float32 weights; fp16 with one "
+                        "dynamic loss scale per model)")
     p.add_argument("--compile", choices=COMPILE_CHOICES,
                    help="torch.compile the training step (about 20 s per pack on a GPU); graphs: compiled and "
                         "replayed as CUDA graphs (CUDA only); auto (default): on on CUDA, off elsewhere")
