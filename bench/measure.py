@@ -1,7 +1,8 @@
 """What every benchmark here shares: the machine it ran on, timing with a device sync, and writing its result.
 
-The scripts run as `python bench/NAME.py` (the script's folder is then on the import path, so `import measure`
-needs no path edit) with pe_fast installed, or with PYTHONPATH=. from the repository (bench/gpu_check.sh does).
+The scripts run as `python bench/KIND/NAME.py` with pe_fast installed (or with PYTHONPATH=. from the repository, as
+bench/gpu/gpu_check.sh does). Each puts bench/ on the import path first, so that `import measure` and another
+script's `from op.bench_ops import ...` resolve from any working folder; the kinds' folders are packages for that.
 """
 from __future__ import annotations
 

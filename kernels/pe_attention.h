@@ -186,7 +186,7 @@ inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_
 
 // C[rows × cols] = A[rows × depth]·B[depth × cols], or += when kAccumulate (A strided as in gemm_block; B, C
 // row-major). Six rows at a time: 6 × 2 vectors of sums, 2 of B and a broadcast fill 15 of AVX2's 16 registers
-// (8 rows × 1 vector, the earlier blocking, was 1.03–1.15× slower at N = 100: bench/kernel_ab.sh).
+// (8 rows × 1 vector, the earlier blocking, was 1.03–1.15× slower at N = 100: bench/op/kernel_ab.sh).
 template <bool kAccumulate, typename T>
 inline void gemm(int rows, int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb,
                  T* c, int64_t ldc) {

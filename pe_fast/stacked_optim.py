@@ -19,7 +19,7 @@ vector is not). Without a mask the step is torch's, bit for bit as before.
 
 Speed. An Adam step is nine torch._foreach_* calls over all of a group's tensors, where torch's fused Adam makes one
 pass: on the CPU about 3× the fused step's time, under 1 % of a training step of the fMRI pack
-(bench/bench_stacked_optimizer.py). On CUDA the calls whose operand is a per-model vector take foreach's
+(bench/training/bench_stacked_optimizer.py). On CUDA the calls whose operand is a per-model vector take foreach's
 per-tensor path (a kernel per tensor), the others one kernel per chunk of tensors.
 """
 from __future__ import annotations

@@ -98,7 +98,7 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
         return StackedOptimizer(params, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 momentum=config.momentum if config.optimizer == "sgd" else 0.0)
     # fused: one multi-tensor kernel per step instead of about ten ops per parameter tensor: about 10 % of a
-    # training step at d = 64 on the CPU (bench/bench_training.py)
+    # training step at d = 64 on the CPU (bench/training/bench_training.py)
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=decay, fused=True)
     if config.optimizer == "adam":

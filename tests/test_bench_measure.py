@@ -33,7 +33,7 @@ def test_per_round_compares_within_rounds_not_the_medians():
 
 def run_benchmark(tmp_path: Path, script: str, *flags: str) -> dict:
     out = tmp_path / f"{script}.json"
-    done = subprocess.run([sys.executable, f"bench/{script}.py", *flags, "--repeats", "2", "--out", str(out)],
+    done = subprocess.run([sys.executable, f"bench/training/{script}.py", *flags, "--repeats", "2", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())

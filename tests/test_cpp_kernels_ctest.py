@@ -24,12 +24,12 @@ def test_kernel_unit_tests_pass(tmp_path):
 @pytest.mark.skipif(shutil.which("g++") is None or shutil.which("git") is None or not (ROOT / ".git").exists(),
                     reason="needs g++ and a git checkout")
 def test_kernel_ab_benchmark_builds_and_compares_with_head():
-    """bench/kernel_ab.sh: HEAD's kernels against the working tree's, on a tiny shape; a bad revision is one
+    """bench/op/kernel_ab.sh: HEAD's kernels against the working tree's, on a tiny shape; a bad revision is one
     error line and exit code 2."""
-    run = subprocess.run(["bash", "bench/kernel_ab.sh", "HEAD", "5", "4", "1", "2", "1"], cwd=ROOT,
+    run = subprocess.run(["bash", "bench/op/kernel_ab.sh", "HEAD", "5", "4", "1", "2", "1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("N=5 d_head=4 probes=1 problems=2: forward old"), run.stdout
-    bad = subprocess.run(["bash", "bench/kernel_ab.sh", "no-such-revision"], cwd=ROOT, capture_output=True,
+    bad = subprocess.run(["bash", "bench/op/kernel_ab.sh", "no-such-revision"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -200,10 +200,10 @@ def test_compiled_graphs_hold_the_custom_op():
 
 
 def test_overhead_benchmark_times_the_op_path_it_names(tmp_path, monkeypatch):
-    """bench/bench_op_overhead.py: its "op" rounds really go through the custom op, and it runs end to end."""
+    """bench/op/bench_op_overhead.py: its "op" rounds really go through the custom op, and it runs end to end."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.syspath_prepend(os.path.join(root, "bench"))  # as when it runs as python bench/...: its measure.py
-    spec = importlib.util.spec_from_file_location("bench_op_overhead", os.path.join(root, "bench",
+    monkeypatch.syspath_prepend(os.path.join(root, "bench"))  # so that undo() also drops the entry the script adds
+    spec = importlib.util.spec_from_file_location("bench_op_overhead", os.path.join(root, "bench", "op",
                                                                                    "bench_op_overhead.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -217,12 +217,12 @@ def test_overhead_benchmark_times_the_op_path_it_names(tmp_path, monkeypatch):
     monkeypatch.undo()
 
     out = tmp_path / "overhead.json"
-    run = subprocess.run([sys.executable, "bench/bench_op_overhead.py", "--device", "cpu", "--repeats", "1",
+    run = subprocess.run([sys.executable, "bench/op/bench_op_overhead.py", "--device", "cpu", "--repeats", "1",
                           "--calls", "2", "--out", str(out)], cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text())["results"]
     assert [r["mode"] for r in rows] == ["forward", "forward+backward"] and all(r["op_us"] > 0 for r in rows)
     if not torch.cuda.is_available():
-        no_gpu = subprocess.run([sys.executable, "bench/bench_op_overhead.py", "--device", "cuda"], cwd=root,
+        no_gpu = subprocess.run([sys.executable, "bench/op/bench_op_overhead.py", "--device", "cuda"], cwd=root,
                                 capture_output=True, text=True)
         assert no_gpu.returncode == 2 and len(no_gpu.stderr.strip().splitlines()) == 1

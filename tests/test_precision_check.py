@@ -1,5 +1,5 @@
-"""bench/precision_check.py, issue 13's precision verdict: checked on hand-made results whose verdicts follow
-from the stated rules, on the first H100 science check (its sweeps' own summary.txt gives the means), and on bad
+"""bench/science/precision_check.py, issue 13's precision verdict: checked on hand-made results whose verdicts
+follow from the stated rules, on the first H100 science check (its sweeps' own summary.txt gives the means), and on bad
 input, run as a user types it."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "precision_check.py"
+SCRIPT = ROOT / "bench" / "science" / "precision_check.py"
 H100_SCIENCE = ROOT / "bench" / "results" / "h100-20261126-sweep" / "science"
 
 

@@ -1,5 +1,5 @@
-"""bench/traffic.py's byte ledger of the training step against counts made by hand, from closed-form shapes, for
-a tiny step of the sweep's own configuration (netsim: 2 models, batch 2, N 12 nodes, d 8, one block, MLP 32,
+"""bench/training/traffic.py's byte ledger of the training step against counts made by hand, from closed-form shapes,
+for a tiny step of the sweep's own configuration (netsim: 2 models, batch 2, N 12 nodes, d 8, one block, MLP 32,
 float32), and its counting rules on single ops."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # as `python bench/traffic.py` runs
-traffic = importlib.import_module("traffic")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # as the script puts it: its kinds are packages
+traffic = importlib.import_module("training.traffic")
 
 M, B, N, D, MLP = 2, 2, 12, 8, 32
 TOKEN_DIM, OUT = 2, 1  # netsim: each token is a region's value and its mask flag; one value predicted per token

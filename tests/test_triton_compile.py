@@ -6,6 +6,7 @@ Compiling is ~1–6 s per kernel, so the jobs run in a process pool; triton's ca
 PE_FAST_AOT_RECORD=path writes the shared-memory table as JSON (bench/results/triton_aot_shared_memory.json).
 """
 import concurrent.futures
+import importlib
 import json
 import multiprocessing
 import os
@@ -196,11 +197,12 @@ def test_kernel_config_picks_from_the_listed_configs():
 
 
 def test_tuning_candidates_are_configurations_the_launchers_take(monkeypatch):
-    """bench/tune_triton.py (run on a GPU by bench/gpu_check.sh) varies only tiles, warps, stages and the packed
-    kernels' head-dim chunk, keeps packed tiles whole-problem and square, and gives `kernel_config` back afterwards; without a GPU it exits 2."""
+    """bench/op/tune_triton.py (run on a GPU by bench/gpu/gpu_check.sh) varies only tiles, warps, stages and the
+    packed kernels' head-dim chunk, keeps packed tiles whole-problem and square, and gives `kernel_config` back
+    afterwards; without a GPU it exits 2."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.syspath_prepend(os.path.join(root, "bench"))
-    tune = __import__("tune_triton")
+    monkeypatch.syspath_prepend(os.path.join(root, "bench"))  # as the script puts it: its kinds are packages
+    tune = importlib.import_module("op.tune_triton")
     for name, (M, B, N, D, H, K) in tune.SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
             default = ta.kernel_config(N, D // H, dtype)

@@ -390,7 +390,7 @@ def kernel_config(N: int, head_dim: int, dtype: torch.dtype) -> KernelConfig:
     the head dim streams through in chunks of 32, so the tile does not shrink with the head dim (at d 160, held
     whole and padded to 256, it did: one problem per program, 60 % padding, and spills).
     Long: a tile's row is head_pad·itemsize bytes; past 256 bytes (fp32 above 64, bf16 above 128) the tiles
-    shrink. Untuned starting points, measured on the GPU by bench/tune_triton.py."""
+    shrink. Untuned starting points, measured on the GPU by bench/op/tune_triton.py."""
     head_pad = max(16, triton.next_power_of_2(head_dim))
     if N <= PACK_MAX_N:
         # fp32 takes one problem per tile past N = 16: its IEEE dots run on the CUDA cores, where [64, 64] tiles

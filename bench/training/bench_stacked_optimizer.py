@@ -1,7 +1,8 @@
 """Training throughput of a pack whose models each have their own learning rate (pe_fast.stacked_optim) against the
 same pack with one learning rate and torch's optimizer as pe_fast.train.make_optimizer builds it (issue 14).
 
-    python bench/bench_stacked_optimizer.py [--models 36] [--repeats 7] [--out bench/results/stacked_optimizer_cpu.json]
+    python bench/training/bench_stacked_optimizer.py [--models 36] [--repeats 7]
+                                                     [--out bench/results/stacked_optimizer_cpu.json]
 
 The pack is the fMRI default model (100 tokens, width 32, depth 2, 1 head, MLP 64, learned PE at every block,
 batch 32, masked-region MSE, one probe): σ × 3 learning rates × 3 seeds = 36 models. For each optimizer kind (adam,
@@ -15,9 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
 
 from pe_fast.memory import keep_freed_memory

@@ -1,6 +1,6 @@
 """A whole stacked training step (forward, backward, AdamW) with each pe_attention backend, in one run.
 
-    python bench/bench_training_backends.py [--backends reference,cpp] [--repeats 5] [--threads N]
+    python bench/training/bench_training_backends.py [--backends reference,cpp] [--repeats 5] [--threads N]
                                             [--out bench/results/training_backends_cpu.json]
 
 Shapes (name: tokens N, token width, outputs; 4 post-LN blocks, MLP 4·d; M models of one pack, batch B):
@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
 
 from pe_fast.memory import keep_freed_memory

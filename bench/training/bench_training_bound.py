@@ -1,6 +1,6 @@
 """How fast could a stacked CPU training step be? Its matmuls alone, replayed, bound it from below.
 
-    PYTHONPATH=. python bench/bench_training_bound.py [--shapes 64x32,160x128] [--models 16] [--repeats 7]
+    python bench/training/bench_training_bound.py [--shapes 64x32,160x128] [--models 16] [--repeats 7]
 
 Records every matmul (aten bmm / baddbmm / mm / addmm) and every GELU (forward and backward) that one training
 step of bench_training.py's stacked pack dispatches, forward and backward, with their shapes, strides and
@@ -20,13 +20,16 @@ import functools
 import operator
 import os
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
-from bench_training import (SWEEP_OPTIMIZER, fraction_of_large_matmul, large_matmul, lst_model, parse_shapes,
-                            random_batch, step_flops, training_step)
+from training.bench_training import (SWEEP_OPTIMIZER, fraction_of_large_matmul, large_matmul, lst_model,
+                                     parse_shapes, random_batch, step_flops, training_step)
 
 from pe_fast.memory import keep_freed_memory
 from pe_fast.train import make_optimizer

@@ -1,6 +1,6 @@
 """Host time per pe_attention call: the direct eager path against the same call through the custom op.
 
-    python bench/bench_op_overhead.py [--device cpu|cuda] [--out bench/results/op_overhead_cpu.json]
+    python bench/op/bench_op_overhead.py [--device cpu|cuda] [--out bench/results/op_overhead_cpu.json]
 
 Plain eager calls run the backend inside an autograd.Function; traced or transformed calls go through the
 `torch.library` custom op, whose Python dispatch layers cost host time on every call (pe_fast.ops.transforms.is_traced).
@@ -18,10 +18,13 @@ import importlib
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
+
 from pe_fast.ops import pe_attention
 from pe_fast.ops.backends import resolve_backend
 

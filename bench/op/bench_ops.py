@@ -1,6 +1,6 @@
 """pe_attention on a CUDA GPU: the fused Triton op against unfused ways of getting the same outputs.
 
-    python bench/bench_ops.py --out bench/results/ops_gpu.json [--budget-s 200]
+    python bench/op/bench_ops.py --out bench/results/ops_gpu.json [--budget-s 200]
 
 Providers, each computing out AND the statistics from x, pe, w_qkv, b_qkv, probes:
   triton       pe_attention(backend="triton"): QKV GEMM + one fused attention/statistics kernel
@@ -25,10 +25,12 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 from measure import environment, write_result  # bench/measure.py (this file's `measure` times one op)
 
 from pe_fast.ops import pe_attention, reference
@@ -95,7 +97,7 @@ def providers():
 
 
 # The fused op's kernels: the forward's two, then the backward's two. The per-kernel counts below are the one
-# model of the op's cost (bench/traffic.py counts the training step's pe_attention calls with them too).
+# model of the op's cost (bench/training/traffic.py counts the training step's pe_attention calls with them too).
 FORWARD_KERNELS = ("projection", "attention")
 BACKWARD_KERNELS = ("attention_backward", "projection_backward")
 

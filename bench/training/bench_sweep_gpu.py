@@ -1,6 +1,6 @@
 """The sweep's own training path at the paper's LST configuration, per precision, against the authors' loop.
 
-    python bench/bench_sweep_gpu.py [--models 90,315] [--precisions fp32,tf32,bf16] [--compile off,on,graphs]
+    python bench/training/bench_sweep_gpu.py [--models 90,315] [--precisions fp32,tf32,bf16] [--compile off,on,graphs]
                                     [--out bench/results/sweep_gpu.json]
 
 Each configuration builds a pe_fast.train.PackTrainer on the LST task (the sweep's class, task, batches,
@@ -17,8 +17,8 @@ The baseline is the authors' loop: one float32 model (torch.nn.MultiheadAttentio
 MLP linears, a learned PE per block, readout at the last cell) trained with AdamW on batches of the same data,
 one model at a time, timed in the same process. FLOPs per model-step are bench_training.step_flops (the
 matmuls of forward + backward); the device's peak is its dense tensor-core rate for tf32 / bf16 and its
-CUDA-core rate for fp32. bytes_per_model_step is bench/traffic.py's count of the same step's eager kernels (with
---compile on/graphs too: torch.compile's fusion is not counted). One JSON record per configuration, written after
+CUDA-core rate for fp32. bytes_per_model_step is bench/training/traffic.py's count of the same step's eager kernels
+(with --compile on/graphs too: torch.compile's fusion is not counted). One JSON record per configuration, written after
 each (a time limit keeps what ran).
 """
 from __future__ import annotations
@@ -28,13 +28,13 @@ import math
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
-from bench_training import step_flops
-from traffic import peak_tflops, step_ledger
 
 from pe_fast import memory, precision
 from pe_fast.models import ModelConfig
@@ -42,6 +42,8 @@ from pe_fast.ops.backends import resolve_backend
 from pe_fast.sweep.grid import split_into_packs
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import PackTrainer, TrainConfig, compile_problem
+from training.bench_training import step_flops
+from training.traffic import peak_tflops, step_ledger
 
 WIDTH, DEPTH, MLP, BATCH, LR = 160, 4, 640, 128, 1e-4
 PAPER_SIGMAS = [s / 10 for s in range(1, 21)]
@@ -116,7 +118,7 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compile_mod
                         eval_every=warmup + steps * repeats, eval_items=eval_items, precision=precision_name,
                         compile=compile_mode)
     sigmas = [PAPER_SIGMAS[m % len(PAPER_SIGMAS)] for m in range(pack)]
-    # what the step moves, eager (bench/traffic.py: fake tensors, no device time)
+    # what the step moves, eager (bench/training/traffic.py: fake tensors, no device time)
     moved = step_ledger(task, config, train, list(range(pack)), sigmas).bytes_per_model_step
     trainer = PackTrainer(task, config, train, list(range(pack)), sigmas, device)
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Training throughput of a stacked pack vs the same models trained one after another (issue: foundation §10).
 
-    python bench/bench_training.py [--models 16] [--repeats 7] [--out bench/results/training_cpu.json]
+    python bench/training/bench_training.py [--models 16] [--repeats 7] [--out bench/results/training_cpu.json]
 
 For each LST shape (16 tokens of 5 features, 4 layers, 1 head, MLP 4·d) it times full training steps
 (forward, backward, AdamW) of (a) one StackedTransformer holding M models and (b) M single-model
@@ -18,9 +18,11 @@ import operator
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
 
 from pe_fast.memory import keep_freed_memory

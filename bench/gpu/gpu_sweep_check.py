@@ -2,10 +2,11 @@
 (triton and reference backends), and a small CUDA sweep killed after its first checkpoint and resumed, compared
 with an uninterrupted one. Writes a JSON summary to $OUT/gpu_sweep_check.json (default bench/results).
 
-    python bench/gpu_sweep_check.py
+    python bench/gpu/gpu_sweep_check.py
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
 import measure
 
 from pe_fast import memory
@@ -112,6 +114,7 @@ def resume_check() -> dict:
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no flags: --help, and no typos
     OUT.mkdir(parents=True, exist_ok=True)
     result = {"device": measure.device_name("cuda"), "torch": torch.__version__,
               "free_gb": torch.cuda.mem_get_info()[0] / 2**30, "memory": memory_check()}

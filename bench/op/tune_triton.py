@@ -1,6 +1,6 @@
 """Block sizes of the Triton kernels, measured: each candidate configuration against the one `kernel_config` picks.
 
-    python bench/tune_triton.py --out bench/results/tune_gpu.json [--budget-s 150]
+    python bench/op/tune_triton.py --out bench/results/tune_gpu.json [--budget-s 150]
 
 `triton_attention.kernel_config` is an untuned heuristic. For each (shape, precision) of bench_ops.py, in
 priority order, this times the fused op with the forward's tiles varied (forward only, the default backward) and
@@ -15,12 +15,14 @@ import contextlib
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench_ops import PRECISIONS, SHAPES, measure, set_tf32
-from measure import environment, write_result  # bench/measure.py (`measure` above is bench_ops' op timing)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.py, the scripts as kind.name
+from measure import environment, write_result  # bench/measure.py (`measure` below is bench_ops' op timing)
 
+from op.bench_ops import PRECISIONS, SHAPES, measure, set_tf32
 from pe_fast.ops import pe_attention, triton_attention
 
 # (shape, precision), most important first: N = 16 (the paper's LST sweep, issue 13), then N = 360 against SDPA

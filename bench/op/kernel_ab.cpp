@@ -1,5 +1,5 @@
 // The C++ attention kernels of the working tree (pe_fast::) against those of a git revision (pe_fast_old::, the
-// same header with its namespace renamed by bench/kernel_ab.sh), in one process: float32, one thread, random
+// same header with its namespace renamed by bench/op/kernel_ab.sh), in one process: float32, one thread, random
 // inputs; each repeat times old forward, new forward, old backward, new backward in turn, so that a slow spell
 // of a shared machine hits both; prints medians and the median of the per-repeat ratios old / new.
 #include "pe_attention.h"

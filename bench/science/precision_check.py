@@ -1,9 +1,9 @@
 """Issue 13's test that another precision (tf32, bf16, fp16) keeps the science: LST sweeps of the same grid in
 several precisions, each against float32.
 
-    python bench/precision_check.py FOLDER [--reference fp32]
+    python bench/science/precision_check.py FOLDER [--reference fp32]
 
-bench/gpu_check.sh's science step trains them on a GPU (SCIENCE_PRECISIONS="fp32 fp16" for fp16); on the CPU:
+bench/gpu/gpu_check.sh's science step trains them on a GPU (SCIENCE_PRECISIONS="fp32 fp16" for fp16); on the CPU:
 
     for p in fp32 fp16; do
       python -m pe_fast.sweep --task lst --preset cpu --pe learned --sigmas 0.2,2.0 --seeds 5 --precision $p \
@@ -11,10 +11,10 @@ bench/gpu_check.sh's science step trains them on a GPU (SCIENCE_PRECISIONS="fp32
       python -m pe_fast.sweep --task lst --preset cpu --pe sin2d --pe-dropout 0 --seeds 5 --precision $p \
           --out runs/precision-cpu/$p-sin2d --no-report
     done
-    python bench/precision_check.py runs/precision-cpu
+    python bench/science/precision_check.py runs/precision-cpu
 
 FOLDER holds results.parquet files (any depth, any name ending in results.parquet: the sweeps' folders, or the
-flat copies bench/gpu_check.sh's science step brings back). Their `precision` column says which run is which.
+flat copies bench/gpu/gpu_check.sh's science step brings back). Their `precision` column says which run is which.
 Per (PE, σ) and precision it prints training accuracy, in-distribution held-out accuracy and generalisation
 accuracy (mean ± sd over seeds, in points, sd with ddof 0 as everywhere in pe_fast), the generalisation
 difference from the reference paired by seed (95 % t interval), and one verdict per precision. A precision
