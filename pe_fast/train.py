@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from pe_fast import precision
-from pe_fast.metrics import pe_geometry
+from pe_fast.metrics import convergence, pe_geometry
 from pe_fast.metrics.attention_maps import mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
@@ -34,6 +34,7 @@ DATA_SEED_OFFSET = 2_000_003
 RICH_LAZY_ITEMS = 16
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine")
+UNTIL = ("converged", "budget")  # when a pack stops (TrainConfig.until)
 
 
 PerModel = float | tuple[float, ...]  # one value for every model of the pack, or one per model
@@ -69,6 +70,13 @@ class TrainConfig:
     eval_items: int = 2048
     precision: str = "fp32"  # pe_fast.precision: fp32, tf32, bf16 or fp16 (autocast; float32 weights and optimizer)
     compile: str = "off"  # COMPILE_MODES: torch.compile of the training step's forward and loss (and their backward)
+    # UNTIL: "budget" trains every step; "converged" ends the pack at the first evaluation where every model's
+    # plateau_score has levelled off (metrics.convergence, the report's test) and, where the task names a fit_score,
+    # every model fits its training set
+    until: str = "budget"
+    plateau_score: str | None = None
+    lower_is_better: bool = False
+    fit_score: str | None = None
 
 
 @dataclasses.dataclass
@@ -79,6 +87,8 @@ class PackResult:
     pe_tables: dict[int, np.ndarray]
     attention_maps: np.ndarray  # [M, L, N, N]: mean attention maps on the attention split (metrics.attention_maps)
     seconds: float
+    steps: int     # trained: the budget, or fewer where the pack converged first
+    stopped: str   # why it ended: "converged" or "budget" (UNTIL)
 
 
 def _one_value(value: PerModel) -> float | None:
@@ -226,6 +236,10 @@ class PackTrainer:
         self.sampler = BatchSampler(len(task.splits["train"]), train_config.batch_size, seeds, device)
         self.autocast = lambda: precision.autocast(train_config.precision, device)
         self.scaler = precision.LossScaler(M, device, enabled=train_config.precision in precision.SCALED)
+        if train_config.until not in UNTIL or (train_config.until == "converged" and not train_config.plateau_score):
+            raise ValueError(f"until={train_config.until!r}: choose from {', '.join(UNTIL)}; converged needs the "
+                             f"plateau_score to follow")
+        self.stopped = "budget"  # until the pack converges, if it does before its last step
         # Compiled, the step's layer norms, residual adds, GELUs and loss fuse with their backward into a few
         # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
         # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
@@ -259,13 +273,16 @@ class PackTrainer:
         started = time.perf_counter() - self.seconds
         def evaluate(final: bool):
             rows = self.evaluate(self.step, final)
+            if not final and config.until == "converged" and self.plateaued(rows):
+                self.stopped = "converged"  # this evaluation is the last: every item scored
+                rows = self.evaluate(self.step, final=True)
             self.curves.extend(rows)
             if on_evaluate is not None:
                 on_evaluate(rows)
 
         if self.step == 0 and not self.curves:
             evaluate(final=False)
-        while self.step < config.steps:
+        while self.step < config.steps and self.stopped == "budget":
             self.train_step()
             if self.filled == config.eval_every or self.step == config.steps:
                 evaluate(final=self.step == config.steps)
@@ -273,9 +290,25 @@ class PackTrainer:
             self.seconds = time.perf_counter() - started
             if on_step is not None:
                 on_step(self.step)
-            if checkpoint is not None and self.step % checkpoint_every == 0 and self.step < config.steps:
+            if checkpoint is not None and self.step % checkpoint_every == 0 and self.step < config.steps \
+                    and self.stopped == "budget":
                 checkpoint()
         return self.result()
+
+    def plateaued(self, rows: list[dict]) -> bool:
+        """Whether every model's curve, with this evaluation's rows, has levelled off and fits its training set.
+        A model whose score is not finite (diverged) has nothing left to gain and does not hold the pack back."""
+        config = self.config
+        for m, row in enumerate(rows):
+            if not np.isfinite(row[config.plateau_score]):
+                continue
+            curve = [(r["step"], r[config.plateau_score]) for r in self.curves if r["model"] == m]
+            steps, scores = zip(*curve, (row["step"], row[config.plateau_score]))
+            if not convergence.has_plateaued(steps, scores, config.lower_is_better):
+                return False
+            if config.fit_score is not None and not row[config.fit_score] >= convergence.FIT_THRESHOLD:
+                return False
+        return True
 
     def train_step(self):
         if self.config.compile == "graphs":
@@ -349,7 +382,7 @@ class PackTrainer:
         pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
         maps = mean_attention_maps(self.model, self.eval_tokens[self.task.attention_split], self.probes)
         return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, attention_maps=maps,
-                          seconds=self.seconds)
+                          seconds=self.seconds, steps=self.step, stopped=self.stopped)
 
     def state_dict(self) -> dict:
         batches = self.batches.state_dict()

@@ -12,7 +12,7 @@ from pe_fast import run_folder
 from pe_fast.report import pooling, rsa
 from pe_fast.report.figures import draw_figures
 from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
-                                    map_alignment, sigma_label, statement, summary_markdown)
+                                    map_alignment, sigma_label, statement, stopping_lines, summary_markdown)
 from pe_fast.report.reading import ReportError, Run, read_run, task_name
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
@@ -65,6 +65,8 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
                     checks: list[Convergence], drawn: dict[str, str], skipped: list[str],
                     rsa_lines: list[str] = ()) -> str:
     results = run.results
+    stops = stopping_lines(results, run.settings.get("steps"))
+    stops += [""] if stops else []
     lines = [f"# pe_fast report: {name}", ""]
     lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
     baselines = int(is_baseline(results["pe"]).sum())
@@ -75,6 +77,7 @@ def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Align
               + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
               "## Convergence", "", *(convergence_lines(checks, view)
                                        or ["No curves.parquet: convergence cannot be judged."]), "",
+              *stops,
               "## What the numbers show", "", statement(run, view, checks), ""]
     if align is not None:
         lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "

@@ -12,6 +12,7 @@ from scipy import stats
 
 from pe_fast import run_folder
 from pe_fast.metrics import attention_maps
+from pe_fast.metrics.convergence import FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, quarter_gains
 from pe_fast.report.reading import Run
 from pe_fast.tasks.base import TaskView
 
@@ -282,9 +283,7 @@ def statement(run: Run, view: TaskView, checks: list[Convergence]) -> str:
 
 # ---- convergence: whether the verdicts are those of trained models ----
 
-PLATEAU_TOLERANCE = 0.01  # a score (accuracy, R²) that moved less than this over the last quarter has plateaued
-MOVING_LR = 0.5           # ... provided the learning rate there was at least this fraction of its peak
-FIT_THRESHOLD = 0.99      # a training accuracy below this at the end: the model does not fit its training set
+MOVING_LR = 0.5  # a plateau (metrics.convergence) counts where the learning rate was at least this fraction of its peak
 
 
 @dataclasses.dataclass
@@ -325,16 +324,10 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
             who = _who(key[0], dict(zip(axes, key[1:])))
             curve = group.groupby("step")[score].mean().dropna().sort_index()
             end = curve.index.max() if len(curve) else 0
-            if len(curve) < 4 or end <= 0:
+            if len(curve) < MIN_EVALUATIONS or end <= 0:
                 result.too_short = True
                 continue
-            # the score at the quarters' boundaries, interpolated between evaluations: with evaluations every
-            # 1,000 of 10,000 steps the last one at or before 7,500 would stretch the last quarter to 3,000 steps
-            # and shrink the one before to 2,000, hiding a slow-down
-            sign = -1.0 if lower_is_better else 1.0
-            half, three_quarters = np.interp([0.5 * end, 0.75 * end], curve.index, curve.to_numpy())
-            last = sign * (curve.iloc[-1] - three_quarters)
-            before = sign * (three_quarters - half)
+            last, before = quarter_gains(curve.index, curve.to_numpy(), lower_is_better)
             # the rate at each evaluation: lr_last; runs from before the per-model rates called it lr
             rate = "lr_last" if "lr_last" in group else "lr" if "lr" in group else None
             if rate is not None:
@@ -363,6 +356,20 @@ def _who(sigma: float, axes: dict) -> str:
     return ", ".join(parts) or "it"
 
 
+def stopping_lines(results: pd.DataFrame, budget: int | None) -> list[str]:
+    """When each pack stopped and why (--until converged); none for sweeps from before the column."""
+    if "stopped" not in results:
+        return []
+    lines = []
+    for pack, rows in results[~is_baseline(results["pe"])].groupby("pack", sort=True):
+        step, why = int(rows["steps"].max()), rows["stopped"].iloc[0]
+        of = f" of {budget:,}" if budget else ""
+        what = ("every model's score had levelled off" if why == "converged" else "the step budget (--steps)")
+        lines.append(f"* pack {pack} ({', '.join(dict.fromkeys(rows['pe']))}, {len(rows)} models): stopped at step "
+                     f"{step:,}{of}: {what}.")
+    return lines
+
+
 def convergence_lines(checks: list[Convergence], view: TaskView) -> list[str]:
     """One line per PE kind for the top of report.md."""
     lines = []
@@ -374,7 +381,7 @@ def convergence_lines(checks: list[Convergence], view: TaskView) -> list[str]:
             continue
         reasons = []
         if c.too_short:
-            reasons.append("too few evaluations to tell (fewer than 4)")
+            reasons.append(f"too few evaluations to tell (fewer than {MIN_EVALUATIONS})")
         if c.decayed is not None:
             reasons.append(f"flat over the last quarter, but at a learning rate down to {100 * c.decayed:.0f} % of "
                            f"its peak (a cosine schedule's end): a plateau of the schedule, not shown to be the "

@@ -84,7 +84,6 @@ def run(s: Settings) -> Path:
     if not resume:
         how = "--max-pack" if s.max_pack else f"fits half the free memory of {s.device}"
         s = dataclasses.replace(s, max_pack=grid.choose_pack_size(s, task))
-        print(f"pe_fast sweep: pack size {s.max_pack} ({how})", file=sys.stderr)
     packs = grid.pack_models(s, models)
     s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
     created = not out.exists()
@@ -102,6 +101,7 @@ def run(s: Settings) -> Path:
                     out.rmdir()
             raise
         if not resume:
+            print(f"pe_fast sweep: pack size {s.max_pack} ({how})", file=sys.stderr)
             folder.start_folder(s, out, task, models, packs)
         if s.executor != "slurm":  # a stopped driver's SLURM jobs may still be writing
             run_folder.remove_partials(out)

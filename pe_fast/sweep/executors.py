@@ -54,7 +54,8 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
     for local, model in enumerate(pack):
         # results.parquet's sigma is a float column: "no σ" is stored as NaN there
         stored = {**model, "sigma": math.nan if model["sigma"] is None else model["sigma"]}
-        identity = dict(task=s.task, **stored, steps=s.steps, precision=s.precision, pack=index)
+        identity = dict(task=s.task, **stored, steps=result.steps, stopped=result.stopped, precision=s.precision,
+                        pack=index)
         final_rows.append({**identity, **{k: v for k, v in result.final[local].items() if k not in ("model", "step")},
                            "train_seconds": result.seconds / len(pack)})
         curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}
@@ -63,7 +64,7 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
             pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
         pe_tables[f"{run_folder.ATTENTION_MAP}{model['model_id']}"] = result.attention_maps[local]
     run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables)
-    return {"trained_steps": s.steps - first_step}
+    return {"trained_steps": result.steps - first_step}
 
 
 def run_local(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, task, progress: Progress):

@@ -10,6 +10,7 @@ from pe_fast import memory
 from pe_fast.models import ModelConfig
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.sweep.settings import Settings, UsageError
+from pe_fast.tasks import KINDS
 from pe_fast.train import TrainConfig
 
 # The authors' 15 LST seeds (their code and training logs); --seeds N takes the first N, further ones count on from 1.
@@ -80,14 +81,17 @@ def model_config(s: Settings, task, kind: str) -> ModelConfig:
 
 
 def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
-    """The pack's training: one optimizer kind, each model's own lr, weight decay and momentum."""
+    """The pack's training: one optimizer kind, each model's own lr, weight decay and momentum; --until converged
+    follows the score and fit the report's convergence test reads."""
+    view = KINDS[s.task].view
     def per_model(name, default):
         return tuple(default if m.get(name) is None else m[name] for m in pack)
     return TrainConfig(steps=s.steps, batch_size=s.batch_size, optimizer=pack[0].get("optimizer", s.optimizer[0]),
                        lr=per_model("lr", s.lr[0]), weight_decay=per_model("weight_decay", s.weight_decay[0]),
                        momentum=per_model("momentum", 0.0), schedule=s.schedule, warmup=s.warmup,
                        eval_every=s.eval_every, eval_items=s.eval_items, precision=s.precision,
-                       compile=s.compile)
+                       compile=s.compile, until=s.until, plateau_score=view.score,
+                       lower_is_better=view.score.endswith("mse"), fit_score=view.fit)
 
 
 def choose_pack_size(s: Settings, task) -> int:

@@ -24,7 +24,7 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.fmri import ATLASES
 from pe_fast.tasks.netsim import NETWORK_SETTINGS
-from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, compile_problem
+from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL, compile_problem
 
 EXECUTORS = ("local", "ray", "slurm")
 COMPILE_CHOICES = ("auto", *COMPILE_MODES)
@@ -70,6 +70,7 @@ class Settings:
     warmup: int
     eval_every: int
     eval_items: int = 2048
+    until: str = "budget"  # or "converged": a pack ends once its models have levelled off (train.UNTIL)
     weight_decay: tuple[float, ...] = (0.0,)
     momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
     seed_values: tuple[int, ...] | None = None  # the seeds themselves (--seed-values), instead of the first --seeds
@@ -176,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated PE kinds that --pe-dropout applies to, of {', '.join(ADDITIVE_PES)} "
                         f"(default {','.join(SINUSOIDAL_PES)}: the authors' code drops out its sinusoidal PEs only)")
     p.add_argument("--eval-every", type=int, help="evaluate every this many steps")
+    p.add_argument("--until", choices=UNTIL,
+                   help="converged (the fmri and netsim default): end a pack at the first evaluation where every "
+                        "model's score gained at most 0.01 over the last quarter of its steps (the report's "
+                        "convergence test) and, for the LST, it fits its training set, or at --steps; budget: train "
+                        "--steps")
     p.add_argument("--eval-items", type=int,
                    help="intermediate evaluations score at most this many items of the splits other than the "
                         "held-out one the convergence check follows (always in full); the last scores all")
@@ -371,7 +377,7 @@ def check_choices(s: dict):
     from pe_fast.ops.backends import BACKENDS  # the ops load the compiled kernels: only when asked
     choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
                "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "atlas": ATLASES,
-               "split": SPLITS, "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES,
+               "split": SPLITS, "until": UNTIL, "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES,
                "backend": (None, *BACKENDS)}
     for name, allowed in choices.items():
         for value in s[name] if isinstance(s[name], tuple) else (s[name],):

@@ -50,11 +50,11 @@ REGION_VIEW = TaskView(
 # four σ, and a constant rate, so that a flat last quarter is the models' plateau and not a schedule's end.
 REGION_DEFAULTS = dict(pe="learned", sigmas="0.01,0.1,0.5,2", seeds=3, steps=5000, width=32, depth=2, heads=1,
                        mlp_width=64, batch_size=32, lr=3e-3, optimizer="adam", schedule="constant", warmup=50,
-                       eval_every=250, eval_items=512)
+                       eval_every=250, eval_items=512, until="converged")
 # The six σ of the earlier default, for a finer σ curve at 1.5× the time; and the default trained 4× longer, which
 # reached the plateau on both tasks (docs/reproduction-fmri.md, -netsim.md: 38 min for fMRI, 26 for netsim, 2 cores).
 REGION_PRESETS = {"full-grid": dict(sigmas="0.01,0.1,0.2,0.5,1,2"),
-                  "converged": dict(steps=20_000, eval_every=1_250)}
+                  "converged": dict(steps=20_000, eval_every=1_250, until="budget")}
 
 
 @dataclasses.dataclass
