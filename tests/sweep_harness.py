@@ -1,7 +1,11 @@
 """The sweep as users run it, shared by the tests that start it: `python -m pe_fast.sweep` in a process of its
 own, its settings as the command line makes them, and a network simulation small enough for a test."""
+import contextlib
+import fcntl
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pandas as pd
 
@@ -33,3 +37,12 @@ def sweep_results(out, *args) -> pd.DataFrame:
 
 def settings_of(*args) -> Settings:
     return from_flags(build_parser().parse_args([*args, "--out", "unused"]))
+
+
+@contextlib.contextmanager
+def ray_alone():
+    """One Ray-using test at a time across pytest's parallel workers: `ray stop --force`, which each of them runs
+    to clean up, stops every Ray on the machine, another test's included."""
+    with open(Path(tempfile.gettempdir()) / "pe_fast_tests_ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

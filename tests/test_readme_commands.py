@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from sweep_harness import ray_alone
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "--steps 4 --eval-every 2 --seeds 1 --width 16 --depth 1"
 # Whose bash blocks run, in this order (docs/sweep.md's runs/mine feeds docs/report.md's commands)
@@ -113,22 +115,23 @@ def test_readme_commands_as_typed(tmp_path):
            "RAY_TMPDIR": ray_dir}
     ran = []
     shutil.copytree(ROOT / EXAMPLE_DATA, tmp_path / EXAMPLE_DATA)
-    try:
-        for command in readme_commands():
-            how = HOW[command]
-            if how[0] == "installs":
-                assert all(installed(r) for r in installs(command)), f"{command}: not everything is installed"
-            elif how[0] == "skip":
-                print(f"skipped: {command} ({how[1]})")
-            else:
-                typed = f"{command} {how[1]}".strip()
-                proc = subprocess.run(typed, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                      timeout=900)
-                assert proc.returncode == 0, f"{typed}\n{proc.stderr[-3000:]}"
-                ran.append(typed)
-    finally:
-        subprocess.run("ray stop --force", shell=True, env=env, capture_output=True, timeout=120)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    with ray_alone():  # it starts a Ray cluster and stops every Ray at the end
+        try:
+            for command in readme_commands():
+                how = HOW[command]
+                if how[0] == "installs":
+                    assert all(installed(r) for r in installs(command)), f"{command}: not everything is installed"
+                elif how[0] == "skip":
+                    print(f"skipped: {command} ({how[1]})")
+                else:
+                    typed = f"{command} {how[1]}".strip()
+                    proc = subprocess.run(typed, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                          timeout=900)
+                    assert proc.returncode == 0, f"{typed}\n{proc.stderr[-3000:]}"
+                    ran.append(typed)
+        finally:
+            subprocess.run("ray stop --force", shell=True, env=env, capture_output=True, timeout=120)
+            shutil.rmtree(ray_dir, ignore_errors=True)
     assert (tmp_path / "runs" / "mine" / "report.md").is_file()
     assert (tmp_path / "runs" / "paper" / "results.parquet").is_file()
     assert (tmp_path / "runs" / "quickstart" / "results.parquet").is_file()

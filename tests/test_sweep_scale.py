@@ -26,7 +26,7 @@ from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
-from sweep_harness import TINY_NETSIM, run_sweep, start_sweep, sweep_command
+from sweep_harness import TINY_NETSIM, ray_alone, run_sweep, start_sweep, sweep_command
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
 # Long enough (160 steps a pack) that the kills below land before the end. Two learning rates: the middle pack
@@ -162,7 +162,8 @@ def test_ray_executor_from_the_command_line_equals_local(tmp_path, reference):
     task's function must be importable by the workers: it once was not)."""
     pytest.importorskip("ray")
     out = tmp_path / "run"
-    proc = run_sweep(*NETSIM, "--executor", "ray", "--out", str(out))
+    with ray_alone():
+        proc = run_sweep(*NETSIM, "--executor", "ray", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert_same_results(out, reference)
     assert not list((out / "packs").glob("*.step"))  # the workers' step reports went with their finished packs
@@ -175,16 +176,17 @@ def test_ray_executor_joins_a_running_cluster(tmp_path, reference):
     # A cluster of this test's own, in a short folder: Ray's socket paths must stay under 108 bytes.
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": ray_dir}
-    started = subprocess.run([str(ray_cli), "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
-                              "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=300)
-    assert started.returncode == 0, started.stderr
-    try:
-        out = tmp_path / "run"
-        proc = run_sweep(*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out), env=env)
-        assert proc.returncode == 0, proc.stderr
-    finally:
-        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, env=env, timeout=120)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    with ray_alone():
+        started = subprocess.run([str(ray_cli), "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
+                                  "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=300)
+        assert started.returncode == 0, started.stderr
+        try:
+            out = tmp_path / "run"
+            proc = run_sweep(*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out), env=env)
+            assert proc.returncode == 0, proc.stderr
+        finally:
+            subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, env=env, timeout=120)
+            shutil.rmtree(ray_dir, ignore_errors=True)
     assert_same_results(out, reference)
 
 
