@@ -3,6 +3,7 @@ follow from the stated rules, on the first H100 science check (its sweeps' own s
 input, run as a user types it."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -120,3 +121,17 @@ def test_other_tasks_are_refused(tmp_path):
     frame.to_parquet(tmp_path / "results.parquet")
     result = run(tmp_path)
     assert result.returncode == 2 and "defined on LST runs" in result.stderr
+
+
+def test_verdicts_json_for_the_speed_records(tmp_path):
+    """--verdicts writes what bench_sweep_gpu.py --science-check quotes per precision: fp16 within every tolerance
+    passes, bf16 with the ranking turned fails, the reference passes by definition."""
+    runs = tmp_path / "runs"
+    write_runs(runs, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
+               + grid("fp16", [0.84, 0.86, 0.88], [0.37, 0.39, 0.41], large_fit=0.955)
+               + grid("bf16", [0.30, 0.31, 0.32], [0.33, 0.32, 0.34], large_fit=0.945))
+    out = tmp_path / "verdicts.json"
+    result = run(runs, "--verdicts", out)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == {"reference": "fp32",
+                                           "verdicts": {"fp32": "pass", "bf16": "fail", "fp16": "pass"}}

@@ -13,11 +13,13 @@
 #   pe_kinds.log                  a few CUDA steps of every PE kind of lst --preset paper, netsim and fmri --preset all-pes
 #                                 (fmri needs what bench/gpu/gpu_carry.sh prepares)
 #   science.log, science/         lst paper configuration, learned σ 0.2 / 2.0 and sin2d, 5 seeds (SCIENCE_SEEDS),
-#                                 8,000 steps, in fp32 and bf16 (SCIENCE_PRECISIONS="fp32 tf32 bf16" adds tf32),
+#                                 8,000 steps, in fp32 and bf16 (SCIENCE_PRECISIONS="fp32 bf16 fp16" adds fp16,
+#                                 whose attention runs on the reference until the Triton kernels take fp16),
 #                                 side by side in $SCIENCE_RUNS: each one's summary.txt and results.parquet
 #   science_check.md              bench/science/precision_check.py on them: the table and a verdict per precision
 #   sweep.log, sweep_gpu*.json    bench/training/bench_sweep_gpu.py: the sweep's training path at the paper's LST
-#                                 configuration, 90 models per precision compiled, 18 and 90 in fp32 with CUDA
+#                                 configuration, 90 models per precision compiled (fp16 too), each record with the
+#                                 byte ledger's bytes_per_model_step; 18 and 90 in fp32 with CUDA
 #                                 graphs against compiled alone (tf32 also with the kernels' TF32
 #                                 dots), 315 compiled tf32, then 90 eager
 #   profile_sweep*.txt            bench/training/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
@@ -121,7 +123,8 @@ science() {
         cp "$run/summary.txt" "$OUT/science/$name-summary.txt"
         cp "$run/results.parquet" "$OUT/science/$name-results.parquet"
     done
-    python3 bench/science/precision_check.py "$OUT/science" | tee "$OUT/science_check.md" || rc=1
+    python3 bench/science/precision_check.py "$OUT/science" --verdicts "$OUT/science_check.json" \
+        | tee "$OUT/science_check.md" || rc=1
     return $rc
 }
 export -f science
@@ -135,7 +138,8 @@ wanted stacked_optimizer && step stacked_optimizer 60 stacked_optimizer.log \
 if wanted sweep; then
     # The most telling configurations first (compiled is the CUDA default): a time limit keeps what ran.
     step sweep 240 sweep.log bash -c "python3 bench/training/bench_sweep_gpu.py --models 90 \
-            --precisions fp32,tf32,bf16 --compile on --steps 10 --warmup 3 --out $OUT/sweep_gpu_compiled.json
+            --precisions fp32,tf32,bf16,fp16 --compile on --steps 10 --warmup 3 --out $OUT/sweep_gpu_compiled.json \
+            \$([ -f $OUT/science_check.json ] && echo --science-check $OUT/science_check.json)
         python3 bench/training/bench_sweep_gpu.py --models 18,90 --precisions fp32 --compile on,graphs --steps 10 \
             --warmup 3 --out $OUT/sweep_gpu_graphs.json
         PE_FAST_TF32=1 python3 bench/training/bench_sweep_gpu.py --models 90 --precisions tf32 --compile on --steps 10 \

@@ -26,6 +26,7 @@ passes when, against the reference:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +115,14 @@ def verdict(stats: pd.DataFrame, precision: str, reference: str) -> Verdict:
     return Verdict(precision, reasons)
 
 
+def verdicts(results: pd.DataFrame, reference: str) -> dict:
+    """{precision: "pass" or "fail"}: what a speed record of that precision quotes (bench_sweep_gpu.py)."""
+    stats = per_setting(results)
+    found = {p: "fail" if verdict(stats, p, reference).reasons else "pass"
+             for p in sorted(set(results["precision"])) if p != reference}
+    return {"reference": reference, "verdicts": {reference: "pass", **found}}
+
+
 def cell(stats: pd.DataFrame, precision: str, setting: str, column: str) -> str:
     if (precision, setting) not in stats.index:
         return "–"
@@ -157,9 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a folder holding the runs' results.parquet files")
     parser.add_argument("--reference", default="fp32", help="the precision the others are checked against (fp32)")
+    parser.add_argument("--verdicts", type=Path,
+                        help="also write {precision: pass or fail} as JSON here (the reference passes by definition), "
+                             "for bench/training/bench_sweep_gpu.py --science-check")
     args = parser.parse_args(argv)
     try:
-        print(report(load(args.folder), args.reference))
+        results = load(args.folder)
+        print(report(results, args.reference))
+        if args.verdicts is not None:
+            args.verdicts.write_text(json.dumps(verdicts(results, args.reference), indent=1) + "\n")
     except InputError as error:
         print(f"precision_check: {error}", file=sys.stderr)
         return 2

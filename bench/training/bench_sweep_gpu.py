@@ -24,6 +24,7 @@ each (a time limit keeps what ran).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -170,6 +171,9 @@ def main() -> int:
     p.add_argument("--baseline-steps", type=int, default=50)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="bench/results/sweep_gpu.json")
+    p.add_argument("--science-check", type=Path,
+                   help="the verdicts JSON of bench/science/precision_check.py --verdicts on this kind of device: "
+                        "each record then says science_check pass or fail for its precision (else 'not run')")
     args = p.parse_args()
     try:
         models = [int(m) for m in args.models.split(",")]
@@ -187,6 +191,8 @@ def main() -> int:
     except (KeyError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    checked = json.loads(args.science_check.read_text())["verdicts"] if args.science_check else {}
+    checked.setdefault("fp32", "pass")  # the reference of the science check passes by definition
     memory.keep_freed_memory()
     task = LSTTask()
     device_name = measure.device_name(device)
@@ -211,6 +217,7 @@ def main() -> int:
                         torch.cuda.empty_cache()
                 peak = peak_tflops(device_name, precision_name)
                 record = dict(device=device_name, precision=precision_name,
+                              science_check=checked.get(precision_name, "not run"),
                               fp32_kernel_dots=fp32_kernel_dots, **row,
                               baseline_model_steps_per_s=baseline, baseline_precision="fp32",
                               torch=torch.__version__, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
