@@ -12,7 +12,8 @@ from scipy import stats
 
 from pe_fast import run_folder
 from pe_fast.metrics import attention_maps
-from pe_fast.metrics.convergence import FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, quarter_gains
+from pe_fast.metrics.convergence import (FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, lower_is_better,
+                                         quarter_gains)
 from pe_fast.report.reading import Run
 from pe_fast.tasks.base import TaskView
 
@@ -191,7 +192,7 @@ def paired_statements(results: pd.DataFrame, score: str) -> list[str]:
     models = results[~is_baseline(results["pe"])]
     if varying_axes(results) or "seed" not in models or score not in models:
         return []
-    better = min if score.endswith("mse") else max
+    better = min if lower_is_better(score) else max
     by_seed = {key: group.set_index("seed")[score] for key, group in models.groupby(["pe", "sigma"], dropna=False)}
     means = {key: values.mean() for key, values in by_seed.items() if np.isfinite(values).any()}
     if not means:
@@ -244,7 +245,7 @@ def statement(run: Run, view: TaskView, checks: list[Convergence]) -> str:
             continue
         if g["sigma"].notna().all() and len(g) >= 2:
             lo, hi = g.loc[g["sigma"].idxmin()], g.loc[g["sigma"].idxmax()]
-            best = g.loc[g["mean"].idxmax()] if not score.endswith("mse") else g.loc[g["mean"].idxmin()]
+            best = g.loc[g["mean"].idxmin()] if lower_is_better(score) else g.loc[g["mean"].idxmax()]
             text = (f"{pe} PE: σ={lo.sigma:g} {score} {fmt(lo['mean'])} ± {fmt(lo.sd)} vs σ={hi.sigma:g} "
                     f"{fmt(hi['mean'])} ± {fmt(hi.sd)} (best mean at σ={best.sigma:g}, {fmt(best['mean'])})")
             per_model = rows[["sigma", score]].dropna()
@@ -311,7 +312,7 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
     PLATEAU_TOLERANCE in the generalisation score over the last quarter of training (and, where the quarter
     before gained more, how many more steps a geometric slow-down of the gains suggests until a quarter gains
     less), and which do not fit their training set."""
-    score, lower_is_better = view.score, view.score.endswith("mse")
+    score, lower = view.score, lower_is_better(view.score)
     if curves.empty or score not in curves or "step" not in curves:
         return []
     rows = curves[~is_baseline(curves["pe"])]
@@ -327,7 +328,7 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
             if len(curve) < MIN_EVALUATIONS or end <= 0:
                 result.too_short = True
                 continue
-            last, before = quarter_gains(curve.index, curve.to_numpy(), lower_is_better)
+            last, before = quarter_gains(curve.index, curve.to_numpy(), lower)
             # the rate at each evaluation: lr_last; runs from before the per-model rates called it lr
             rate = "lr_last" if "lr_last" in group else "lr" if "lr" in group else None
             if rate is not None:

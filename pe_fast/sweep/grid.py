@@ -7,6 +7,7 @@ import math
 import torch
 
 from pe_fast import memory
+from pe_fast.metrics.convergence import lower_is_better
 from pe_fast.models import ModelConfig
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.sweep.settings import Settings, UsageError
@@ -91,7 +92,7 @@ def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
                        momentum=per_model("momentum", 0.0), schedule=s.schedule, warmup=s.warmup,
                        eval_every=s.eval_every, eval_items=s.eval_items, precision=s.precision,
                        compile=s.compile, until=s.until, plateau_score=view.score,
-                       lower_is_better=view.score.endswith("mse"), fit_score=view.fit)
+                       lower_is_better=lower_is_better(view.score), fit_score=view.fit)
 
 
 def choose_pack_size(s: Settings, task) -> int:
