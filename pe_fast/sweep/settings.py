@@ -254,8 +254,7 @@ def parse_list(text, convert, flag: str) -> tuple:
 def from_flags(args: argparse.Namespace) -> Settings:
     """Flags override the preset, which overrides the task's defaults; then validate() checks the whole."""
     task = args.task or "fmri"
-    if task not in KINDS:  # the parser's choices; a Python caller's value comes here unchecked
-        raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+    check_task(task)  # the parser's choices; a Python caller's value comes here unchecked
     kind = KINDS[task]
     s = {**kind.defaults, "task": task}
     if args.preset:
@@ -369,10 +368,14 @@ def conform(name: str, value, hint):
     raise UsageError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
 
 
+def check_task(task):
+    if task not in KINDS:
+        raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+
+
 def check_choices(s: dict):
     """Each setting with a fixed set of values holds one of them (the task first: the others depend on it)."""
-    if s["task"] not in KINDS:
-        raise UsageError(f"--task {s['task']!r}: choose from {', '.join(KINDS)}")
+    check_task(s["task"])
     kind = KINDS[s["task"]]
     from pe_fast.ops.backends import BACKENDS  # the ops load the compiled kernels: only when asked
     choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
@@ -395,6 +398,7 @@ CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 # what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
 SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+")
 SLURM_KEY = re.compile(r"[A-Za-z][\w-]*")
+SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
 
 
 def check_text(s: dict):
@@ -529,12 +533,10 @@ def check_slurm(s: dict):
         if not sep or not key.strip():
             raise UsageError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
         if not (SLURM_KEY.fullmatch(key) and SLURM_VALUE.fullmatch(value)):
-            raise UsageError(f"--slurm-option {option!r}: KEY=VALUE of letters, digits and .,:@%+=/|&*[]-_ only "
-                             f"(it becomes a line of the job script)")
+            raise UsageError(f"--slurm-option {option!r}: KEY=VALUE of {SLURM_ALLOWED}")
     for name in ("slurm_partition", "slurm_account"):
         if s.get(name) is not None and not SLURM_VALUE.fullmatch(s[name]):
-            raise UsageError(f"--{name.replace('_', '-')} {s[name]!r}: letters, digits and .,:@%+=/|&*[]-_ only "
-                             f"(it becomes a line of the job script)")
+            raise UsageError(f"--{name.replace('_', '-')} {s[name]!r}: {SLURM_ALLOWED}")
     s["slurm_option"] = tuple(options)
     if importlib.util.find_spec("submitit") is None:
         raise UsageError("--executor slurm needs submitit, which is not installed: pip install 'pe_fast[slurm]' "
