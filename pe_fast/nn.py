@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
+from pe_fast.ops.sublayer_ends import linear_gelu, residual_layer_norm
 
 
 def uniform_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> Tensor:
@@ -38,11 +39,19 @@ class StackedLinear(nn.Module):
         self.weight = nn.Parameter(uniform_per_model(generators, (d_in, d_out), bound))
         self.bias = nn.Parameter(uniform_per_model(generators, (d_out,), bound)) if bias else None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, gelu: bool = False, add_bias: bool = True) -> Tensor:
+        """gelu: GELU(x @ W + b), fused on the CPU (pe_fast.ops.sublayer_ends); add_bias=False: x @ W alone, for a
+        caller that adds the bias itself (folded into a later fused op)."""
+        if gelu and self.bias is not None:
+            return linear_gelu(x, self.weight, self.bias)
         shape = x.shape
         flat = x.reshape(shape[0], -1, shape[-1])
-        y = torch.bmm(flat, self.weight) if self.bias is None else torch.baddbmm(self.bias[:, None], flat, self.weight)
-        return y.reshape(*shape[:-1], self.weight.shape[-1])
+        if self.bias is None or not add_bias:
+            y = torch.bmm(flat, self.weight)
+        else:
+            y = torch.baddbmm(self.bias[:, None], flat, self.weight)
+        y = y.reshape(*shape[:-1], self.weight.shape[-1])
+        return F.gelu(y) if gelu else y
 
 
 class StackedLayerNorm(nn.Module):
@@ -52,7 +61,11 @@ class StackedLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_models, width))
         self.eps = eps
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None, add: Tensor | None = None) -> Tensor:
+        """LN(x)·w + b; with a residual, LN(x + residual + add)·w + b in one fused op on the CPU
+        (pe_fast.ops.sublayer_ends; add [M, T, D] repeats over each sequence's T tokens)."""
+        if residual is not None:
+            return residual_layer_norm(x, residual, self.weight, self.bias, add, self.eps)
         y = F.layer_norm(x, x.shape[-1:], eps=self.eps)
         extra = (1,) * (x.dim() - 2)
         M, D = self.weight.shape
@@ -92,8 +105,15 @@ class PEAttention(nn.Module):
                 only_token: int | None = None) -> tuple[Tensor, Tensor]:
         """only_token: the output at this token alone, [M,B,1,D] (every token still serves as a key): a model
         that reads out one token needs no other's output projection."""
+        out, stats = self.attend(x, pe, probes, rope=rope, bias=bias, only_token=only_token)
+        return (out if self.out is None else self.out(out)), stats
+
+    def attend(self, x: Tensor, pe: Tensor | None = None, probes: Tensor | None = None, *,
+               rope: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None,
+               only_token: int | None = None) -> tuple[Tensor, Tensor]:
+        """forward without the output projection."""
         out, stats = pe_attention(x, pe, self.w_qkv, self.b_qkv, self.num_heads, probes, rope=rope, bias=bias,
                                   backend=self.backend)
         if only_token is not None:
             out = out[:, :, only_token:only_token + 1]
-        return (out if self.out is None else self.out(out)), stats
+        return out, stats

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
+from pe_fast.ops import sublayer_ends
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
 
@@ -76,13 +76,18 @@ class Block(nn.Module):
         (it then goes through the attention as one input, without the op's separate PE path)."""
         if pe_dropout_mask is not None:
             h, pe = (h + pe[:, None]) * pe_dropout_mask, None
-        attended, stats = self.attention(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
-        if pe is not None:
-            h = h + pe[:, None]
+        out, stats = self.attention.attend(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
         if only_token is not None:
             h = h[:, :, only_token:only_token + 1]
-        h = self.norm_attn(attended + h)
-        h = self.norm_mlp(F.gelu(self.mlp_out(F.gelu(self.mlp_in(h)))) + h)
+            pe = None if pe is None else pe[:, only_token:only_token + 1]
+        projection = self.attention.out
+        if sublayer_ends.fusable(out, h, pe, projection.bias):
+            # one pass for the projection's bias, the residual, the PE, the layer norm and its scale
+            add = projection.bias[:, None] if pe is None else pe + projection.bias[:, None]
+            h = self.norm_attn(projection(out, add_bias=False), residual=h, add=add)
+        else:  # CUDA, bf16, traced: torch's ops
+            h = self.norm_attn(projection(out) + (h if pe is None else h + pe[:, None]))
+        h = self.norm_mlp(self.mlp_out(self.mlp_in(h, gelu=True), gelu=True), residual=h)
         return h, stats
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):

@@ -1,0 +1,107 @@
+"""The element-wise ends of a block's sublayers, fused on the CPU: a stacked linear layer followed by GELU, and the
+residual add followed by layer norm. Each is one pass of C++ (kernels/sublayer.h) over the activations where torch
+makes several (the bias copy, GELU and its backward, the adds, layer norm, the affine scale and the parameter
+gradients' sums): at the fMRI default these passes were about a third of a CPU training step.
+
+The fused path runs for plain eager CPU tensors of float32 or float64 without autocast, when the C++ extension is
+built; anything else (CUDA, bf16, torch.compile, vmap) runs the same computation as torch ops, the code path the
+model had before these kernels existed. Both compute the same function (tests/test_sublayer_ends.py, against torch
+in float64); in float32 they differ by rounding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pe_fast.ops.transforms import is_traced
+
+FUSED_DTYPES = (torch.float32, torch.float64)
+
+try:
+    import pe_fast._C  # noqa: F401  (registers torch.ops.pe_fast_cpp.*; cpp_attention.py warns when it is missing)
+    BUILT = hasattr(torch.ops.pe_fast_cpp, "residual_layer_norm_forward")
+except ImportError:
+    BUILT = False
+
+
+def fusable(*tensors: Tensor | None) -> bool:
+    """Whether the C++ kernels take these tensors: CPU, one float32/float64 dtype, plain eager, no autocast."""
+    present = [t for t in tensors if t is not None]
+    return (BUILT and all(t.device.type == "cpu" for t in present)
+            and len({t.dtype for t in present}) == 1 and present[0].dtype in FUSED_DTYPES
+            and not torch.is_autocast_enabled("cpu") and not is_traced(*present))
+
+
+def _rows(x: Tensor) -> Tensor:
+    """[M, ..., width] as contiguous [M, R, width]."""
+    return x.reshape(x.shape[0], -1, x.shape[-1]).contiguous()
+
+
+class _LinearGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        flat = _rows(x)
+        z = torch.bmm(flat, weight)
+        y = torch.ops.pe_fast_cpp.bias_gelu_forward(z, bias)
+        ctx.save_for_backward(flat, weight, bias, z)
+        ctx.x_shape = x.shape
+        return y.view(*x.shape[:-1], weight.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        flat, weight, bias, z = ctx.saved_tensors
+        dz, dbias = torch.ops.pe_fast_cpp.bias_gelu_backward(z, bias, _rows(dy))
+        dx = torch.bmm(dz, weight.transpose(1, 2)).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
+        dweight = torch.bmm(flat.transpose(1, 2), dz) if ctx.needs_input_grad[1] else None
+        return dx, dweight, dbias
+
+
+def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """GELU(x @ weight + bias) of a pack: x [M, ..., in], weight [M, in, out], bias [M, out]; exact GELU."""
+    if fusable(x, weight, bias):
+        return _LinearGelu.apply(x, weight, bias)
+    flat = x.reshape(x.shape[0], -1, x.shape[-1])
+    return F.gelu(torch.baddbmm(bias[:, None], flat, weight).reshape(*x.shape[:-1], weight.shape[-1]))
+
+
+class _ResidualLayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, add, weight, beta, eps):
+        a_rows, b_rows = _rows(a), _rows(b)
+        add = None if add is None else add.contiguous()
+        y, mean, rstd = torch.ops.pe_fast_cpp.residual_layer_norm_forward(a_rows, b_rows, add, weight, beta, eps)
+        ctx.save_for_backward(a_rows, b_rows, add, weight, mean, rstd)
+        ctx.shape = a.shape
+        return y.view(a.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b, add, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbeta = torch.ops.pe_fast_cpp.residual_layer_norm_backward(a, b, add, weight, mean, rstd,
+                                                                               _rows(dy))
+        dadd = None
+        if add is not None and ctx.needs_input_grad[2]:
+            M, T, D = add.shape
+            dadd = dx.view(M, -1, T, D).sum(1)
+        dx = dx.view(ctx.shape)
+        return dx, dx, dadd, dweight, dbeta, None
+
+
+def residual_layer_norm(a: Tensor, b: Tensor, weight: Tensor, beta: Tensor, add: Tensor | None = None,
+                        eps: float = 1e-5) -> Tensor:
+    """LayerNorm(a + b + add)·weight + beta of a pack, over the last dim: a, b [M, ..., D]; weight, beta [M, D];
+    add [M, T, D] (a per-token addend, the same for every sequence of T tokens: a PE, plus a bias folded in),
+    [M, 1, D] (the same for every token) or None."""
+    M, T, D = a.shape[0], a.shape[-2], a.shape[-1]
+    if add is not None and tuple(add.shape) not in ((M, T, D), (M, 1, D)):
+        raise ValueError(f"add must be [M, T, D] or [M, 1, D] for a [M, ..., T, D], got {list(add.shape)} for "
+                         f"{list(a.shape)}")
+    if fusable(a, b, weight, beta, add) and a.shape == b.shape:
+        return _ResidualLayerNorm.apply(a, b, add, weight, beta, eps)
+    x = a + b
+    if add is not None:
+        x = (x.reshape(M, -1, add.shape[1], D) + add[:, None]).reshape(a.shape)
+    y = F.layer_norm(x, x.shape[-1:], eps=eps)
+    extra = (1,) * (x.dim() - 2)
+    return torch.addcmul(beta.view(M, *extra, D), y, weight.view(M, *extra, D))

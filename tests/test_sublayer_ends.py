@@ -1,0 +1,159 @@
+"""The fused sublayer ends (pe_fast.ops.sublayer_ends, kernels/sublayer.h) against torch's own ops in float64: the
+linear layer + GELU and the residual + layer norm, forward and every gradient; float32 within rounding of the
+float64 result; GELU's tails against erfc (torch's 1 + erf cancels there); the whole model's training step
+fused and unfused; what does not fuse runs torch's ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pe_fast.models.transformer import ModelConfig, StackedTransformer
+from pe_fast.ops import sublayer_ends
+
+pytestmark = pytest.mark.skipif(not sublayer_ends.BUILT, reason="needs pe_fast's C++ extension")
+
+
+def leaves(*shapes, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def as_float64(tensors):
+    return [t.detach().double().requires_grad_() for t in tensors]
+
+
+def gelu_reference(x):
+    """Exact GELU in float64 through erfc: accurate where GELU is tiny (x ≪ 0)."""
+    return x * 0.5 * torch.special.erfc(-x / 2 ** 0.5)
+
+
+def linear_gelu_reference(x, w, b):
+    M, D = x.shape[0], x.shape[-1]
+    return gelu_reference(torch.baddbmm(b[:, None], x.reshape(M, -1, D), w)).reshape(*x.shape[:-1], w.shape[-1])
+
+
+def layer_norm_reference(a, b, w, beta, add):
+    x = a + b
+    if add is not None:
+        M, T, D = add.shape
+        x = (x.reshape(M, -1, T, D) + add[:, None]).reshape(a.shape)
+    extra = (1,) * (a.dim() - 2)
+    M, D = w.shape
+    return F.layer_norm(x, (D,)) * w.view(M, *extra, D) + beta.view(M, *extra, D)
+
+
+def compare(fused, reference, inputs, grad_seed=1):
+    """Max |difference| of the outputs and of every input's gradient, fused vs reference (float64)."""
+    y = fused(*inputs)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64)
+    grads = torch.autograd.grad(y, [t for t in inputs if t is not None], g.to(y.dtype))
+    ref_inputs = [None if t is None else t.detach().double().requires_grad_() for t in inputs]
+    y_ref = reference(*ref_inputs)
+    ref_grads = torch.autograd.grad(y_ref, [t for t in ref_inputs if t is not None], g)
+    return [(y.double() - y_ref).abs().max().item()] + [(a.double() - b).abs().max().item()
+                                                        for a, b in zip(grads, ref_grads)]
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5, 8, 16), (2, 1, 300, 8, 3), (1, 2, 7, 5, 1)])
+def test_linear_gelu_equals_torch_in_float64(shape):
+    M, B, N, D, F_out = shape
+    x, w, b = leaves((M, B, N, D), (M, D, F_out), (M, F_out))
+    assert sublayer_ends.fusable(x, w, b)
+    errors = compare(sublayer_ends.linear_gelu, linear_gelu_reference, [x, w, b])
+    assert max(errors) < 1e-12, errors
+
+
+@pytest.mark.parametrize("tokens,with_add", [(5, True), (5, False), (1, True), (300, True)])
+def test_residual_layer_norm_equals_torch_in_float64(tokens, with_add):
+    """rows in several chunks (300 tokens × 2), one token per sequence (a readout block), add or none"""
+    M, B, D = 3, 2, 8
+    a, b, add, w, beta = leaves((M, B, tokens, D), (M, B, tokens, D), (M, tokens, D), (M, D), (M, D))
+    add = add if with_add else None
+    fused = lambda a, b, w, beta, add: sublayer_ends.residual_layer_norm(a, b, w, beta, add)  # noqa: E731
+    errors = compare(fused, layer_norm_reference, [a, b, w, beta, add])
+    assert max(errors) < 1e-12, errors
+
+
+def test_float32_is_float64_rounded():
+    M, B, N, D, H = 2, 3, 10, 32, 64
+    x, w, b = leaves((M, B, N, D), (M, D, H), (M, H), dtype=torch.float32)
+    assert max(compare(sublayer_ends.linear_gelu, linear_gelu_reference, [x, w, b])) < 2e-5
+    a, r, add, g, beta = leaves((M, B, N, D), (M, B, N, D), (M, N, D), (M, D), (M, D), dtype=torch.float32)
+    fused = lambda a, b, w, beta, add: sublayer_ends.residual_layer_norm(a, b, w, beta, add)  # noqa: E731
+    assert max(compare(fused, layer_norm_reference, [a, r, g, beta, add])) < 2e-5
+
+
+def test_float32_gelu_and_its_derivative_over_the_whole_range():
+    """Both branches of the erf fit, its switch at |x| = 0.9·√2, the far tails where torch's float32 GELU is 0,
+    and exp(−x²/2)'s underflow: within 5e-7 absolutely of the exact values (torch's float32: 1.2e-6)."""
+    xs = torch.linspace(-16, 16, 320_001)
+    x = xs.view(1, -1, 1).clone().requires_grad_()
+    y = sublayer_ends.linear_gelu(x, torch.ones(1, 1, 1), torch.zeros(1, 1)).flatten()
+    dy, = torch.autograd.grad(y.sum(), x)
+    exact_x = xs.double().requires_grad_()
+    exact = gelu_reference(exact_x)
+    exact_dy, = torch.autograd.grad(exact.sum(), exact_x)
+    assert (y.double() - exact).abs().max() < 5e-7
+    assert (dy.flatten().double() - exact_dy).abs().max() < 5e-7
+    tail = (exact.abs() > 1e-30) & (xs < -4)  # where GELU is tiny, its relative error
+    assert ((y.double() - exact).abs() / exact.abs())[tail].max() < 1e-4
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    x, w, b = leaves((4, 8, 100, 32), (4, 32, 64), (4, 64), dtype=torch.float32)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            y = sublayer_ends.linear_gelu(x, w, b)
+            results.append([y, *torch.autograd.grad(y, (x, w, b), torch.ones_like(y))])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(p, q) for p, q in zip(*results))
+
+
+def training_step_gradients(fused: bool, monkeypatch, readout_token=None):
+    monkeypatch.setattr(sublayer_ends, "BUILT", fused)
+    config = ModelConfig(num_tokens=6, token_dim=3, out_dim=2, width=8, depth=2, heads=2, mlp_width=16,
+                         readout_token=readout_token)
+    model = StackedTransformer(config, seeds=[0, 1, 2], sigmas=[0.1, 0.5, 1.0]).double()
+    tokens = torch.randn(3, 4, 6, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    probes = torch.rand(1, 6, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    out, stats = model(tokens, probes)
+    out.square().sum().backward()
+    return out, stats, {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("readout_token", [None, 0])
+def test_model_training_step_fused_equals_unfused(monkeypatch, readout_token):
+    """The whole stacked transformer in float64: outputs, attention statistics and every parameter's gradient (the
+    PE tables', the projection biases folded into the layer norm's addend) equal with and without the kernels."""
+    out, stats, grads = training_step_gradients(True, monkeypatch, readout_token)
+    ref_out, ref_stats, ref_grads = training_step_gradients(False, monkeypatch, readout_token)
+    assert torch.allclose(out, ref_out, rtol=0, atol=1e-12) and torch.allclose(stats, ref_stats, atol=1e-12)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        assert torch.allclose(grads[name], ref_grads[name], rtol=0, atol=1e-11), name
+
+
+def test_what_does_not_fuse_runs_torch(monkeypatch):
+    """bf16 under autocast or not, mixed dtypes, or tracing: torch's ops (the kernels are never called)."""
+    def refuse(*args):
+        raise AssertionError("a fused kernel ran")
+    monkeypatch.setattr(sublayer_ends._LinearGelu, "apply", refuse)
+    monkeypatch.setattr(sublayer_ends._ResidualLayerNorm, "apply", refuse)
+    x, w, b = leaves((2, 3, 4, 8), (2, 8, 8), (2, 8), dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert sublayer_ends.linear_gelu(x, w, b).dtype == torch.bfloat16
+    sublayer_ends.linear_gelu(*(t.to(torch.bfloat16) for t in (x, w, b)))
+    torch.func.vmap(lambda t: sublayer_ends.linear_gelu(t, w, b))(x[None])
+    g, beta = leaves((2, 8), (2, 8), dtype=torch.float32)
+    assert sublayer_ends.residual_layer_norm(x.half(), x, g, beta).dtype == torch.float32
+
+
+def test_a_bad_addend_is_refused():
+    a, b, w, beta = leaves((2, 3, 4, 8), (2, 3, 4, 8), (2, 8), (2, 8))
+    with pytest.raises(ValueError, match="add must be"):
+        sublayer_ends.residual_layer_norm(a, b, w, beta, torch.zeros(2, 2, 8, dtype=torch.float64))
