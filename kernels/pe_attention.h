@@ -145,13 +145,12 @@ inline void load_problem(const Problem<T>& pr, T scale, T* __restrict__ q_rows, 
       for (int64_t d = 0; d < dh; ++d) std::fill(cols + d * n_pad + n, cols + (d + 1) * n_pad, T(0));
 }
 
-// C[r][j0 .. j0 + V·W) (+)= Σ_k A(r,k)·B[k][j] for R rows and V vectors of W lanes (AVX2: 32 bytes) at once,
-// A(r,k) = a[r·a_row + k·a_k], in R·V running sums that the compiler keeps in registers: R·V independent FMA
-// chains (one would wait on the FMA latency), and per k only V vector loads of B and R broadcasts of A.
-template <bool kAccumulate, int R, int V, typename T>
+// C[r][j0 .. j0 + L) (+)= Σ_k A(r,k)·B[k][j] for R rows and L columns (a whole number of vectors) at once,
+// A(r,k) = a[r·a_row + k·a_k], in R·L running sums that the compiler keeps in registers: independent FMA chains
+// (one would wait on the FMA latency), and per k only L/lanes vector loads of B and R broadcasts of A.
+template <bool kAccumulate, int R, int L, typename T>
 inline void gemm_block(int j0, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb, T* c,
                        int64_t ldc) {
-  constexpr int L = V * 32 / static_cast<int>(sizeof(T));
   T sum[R][L];
   for (int r = 0; r < R; ++r)
     for (int l = 0; l < L; ++l) sum[r][l] = kAccumulate ? c[r * ldc + j0 + l] : T(0);
@@ -168,14 +167,23 @@ inline void gemm_block(int j0, int depth, const T* a, int64_t a_row, int64_t a_k
 }
 
 // R rows of C: columns in blocks of two vectors (per k, 2 loads of B and R broadcasts of A feed 2·R FMAs: the
-// FMA units, not the load ports, set the pace), then one vector, then a scalar tail.
+// FMA units, not the load ports, set the pace), then one vector, then (AVX-512) one 8-float half vector: the
+// padded key rows are whole multiples of 8 (`padded`), then a scalar tail. Vectors are 64 bytes where the build
+// targets AVX-512 (setup.py asks gcc for 512-bit vectors there), else 32.
 template <bool kAccumulate, int R, typename T>
 inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb, T* c,
                       int64_t ldc) {
+#if defined(__AVX512F__)
+  constexpr int W = 64 / sizeof(T);
+#else
   constexpr int W = 32 / sizeof(T);
+#endif
+  constexpr int H = 32 / sizeof(T);
   int j0 = 0;
-  for (; j0 + 2 * W <= cols; j0 += 2 * W) gemm_block<kAccumulate, R, 2>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
-  for (; j0 + W <= cols; j0 += W) gemm_block<kAccumulate, R, 1>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
+  for (; j0 + 2 * W <= cols; j0 += 2 * W) gemm_block<kAccumulate, R, 2 * W>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
+  for (; j0 + W <= cols; j0 += W) gemm_block<kAccumulate, R, W>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
+  if constexpr (W > H)
+    for (; j0 + H <= cols; j0 += H) gemm_block<kAccumulate, R, H>(j0, depth, a, a_row, a_k, b, ldb, c, ldc);
   for (int j = j0; j < cols; ++j)
     for (int r = 0; r < R; ++r) {
       T sum = kAccumulate ? c[r * ldc + j] : T(0);
@@ -186,11 +194,15 @@ inline void gemm_rows(int cols, int depth, const T* a, int64_t a_row, int64_t a_
 
 // C[rows × cols] = A[rows × depth]·B[depth × cols], or += when kAccumulate (A strided as in gemm_block; B, C
 // row-major). Six rows at a time: 6 × 2 vectors of sums, 2 of B and a broadcast fill 15 of AVX2's 16 registers
-// (8 rows × 1 vector, the earlier blocking, was 1.03–1.15× slower at N = 100: bench/op/kernel_ab.sh).
+// (8 rows × 1 vector, the earlier blocking, was 1.03–1.15× slower at N = 100: bench/op/kernel_ab.sh); with
+// AVX-512's 32 registers twelve rows (27 registers): 1.07–1.09× over the six rows at N = 100.
 template <bool kAccumulate, typename T>
 inline void gemm(int rows, int cols, int depth, const T* a, int64_t a_row, int64_t a_k, const T* b, int64_t ldb,
                  T* c, int64_t ldc) {
   int r = 0;
+#if defined(__AVX512F__)
+  for (; r + 12 <= rows; r += 12) gemm_rows<kAccumulate, 12>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
+#endif
   for (; r + 6 <= rows; r += 6) gemm_rows<kAccumulate, 6>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
   for (; r + 4 <= rows; r += 4) gemm_rows<kAccumulate, 4>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);
   for (; r < rows; ++r) gemm_rows<kAccumulate, 1>(cols, depth, a + r * a_row, a_row, a_k, b, ldb, c + r * ldc, ldc);

@@ -19,7 +19,7 @@ if ! git show "$rev:kernels/pe_attention.h" 2>/dev/null \
     echo "error: no kernels/pe_attention.h at revision '$rev'" >&2
     exit 2
 fi
-g++ -O3 -march=native -fno-trapping-math -fopenmp -std=c++20 -Ikernels -I"$work" bench/op/kernel_ab.cpp \
+g++ -O3 -march=native -mprefer-vector-width=512 -fno-trapping-math -fopenmp -std=c++20 -Ikernels -I"$work" bench/op/kernel_ab.cpp \
     -o "$work/kernel_ab" || exit 1
 if (($# == 0)); then set -- 100 32 2 288 15; fi
 "$work/kernel_ab" "$@"
