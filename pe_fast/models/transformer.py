@@ -7,6 +7,7 @@ block (a separate learned PE per block) or of the first block only.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
+from pe_fast.ops.backends import FUSED_BACKEND
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
@@ -74,6 +76,12 @@ class Block(nn.Module):
         out one token: every token still serves as a key, but the other tokens' outputs are never used).
         pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
         (it then goes through the attention as one input, without the op's separate PE path)."""
+        if (self.attention.backend or os.environ.get("PE_FAST_BACKEND")) == FUSED_BACKEND:
+            from pe_fast.ops import fused_sublayers  # needs triton
+            reason = fused_sublayers.refusal(h, pe, rope, bias, pe_dropout_mask, self)
+            if reason is None:
+                return fused_sublayers.block_forward(self, h, pe, probes, only_token)
+            fused_sublayers.warn_unfused(reason)  # once per reason; the attention op runs as "triton"
         if pe_dropout_mask is not None:
             h, pe = (h + pe[:, None]) * pe_dropout_mask, None
         attended, stats = self.attention(h, pe, probes, rope=rope, bias=bias, only_token=only_token)

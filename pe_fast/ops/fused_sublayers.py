@@ -1,0 +1,635 @@
+"""Fused sublayers (backend "fused"): a Post-LN block's attention sublayer and its MLP sublayer, each one Triton
+kernel forward and one backward, for N ≤ FUSED_MAX_N (the LST task's N = 16).
+
+    A:  h = LN0(((x + pe) W_qkv + b_qkv → attention) W_o + b_o + x + pe)     (with the statistics and probes)
+    B:  y = LN1(GELU(GELU(h W_1 + b_1) W_2 + b_2) + h)                        (exact erf GELU, after both linears)
+
+Kernel A: a program owns a tile of BLOCK_T rows holding BLOCK_T // N whole sequences of one model, so the
+attention never leaves the tile; q, k, v are computed chunk by chunk from x (plus the PE's addend pe·W + b,
+computed once per model as in projection.py), the [tile, tile] scores are masked to "same sequence", and each
+head's output goes straight into the output projection's accumulator, then + b_o + residual (+ PE) → layer
+norm. Only x is read and h written; the q, k, v and attention tensors stay on chip.
+Kernel B: a program owns BLOCK_T rows of one model; the hidden layer is streamed through in chunks of HIDDEN_CHUNK
+units (GELU(h W_1 + b_1) for a chunk, then straight into W_2's accumulator): it never reaches HBM in the forward.
+
+Backward: each kernel recomputes its forward instead of storing anything, then writes what the weight gradients
+need and nothing else: A writes dz (the pre-norm gradient: the out-projection's output gradient and the
+residual's), o (the attention output, for dW_o) and dqkv (for dW_qkv); B writes dz·GELU'(a2), GELU(a1) and
+d a1 (for dW_2 and dW_1), and dx whole. The weight gradients are then grouped GEMMs over the pack
+(torch.bmm): per-tile partial sums of a [D, 3D] weight cost more bytes than the tile's activations. The layer
+norms' gradients are per-tile partial sums ([tiles, D], small) that torch adds up.
+
+Refused (the block runs the unfused path with backend "triton"'s op, one logged warning per reason,
+`refusal`): RoPE, a relative-position bias, PE dropout, N > FUSED_MAX_N, width > MAX_WIDTH, dtypes other than
+float32 (float64 runs in the interpreter, for the tests) and bfloat16 under autocast.
+Every launch is behind a torch.library custom op with a fake implementation, so the byte ledger
+(bench/training/traffic.py) counts each kernel as one op reading its inputs and writing its outputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from pe_fast.ops import projection, triton_attention
+from pe_fast.ops.backends import BACKENDS, FUSED_BACKEND, register_backend
+from pe_fast.ops.pe_attention import autocast_on
+
+log = logging.getLogger("pe_fast")
+
+FUSED_MAX_N = 32  # kernel A's tile holds at least one whole sequence
+MAX_WIDTH = 256  # the [tile, width] accumulators are held whole, padded to a power of two
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+INV_SQRT2 = 0.7071067811865476
+INV_SQRT_2PI = 0.3989422804014327
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedConfig:
+    block_t: int  # rows per program
+    chunk: int  # columns per tl.dot step: head-dim chunk, and the reduction chunk over the width
+    hidden_chunk: int  # kernel B: hidden units per step
+    warps: int
+
+
+def fused_config(N: int, D: int, num_heads: int) -> FusedConfig:
+    """Kernel A's tile: 32 rows (two LST sequences); the [32, width] accumulators of the out-projection and the
+    layer norm fit the registers of 4 warps at width 160 (padded to 256) without spilling (AOT-checked in
+    tests/test_fused_sublayers.py). The head dim and the width stream through in chunks of up to 32 columns."""
+    head_pad = max(16, triton.next_power_of_2(D // num_heads))
+    return FusedConfig(block_t=32, chunk=min(32, head_pad), hidden_chunk=32, warps=4)
+
+
+# ---- kernels ----
+
+@triton.jit
+def _gelu(a):
+    return 0.5 * a * (1.0 + tl.math.erf(a * INV_SQRT2))
+
+
+@triton.jit
+def _gelu_grad(a):
+    return 0.5 * (1.0 + tl.math.erf(a * INV_SQRT2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
+
+
+@triton.jit
+def _sequence_rows(tile, B, N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Kernel A's rows of tile `tile` of a model: (sequence, token, valid), BLOCK_T // N whole sequences end to
+    end; rows past the last whole sequence (N need not divide BLOCK_T) and past the batch are invalid."""
+    r = tl.arange(0, BLOCK_T)
+    group = BLOCK_T // N
+    seq = tile * group + r // N
+    return seq, r % N, (r < group * N) & (seq < B)
+
+
+@triton.jit
+def _project(x_ptr, w_ptr, add_ptr, row, tok, ok, m, col, col_ok, D: tl.constexpr, W_COLS: tl.constexpr,
+             N: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HAS_ADD: tl.constexpr, ACC: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """x[rows] @ W[m][:, col] (+ addend[m, tok, col] with HAS_ADD): [BLOCK_T, CHUNK] in ACC, the reduction over
+    the width in chunks (x's chunks come from L1/L2 again for every output chunk; HBM reads x once)."""
+    acc = tl.zeros([BLOCK_T, CHUNK], ACC)
+    for k0 in range(0, D, CHUNK):
+        k = k0 + tl.arange(0, CHUNK)
+        k_ok = k < D
+        xk = tl.load(x_ptr + row[:, None] * D + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        wk = tl.load(w_ptr + m * (D * W_COLS) + k[:, None] * W_COLS + col[None, :],
+                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc += tl.dot(xk, wk.to(xk.dtype), input_precision=PRECISION, out_dtype=ACC)
+    if HAS_ADD:
+        acc += tl.load(add_ptr + (m * N + tok)[:, None] * W_COLS + col[None, :], mask=ok[:, None] & col_ok[None, :],
+                       other=0.0).to(ACC)
+    return acc
+
+
+@triton.jit
+def _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, col, col_ok, D: tl.constexpr, N: tl.constexpr,
+             BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HAS_ADD: tl.constexpr, ACC: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """A chunk of q, k or v (col: its columns in the 3D of the projection), rounded once to x's dtype."""
+    t = _project(x_ptr, w_ptr, add_ptr, row, tok, ok, m, col, col_ok, D, 3 * D, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
+                 PRECISION)
+    return t.to(x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _attention_probabilities(x_ptr, w_ptr, add_ptr, row, seq, tok, ok, m, head, qk_scale, D: tl.constexpr,
+                             H: tl.constexpr, N: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
+                             HAS_ADD: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """One head's scores of the tile (log2 units) and its same-sequence softmax: (s, e, denom, rowmax, same),
+    p = e / denom."""
+    HEAD_DIM: tl.constexpr = D // H
+    s = tl.zeros([BLOCK_T, BLOCK_T], ACC)
+    for c0 in range(0, HEAD_DIM, CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        c_ok = c < HEAD_DIM
+        q = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, head * HEAD_DIM + c, c_ok, D, N, BLOCK_T, CHUNK,
+                     HAS_ADD, ACC, PRECISION)
+        k = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, D + head * HEAD_DIM + c, c_ok, D, N, BLOCK_T, CHUNK,
+                     HAS_ADD, ACC, PRECISION)
+        s += tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)
+    s = s * qk_scale  # finite: masked loads are 0
+    same = ok[None, :] & (seq[:, None] == seq[None, :])
+    s_valid = tl.where(same, s, float("-inf"))
+    mx = tl.maximum(tl.max(s_valid, 1), -1.0e30)  # invalid rows have no key: no inf − inf
+    e = tl.exp2(s_valid - mx[:, None])  # other sequences' keys contribute exactly 0
+    denom = tl.where(ok, tl.sum(e, 1), 1.0)
+    return s, e, denom, mx, same
+
+
+@triton.jit
+def _layer_norm_rows(z, d_ok, eps, D: tl.constexpr):
+    """(ẑ, rstd) of each row of z [BLOCK_T, DP] over its first D columns; ẑ is 0 in the padding."""
+    mean = tl.sum(tl.where(d_ok[None, :], z, 0.0), 1) / D
+    zc = tl.where(d_ok[None, :], z - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, 1) / D + eps)
+    return zc * rstd[:, None], rstd
+
+
+@triton.jit
+def _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D: tl.constexpr):
+    """dz of y = ẑ·γ + β, and this tile's partial sums of dγ = Σ dy·ẑ and dβ = Σ dy over its rows
+    (part [2, M, tiles, D]: torch adds the tiles up)."""
+    g = dy * lnw[None, :]
+    dz = rstd[:, None] * (g - (tl.sum(g, 1) / D)[:, None] - zhat * (tl.sum(g * zhat, 1) / D)[:, None])
+    dz = tl.where(io_mask, dz, 0.0)
+    part = part_ptr + (m * num_tiles + tile) * D + dcol
+    tl.store(part, tl.sum(dy * zhat, 0).to(part_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(part + tl.num_programs(1) * num_tiles * D, tl.sum(dy, 0).to(part_ptr.dtype.element_ty), mask=d_ok)
+    return dz
+
+
+@triton.jit
+def _attention_out_projection(x_ptr, w_ptr, add_ptr, wo_ptr, o_ptr, probe_ptr, stat_ptr, row, seq, tok, ok, m, B,
+                              qk_scale, dcol, d_ok, D: tl.constexpr, DP: tl.constexpr, H: tl.constexpr,
+                              N: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HAS_ADD: tl.constexpr,
+                              NUM_PROBES: tl.constexpr, STORE_O: tl.constexpr, STORE_STATS: tl.constexpr,
+                              ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """Σ_heads attention(head) @ W_o[head rows] for the tile: [BLOCK_T, DP]. STORE_STATS: the statistics rows
+    [M, H, S, B, N] (as triton_attention's kernels); STORE_O: the attention output o [M, B, N, D] (the backward's,
+    for dW_o)."""
+    HEAD_DIM: tl.constexpr = D // H
+    acc = tl.zeros([BLOCK_T, DP], ACC)
+    for head in range(H):
+        s, e, denom, mx, same = _attention_probabilities(x_ptr, w_ptr, add_ptr, row, seq, tok, ok, m, head, qk_scale,
+                                                     D, H, N, BLOCK_T, CHUNK, HAS_ADD, ACC, PRECISION)
+        p = e / denom[:, None]
+        if STORE_STATS:
+            plane = B * N
+            stat_row = (m * H + head) * ((3 + NUM_PROBES) * plane) + seq * N + tok
+            lse2 = mx + tl.log2(denom)
+            tl.store(stat_ptr + stat_row, (LN2 * (lse2 - tl.sum(p * s, 1))).to(stat_ptr.dtype.element_ty), mask=ok)
+            tl.store(stat_ptr + stat_row + plane, (1.0 / denom).to(stat_ptr.dtype.element_ty), mask=ok)
+            tl.store(stat_ptr + stat_row + 2 * plane, tl.sum(p * p, 1).to(stat_ptr.dtype.element_ty), mask=ok)
+            for k in tl.static_range(NUM_PROBES):
+                probe = tl.load(probe_ptr + k * N * N + tok[:, None] * N + tok[None, :], mask=same, other=0).to(ACC)
+                tl.store(stat_ptr + stat_row + (3 + k) * plane, tl.sum(p * probe, 1).to(stat_ptr.dtype.element_ty),
+                         mask=ok)
+        p = p.to(x_ptr.dtype.element_ty)
+        for c0 in range(0, HEAD_DIM, CHUNK):
+            c = c0 + tl.arange(0, CHUNK)
+            c_ok = c < HEAD_DIM
+            v = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, 2 * D + head * HEAD_DIM + c, c_ok, D, N, BLOCK_T,
+                         CHUNK, HAS_ADD, ACC, PRECISION)
+            o = tl.dot(p, v, input_precision=PRECISION, out_dtype=ACC).to(x_ptr.dtype.element_ty)
+            if STORE_O:
+                tl.store(o_ptr + row[:, None] * D + (head * HEAD_DIM + c)[None, :], o,
+                         mask=ok[:, None] & c_ok[None, :])
+            wo = tl.load(wo_ptr + m * (D * D) + (head * HEAD_DIM + c)[:, None] * D + dcol[None, :],
+                         mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.dot(o, wo.to(o.dtype), input_precision=PRECISION, out_dtype=ACC)
+    return acc
+
+
+@triton.jit
+def _attention_residual(acc, x_ptr, pe_ptr, bo_ptr, row, tok, m, dcol, d_ok, io_mask, D: tl.constexpr,
+                        N: tl.constexpr, HAS_PE: tl.constexpr, ACC: tl.constexpr):
+    """z = attention·W_o + b_o + x (+ pe): the layer norm's input."""
+    z = acc + tl.load(bo_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    z += tl.load(x_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
+    if HAS_PE:
+        z += tl.load(pe_ptr + (m * N + tok)[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
+    return z
+
+
+@triton.jit(do_not_specialize=["B", "num_tiles"])
+def _attention_sublayer_fwd_kernel(
+    x_ptr, pe_ptr, add_ptr, w_ptr, wo_ptr, bo_ptr, lnw_ptr, lnb_ptr, probe_ptr, y_ptr, stat_ptr, B, num_tiles,
+    qk_scale, eps, N: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, H: tl.constexpr, NUM_PROBES: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HAS_PE: tl.constexpr, HAS_ADD: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tile, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    seq, tok, ok = _sequence_rows(tile, B, N, BLOCK_T)
+    row = (m * B + seq) * N + tok
+    dcol = tl.arange(0, DP)
+    d_ok = dcol < D
+    io_mask = ok[:, None] & d_ok[None, :]
+    acc = _attention_out_projection(x_ptr, w_ptr, add_ptr, wo_ptr, y_ptr, probe_ptr, stat_ptr, row, seq, tok, ok, m,
+                                    B, qk_scale, dcol, d_ok, D, DP, H, N, BLOCK_T, CHUNK, HAS_ADD, NUM_PROBES, False,
+                                    True, ACC, PRECISION)
+    z = _attention_residual(acc, x_ptr, pe_ptr, bo_ptr, row, tok, m, dcol, d_ok, io_mask, D, N, HAS_PE, ACC)
+    zhat, _ = _layer_norm_rows(z, d_ok, eps, D)
+    y = zhat * tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    y += tl.load(lnb_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    tl.store(y_ptr + row[:, None] * D + dcol[None, :], y.to(y_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit(do_not_specialize=["B", "num_tiles"])
+def _attention_sublayer_bwd_kernel(
+    dy_ptr, x_ptr, pe_ptr, add_ptr, w_ptr, wo_ptr, bo_ptr, lnw_ptr, dz_ptr, o_ptr, dqkv_ptr, part_ptr, B, num_tiles,
+    sm_scale, eps, N: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr,
+    CHUNK: tl.constexpr, HAS_PE: tl.constexpr, HAS_ADD: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # Pass 1 recomputes the forward up to the layer norm (storing o) and gives dz; pass 2 recomputes each head's
+    # probabilities and runs the attention backward with dO = dz·W_oᵀ, chunk by chunk.
+    HEAD_DIM: tl.constexpr = D // H
+    tile, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    seq, tok, ok = _sequence_rows(tile, B, N, BLOCK_T)
+    row = (m * B + seq) * N + tok
+    dcol = tl.arange(0, DP)
+    d_ok = dcol < D
+    io_mask = ok[:, None] & d_ok[None, :]
+    acc = _attention_out_projection(x_ptr, w_ptr, add_ptr, wo_ptr, o_ptr, x_ptr, x_ptr, row, seq, tok, ok, m, B,
+                                    sm_scale * LOG2E, dcol, d_ok, D, DP, H, N, BLOCK_T, CHUNK, HAS_ADD, 0, True,
+                                    False, ACC, PRECISION)
+    z = _attention_residual(acc, x_ptr, pe_ptr, bo_ptr, row, tok, m, dcol, d_ok, io_mask, D, N, HAS_PE, ACC)
+    zhat, rstd = _layer_norm_rows(z, d_ok, eps, D)
+    dy = tl.load(dy_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
+    lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
+    dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
+    tl.store(dz_ptr + row[:, None] * D + dcol[None, :], dz.to(dz_ptr.dtype.element_ty), mask=io_mask)
+    dz = dz.to(x_ptr.dtype.element_ty)
+    for head in range(H):
+        s, e, denom, mx, same = _attention_probabilities(x_ptr, w_ptr, add_ptr, row, seq, tok, ok, m, head,
+                                                     sm_scale * LOG2E, D, H, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
+                                                     PRECISION)
+        p = e / denom[:, None]
+        dp = tl.zeros([BLOCK_T, BLOCK_T], ACC)
+        for c0 in range(0, HEAD_DIM, CHUNK):
+            c = c0 + tl.arange(0, CHUNK)
+            c_ok = c < HEAD_DIM
+            v = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, 2 * D + head * HEAD_DIM + c, c_ok, D, N, BLOCK_T,
+                         CHUNK, HAS_ADD, ACC, PRECISION)
+            wo = tl.load(wo_ptr + m * (D * D) + (head * HEAD_DIM + c)[:, None] * D + dcol[None, :],
+                         mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(dz.dtype)
+            do = tl.dot(dz, tl.trans(wo), input_precision=PRECISION, out_dtype=ACC).to(dz.dtype)
+            dp += tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
+        ds = (p * (dp - tl.sum(p * dp, 1)[:, None])).to(dz.dtype)
+        p = p.to(dz.dtype)
+        for c0 in range(0, HEAD_DIM, CHUNK):
+            c = c0 + tl.arange(0, CHUNK)
+            c_ok = c < HEAD_DIM
+            col = head * HEAD_DIM + c
+            q = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, col, c_ok, D, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
+                         PRECISION)
+            k = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, D + col, c_ok, D, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
+                         PRECISION)
+            wo = tl.load(wo_ptr + m * (D * D) + col[:, None] * D + dcol[None, :], mask=c_ok[:, None] & d_ok[None, :],
+                         other=0.0).to(dz.dtype)
+            do = tl.dot(dz, tl.trans(wo), input_precision=PRECISION, out_dtype=ACC).to(dz.dtype)
+            dq = tl.dot(ds, k, input_precision=PRECISION, out_dtype=ACC) * sm_scale
+            dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION, out_dtype=ACC) * sm_scale
+            dv = tl.dot(tl.trans(p), do, input_precision=PRECISION, out_dtype=ACC)
+            out = dqkv_ptr + row[:, None] * (3 * D) + col[None, :]
+            mask = ok[:, None] & c_ok[None, :]
+            tl.store(out, dq.to(dqkv_ptr.dtype.element_ty), mask=mask)
+            tl.store(out + D, dk.to(dqkv_ptr.dtype.element_ty), mask=mask)
+            tl.store(out + 2 * D, dv.to(dqkv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D: tl.constexpr, F: tl.constexpr,
+                BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """a1 = x W_1 + b_1 for hidden units f: [BLOCK_T, HIDDEN_CHUNK]."""
+    a1 = tl.zeros([BLOCK_T, HIDDEN_CHUNK], ACC)
+    for k0 in range(0, D, CHUNK):
+        k = k0 + tl.arange(0, CHUNK)
+        k_ok = k < D
+        xk = tl.load(x_ptr + row[:, None] * D + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        wk = tl.load(w1_ptr + m * (D * F) + k[:, None] * F + f[None, :], mask=k_ok[:, None] & f_ok[None, :],
+                     other=0.0)
+        a1 += tl.dot(xk, wk.to(xk.dtype), input_precision=PRECISION, out_dtype=ACC)
+    return a1 + tl.load(b1_ptr + m * F + f, mask=f_ok, other=0.0).to(ACC)[None, :]
+
+
+@triton.jit
+def _mlp_pre_norm(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, row, ok, m, dcol, d_ok, io_mask, D: tl.constexpr,
+                  F: tl.constexpr, DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
+                  HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """(a2 = GELU(x W_1 + b_1) W_2 + b_2, z = GELU(a2) + x), the hidden layer streamed through in chunks."""
+    acc = tl.zeros([BLOCK_T, DP], ACC)
+    for f0 in range(0, F, HIDDEN_CHUNK):
+        f = f0 + tl.arange(0, HIDDEN_CHUNK)
+        f_ok = f < F
+        g1 = _gelu(_mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D, F, BLOCK_T, CHUNK, HIDDEN_CHUNK, ACC,
+                               PRECISION)).to(x_ptr.dtype.element_ty)
+        w2 = tl.load(w2_ptr + m * (F * D) + f[:, None] * D + dcol[None, :], mask=f_ok[:, None] & d_ok[None, :],
+                     other=0.0)
+        acc += tl.dot(g1, w2.to(g1.dtype), input_precision=PRECISION, out_dtype=ACC)
+    a2 = acc + tl.load(b2_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    z = _gelu(a2) + tl.load(x_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
+    return a2, z
+
+
+@triton.jit(do_not_specialize=["R"])
+def _mlp_sublayer_fwd_kernel(
+    x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr, y_ptr, R, eps, D: tl.constexpr, F: tl.constexpr,
+    DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tile, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    r = tile * BLOCK_T + tl.arange(0, BLOCK_T)  # a model's rows, B·N of them: no sequence structure needed
+    ok = r < R
+    row = m * R + r
+    dcol = tl.arange(0, DP)
+    d_ok = dcol < D
+    io_mask = ok[:, None] & d_ok[None, :]
+    _, z = _mlp_pre_norm(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, row, ok, m, dcol, d_ok, io_mask, D, F, DP, BLOCK_T,
+                         CHUNK, HIDDEN_CHUNK, ACC, PRECISION)
+    zhat, _ = _layer_norm_rows(z, d_ok, eps, D)
+    y = zhat * tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    y += tl.load(lnb_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    tl.store(y_ptr + row[:, None] * D + dcol[None, :], y.to(y_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit(do_not_specialize=["R", "num_tiles"])
+def _mlp_sublayer_bwd_kernel(
+    dy_ptr, x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, dx_ptr, da2_ptr, g1_ptr, da1_ptr, part_ptr, R, num_tiles,
+    eps, D: tl.constexpr, F: tl.constexpr, DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
+    HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # Pass 1 recomputes the forward to the layer norm: dz, and d a2 = dz·GELU'(a2). Pass 2 recomputes each hidden
+    # chunk: stores GELU(a1) and d a1 = (d a2 W_2ᵀ)·GELU'(a1) for the weight gradients, and adds d a1 W_1ᵀ to dx.
+    tile, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    r = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = r < R
+    row = m * R + r
+    dcol = tl.arange(0, DP)
+    d_ok = dcol < D
+    io_mask = ok[:, None] & d_ok[None, :]
+    a2, z = _mlp_pre_norm(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, row, ok, m, dcol, d_ok, io_mask, D, F, DP, BLOCK_T,
+                          CHUNK, HIDDEN_CHUNK, ACC, PRECISION)
+    zhat, rstd = _layer_norm_rows(z, d_ok, eps, D)
+    dy = tl.load(dy_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
+    lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
+    dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
+    da2 = (dz * _gelu_grad(a2)).to(x_ptr.dtype.element_ty)
+    tl.store(da2_ptr + row[:, None] * D + dcol[None, :], da2, mask=io_mask)
+    dx = dz  # the residual's share
+    for f0 in range(0, F, HIDDEN_CHUNK):
+        f = f0 + tl.arange(0, HIDDEN_CHUNK)
+        f_ok = f < F
+        hidden_mask = ok[:, None] & f_ok[None, :]
+        a1 = _mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D, F, BLOCK_T, CHUNK, HIDDEN_CHUNK, ACC,
+                         PRECISION)
+        tl.store(g1_ptr + row[:, None] * F + f[None, :], _gelu(a1).to(g1_ptr.dtype.element_ty), mask=hidden_mask)
+        w2 = tl.load(w2_ptr + m * (F * D) + f[:, None] * D + dcol[None, :], mask=f_ok[:, None] & d_ok[None, :],
+                     other=0.0).to(da2.dtype)
+        da1 = (tl.dot(da2, tl.trans(w2), input_precision=PRECISION, out_dtype=ACC) * _gelu_grad(a1)).to(da2.dtype)
+        tl.store(da1_ptr + row[:, None] * F + f[None, :], da1, mask=hidden_mask)
+        w1t = tl.load(w1_ptr + m * (D * F) + dcol[None, :] * F + f[:, None], mask=f_ok[:, None] & d_ok[None, :],
+                      other=0.0).to(da1.dtype)  # W_1[:, f]ᵀ
+        dx += tl.dot(da1, w1t, input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dx_ptr + row[:, None] * D + dcol[None, :], dx.to(dx_ptr.dtype.element_ty), mask=io_mask)
+
+
+# ---- launchers, behind custom ops (fake implementations: shapes only, for the ledger and torch.compile) ----
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _attention_tiles(B: int, N: int, cfg: FusedConfig) -> int:
+    return triton.cdiv(B, cfg.block_t // N)
+
+
+@torch.library.custom_op("pe_fast::fused_attention_sublayer", mutates_args=())
+def attention_sublayer_forward(x: Tensor, pe: Tensor | None, addend: Tensor | None, w_qkv: Tensor, w_o: Tensor,
+                               b_o: Tensor, ln_w: Tensor, ln_b: Tensor, probes: Tensor | None, num_heads: int,
+                               eps: float) -> tuple[Tensor, Tensor]:
+    """Kernel A's forward: (y [M,B,N,D], stats [M,H,3+K] float32)."""
+    M, B, N, D = x.shape
+    H, K = num_heads, 0 if probes is None else probes.shape[0]
+    cfg = fused_config(N, D, H)
+    tiles = _attention_tiles(B, N, cfg)
+    y = torch.empty_like(x)
+    rows = x.new_empty(M, H, 3 + K, B, N, dtype=_accumulation(x.dtype))
+    probes = rows if K == 0 else triton_attention.kernel_probes(probes, x.device)  # rows: never read
+    _attention_sublayer_fwd_kernel[(tiles, M)](
+        x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, ln_b, probes, y, rows, B,
+        tiles, LOG2E / math.sqrt(D // H), eps, N=N, D=D, DP=triton.next_power_of_2(D), H=H, NUM_PROBES=K,
+        BLOCK_T=cfg.block_t, CHUNK=cfg.chunk, HAS_PE=pe is not None, HAS_ADD=addend is not None, ACC=_acc(x.dtype),
+        PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps, num_stages=1)
+    return y, rows.view(M, H, 3 + K, B * N).mean(-1).float()
+
+
+@attention_sublayer_forward.register_fake
+def _(x, pe, addend, w_qkv, w_o, b_o, ln_w, ln_b, probes, num_heads, eps):
+    M = x.shape[0]
+    K = 0 if probes is None else probes.shape[0]
+    return torch.empty_like(x), x.new_empty(M, num_heads, 3 + K, dtype=torch.float32)
+
+
+@torch.library.custom_op("pe_fast::fused_attention_sublayer_backward", mutates_args=())
+def attention_sublayer_backward(dy: Tensor, x: Tensor, pe: Tensor | None, addend: Tensor | None, w_qkv: Tensor,
+                                w_o: Tensor, b_o: Tensor, ln_w: Tensor, num_heads: int,
+                                eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Kernel A's backward: (dz [M,B,N,D], o [M,B,N,D], dqkv [M,B,N,3D], layer-norm partials [2,M,tiles,D])."""
+    M, B, N, D = x.shape
+    H = num_heads
+    cfg = fused_config(N, D, H)
+    tiles = _attention_tiles(B, N, cfg)
+    dz, o = torch.empty_like(x), torch.empty_like(x)
+    dqkv = x.new_empty(M, B, N, 3 * D)
+    parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
+    _attention_sublayer_bwd_kernel[(tiles, M)](
+        dy.contiguous(), x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, dz, o,
+        dqkv, parts, B, tiles, 1.0 / math.sqrt(D // H), eps, N=N, D=D, DP=triton.next_power_of_2(D), H=H,
+        BLOCK_T=cfg.block_t, CHUNK=cfg.chunk, HAS_PE=pe is not None, HAS_ADD=addend is not None, ACC=_acc(x.dtype),
+        PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps, num_stages=1)
+    return dz, o, dqkv, parts
+
+
+@attention_sublayer_backward.register_fake
+def _(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w, num_heads, eps):
+    M, B, N, D = x.shape
+    tiles = _attention_tiles(B, N, fused_config(N, D, num_heads))
+    return (torch.empty_like(x), torch.empty_like(x), x.new_empty(M, B, N, 3 * D),
+            x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
+
+
+def _mlp_tiles(R: int, cfg: FusedConfig) -> int:
+    return triton.cdiv(R, cfg.block_t)
+
+
+def _mlp_constants(x: Tensor, w1: Tensor, cfg: FusedConfig) -> dict:
+    D, F = w1.shape[1:]
+    return dict(D=D, F=F, DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=32, HIDDEN_CHUNK=cfg.hidden_chunk,
+                ACC=_acc(x.dtype), PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps,
+                num_stages=1)
+
+
+@torch.library.custom_op("pe_fast::fused_mlp_sublayer", mutates_args=())
+def mlp_sublayer_forward(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, ln_w: Tensor, ln_b: Tensor,
+                         eps: float) -> Tensor:
+    """Kernel B's forward: y [M,B,N,D]."""
+    M, R = x.shape[0], x[0].numel() // x.shape[-1]
+    cfg = fused_config(1, x.shape[-1], 1)
+    y = torch.empty_like(x)
+    _mlp_sublayer_fwd_kernel[(_mlp_tiles(R, cfg), M)](x, w1, b1, w2, b2, ln_w, ln_b, y, R, eps,
+                                                       **_mlp_constants(x, w1, cfg))
+    return y
+
+
+@mlp_sublayer_forward.register_fake
+def _(x, w1, b1, w2, b2, ln_w, ln_b, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("pe_fast::fused_mlp_sublayer_backward", mutates_args=())
+def mlp_sublayer_backward(dy: Tensor, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, ln_w: Tensor,
+                          eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel B's backward: (dx, d a2 [.., D], GELU(a1) [.., F], d a1 [.., F], layer-norm partials [2,M,tiles,D])."""
+    M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
+    cfg = fused_config(1, D, 1)
+    tiles = _mlp_tiles(R, cfg)
+    dx, da2 = torch.empty_like(x), torch.empty_like(x)
+    g1, da1 = x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F)
+    parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
+    _mlp_sublayer_bwd_kernel[(tiles, M)](dy.contiguous(), x, w1, b1, w2, b2, ln_w, dx, da2, g1, da1, parts, R, tiles,
+                                         eps, **_mlp_constants(x, w1, cfg))
+    return dx, da2, g1, da1, parts
+
+
+@mlp_sublayer_backward.register_fake
+def _(dy, x, w1, b1, w2, b2, ln_w, eps):
+    M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
+    tiles = _mlp_tiles(R, fused_config(1, D, 1))
+    return (torch.empty_like(x), torch.empty_like(x), x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F),
+            x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
+
+
+# ---- autograd: the weight gradients as grouped GEMMs over the pack ----
+
+def _rows(t: Tensor) -> Tensor:
+    """[M, ..., C] -> [M, rows, C]."""
+    return t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def _to(grads, params):
+    return tuple(None if g is None else g.to(p.dtype) for g, p in zip(grads, params))
+
+
+class AttentionSublayer(torch.autograd.Function):
+    """LN0(Attn(x + pe) W_o + b_o + x + pe) -> (y, stats)."""
+
+    @staticmethod
+    def forward(ctx, x, pe, w_qkv, b_qkv, w_o, b_o, ln_w, ln_b, probes, num_heads, eps):
+        addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])  # pe·W + b [M,N,3D], once per model
+        y, stats = attention_sublayer_forward(x, pe, addend, w_qkv, w_o, b_o, ln_w, ln_b, probes, num_heads, eps)
+        ctx.mark_non_differentiable(stats)
+        ctx.save_for_backward(x, pe, w_qkv, b_qkv, w_o, b_o, ln_w, ln_b)
+        ctx.num_heads, ctx.eps = num_heads, eps
+        return y, stats
+
+    @staticmethod
+    def backward(ctx, dy, _dstats):
+        x, pe, w_qkv, b_qkv, w_o, b_o, ln_w, ln_b = ctx.saved_tensors
+        addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])
+        dz, o, dqkv, parts = attention_sublayer_backward(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w, ctx.num_heads,
+                                                         ctx.eps)
+        dx, dpe, dw_qkv, db_qkv = projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv)
+        dx = dx + dz  # the residual
+        if pe is not None:
+            dpe = dpe + dz.sum(1, dtype=pe.dtype)
+        dz_rows = _rows(dz)
+        dw_o = torch.bmm(_rows(o).transpose(1, 2), dz_rows)
+        db_o = dz_rows.sum(1, dtype=b_o.dtype)
+        dln = parts.sum(2)
+        return (dx, dpe, *_to((dw_qkv, db_qkv, dw_o, db_o, dln[0], dln[1]), (w_qkv, w_qkv, w_o, b_o, ln_w, ln_b)),
+                None, None, None)
+
+
+class MLPSublayer(torch.autograd.Function):
+    """LN1(GELU(GELU(x W_1 + b_1) W_2 + b_2) + x)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, ln_w, ln_b, eps):
+        ctx.save_for_backward(x, w1, b1, w2, b2, ln_w, ln_b)
+        ctx.eps = eps
+        return mlp_sublayer_forward(x, w1, b1, w2, b2, ln_w, ln_b, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w1, b1, w2, b2, ln_w, ln_b = ctx.saved_tensors
+        dx, da2, g1, da1, parts = mlp_sublayer_backward(dy, x, w1, b1, w2, b2, ln_w, ctx.eps)
+        da2, da1 = _rows(da2), _rows(da1)
+        dw1 = torch.bmm(_rows(x).transpose(1, 2), da1)
+        dw2 = torch.bmm(_rows(g1).transpose(1, 2), da2)
+        dln = parts.sum(2)
+        grads = (dw1, da1.sum(1, dtype=b1.dtype), dw2, da2.sum(1, dtype=b2.dtype), dln[0], dln[1])
+        return (dx, *_to(grads, (w1, b1, w2, b2, ln_w, ln_b)), None)
+
+
+# ---- the block's switch ----
+
+def refusal(x: Tensor, pe: Tensor | None, rope, bias, pe_dropout_mask, block) -> str | None:
+    """Why this block call cannot take the fused sublayers (it runs the unfused path instead), or None."""
+    M, B, N, D = x.shape
+    if rope is not None:
+        return "RoPE is not fused (q and k are turned outside the kernels)"
+    if bias is not None:
+        return "a relative-position bias is not fused"
+    if pe_dropout_mask is not None:
+        return "PE dropout is not fused"
+    if N > FUSED_MAX_N:
+        return f"N = {N} > {FUSED_MAX_N}: a sequence does not fit kernel A's tile"
+    if D > MAX_WIDTH:
+        return f"width {D} > {MAX_WIDTH}"
+    if block.attention.out is None:
+        return "the attention has no output projection"
+    if autocast_on(x.device):
+        low = torch.get_autocast_dtype(x.device.type)
+        if low != torch.bfloat16:
+            return f"autocast {low} is not fused"
+    elif x.dtype not in (torch.float32, torch.float64):
+        return f"the fused kernels take float32 (float64 in the interpreter), not {x.dtype}"
+    return None
+
+
+@functools.cache
+def warn_unfused(reason: str) -> None:
+    log.warning("backend '%s' runs this block unfused: %s", FUSED_BACKEND, reason)
+
+
+def block_forward(block, h: Tensor, pe: Tensor | None, probes: Tensor | None, only_token: int | None):
+    """models.transformer.Block.forward through kernels A and B: (output, stats)."""
+    attention, eps = block.attention, block.norm_attn.eps
+    if autocast_on(h.device):  # activations in the autocast dtype; parameters and the PE's addend stay float32
+        h = h.to(torch.get_autocast_dtype(h.device.type))
+    probes = None if probes is None else probes.to(h.device)
+    h, stats = AttentionSublayer.apply(h, pe, attention.w_qkv, attention.b_qkv, attention.out.weight,
+                                       attention.out.bias, block.norm_attn.weight, block.norm_attn.bias, probes,
+                                       attention.num_heads, eps)
+    if only_token is not None:
+        h = h[:, :, only_token:only_token + 1].contiguous()
+    mlp = (block.mlp_in.weight, block.mlp_in.bias, block.mlp_out.weight, block.mlp_out.bias, block.norm_mlp.weight,
+           block.norm_mlp.bias)
+    return MLPSublayer.apply(h, *mlp, block.norm_mlp.eps), stats
+
+
+# As a pe_attention backend, "fused" is the Triton op (PEAttention outside a Block, and the blocks it refuses).
+register_backend(FUSED_BACKEND, BACKENDS["triton"])
