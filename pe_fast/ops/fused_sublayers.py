@@ -43,40 +43,47 @@ from pe_fast.ops.pe_attention import autocast_on
 
 log = logging.getLogger("pe_fast")
 
-FUSED_MAX_N = 32  # kernel A's tile holds at least one whole sequence
+FUSED_MAX_N = 16  # kernel A's tile (attention_config) holds at least one whole sequence
 MAX_WIDTH = 256  # the [tile, width] accumulators are held whole, padded to a power of two
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 INV_SQRT2 = 0.7071067811865476
 INV_SQRT_2PI = 0.3989422804014327
+# the kernels' copies (a @triton.jit function reads globals only as constexprs)
+_LOG2E, _LN2 = tl.constexpr(LOG2E), tl.constexpr(LN2)
+_INV_SQRT2, _INV_SQRT_2PI = tl.constexpr(INV_SQRT2), tl.constexpr(INV_SQRT_2PI)
 
 
 @dataclasses.dataclass(frozen=True)
 class FusedConfig:
     block_t: int  # rows per program
-    chunk: int  # columns per tl.dot step: head-dim chunk, and the reduction chunk over the width
-    hidden_chunk: int  # kernel B: hidden units per step
+    chunk: int  # columns per tl.dot step: of the head dim, of the width reduced over, of the hidden units
     warps: int
 
 
-def fused_config(N: int, D: int, num_heads: int) -> FusedConfig:
-    """Kernel A's tile: 32 rows (two LST sequences); the [32, width] accumulators of the out-projection and the
-    layer norm fit the registers of 4 warps at width 160 (padded to 256) without spilling (AOT-checked in
-    tests/test_fused_sublayers.py). The head dim and the width stream through in chunks of up to 32 columns."""
-    head_pad = max(16, triton.next_power_of_2(D // num_heads))
-    return FusedConfig(block_t=32, chunk=min(32, head_pad), hidden_chunk=32, warps=4)
+def attention_config(head_dim: int) -> FusedConfig:
+    """Kernel A: 16 rows (one LST sequence) and 8 warps. The IEEE fp32 dots run on the CUDA cores, whose operand
+    layouts replicate rows across threads: 32 rows spilled ~450 bytes per thread at width 160 (sm_90), 16 do
+    not (tests/test_fused_sublayers.py compiles every configuration and counts the spills)."""
+    return FusedConfig(block_t=16, chunk=min(32, max(16, triton.next_power_of_2(head_dim))), warps=8)
+
+
+def mlp_config(precision: str) -> FusedConfig:
+    """Kernel B: 32 rows of one model (16 in TF32, whose backward spilled 52 bytes per thread at 32), 32 hidden
+    units per step, 8 warps."""
+    return FusedConfig(block_t=16 if precision == "tf32" else 32, chunk=32, warps=8)
 
 
 # ---- kernels ----
 
 @triton.jit
 def _gelu(a):
-    return 0.5 * a * (1.0 + tl.math.erf(a * INV_SQRT2))
+    return 0.5 * a * (1.0 + tl.math.erf(a * _INV_SQRT2))
 
 
 @triton.jit
 def _gelu_grad(a):
-    return 0.5 * (1.0 + tl.math.erf(a * INV_SQRT2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
+    return 0.5 * (1.0 + tl.math.erf(a * _INV_SQRT2)) + a * _INV_SQRT_2PI * tl.exp(-0.5 * a * a)
 
 
 @triton.jit
@@ -90,19 +97,32 @@ def _sequence_rows(tile, B, N: tl.constexpr, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _rows_times(a_ptr, row, ok, w_ptr, col, col_ok, K: tl.constexpr, STRIDE_K: tl.constexpr,
+                STRIDE_C: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, ACC: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """Σ_k a[row, k]·w[k·STRIDE_K + col·STRIDE_C] for the tile's rows of a [.., K] tensor: [BLOCK_T, CHUNK] in ACC
+    (STRIDE_C = K, STRIDE_K = 1 multiplies by a weight's transpose). The reduction runs in chunks of CHUNK, from
+    L1/L2: a [tile, width] operand held in registers would be replicated across the threads of a CUDA-core dot
+    and spill (tests/test_fused_sublayers.py compiles the kernels and counts the spills)."""
+    acc = tl.zeros([BLOCK_T, CHUNK], ACC)
+    for k0 in range(0, K, CHUNK):
+        k = k0 + tl.arange(0, CHUNK)
+        k_ok = k < K
+        ak = tl.load(a_ptr + row[:, None] * K + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        wk = tl.load(w_ptr + k[:, None] * STRIDE_K + col[None, :] * STRIDE_C, mask=k_ok[:, None] & col_ok[None, :],
+                     other=0.0)
+        acc += tl.dot(ak, wk.to(ak.dtype), input_precision=PRECISION, out_dtype=ACC)
+    return acc
+
+
+@triton.jit
 def _project(x_ptr, w_ptr, add_ptr, row, tok, ok, m, col, col_ok, D: tl.constexpr, W_COLS: tl.constexpr,
              N: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HAS_ADD: tl.constexpr, ACC: tl.constexpr,
              PRECISION: tl.constexpr):
-    """x[rows] @ W[m][:, col] (+ addend[m, tok, col] with HAS_ADD): [BLOCK_T, CHUNK] in ACC, the reduction over
-    the width in chunks (x's chunks come from L1/L2 again for every output chunk; HBM reads x once)."""
-    acc = tl.zeros([BLOCK_T, CHUNK], ACC)
-    for k0 in range(0, D, CHUNK):
-        k = k0 + tl.arange(0, CHUNK)
-        k_ok = k < D
-        xk = tl.load(x_ptr + row[:, None] * D + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        wk = tl.load(w_ptr + m * (D * W_COLS) + k[:, None] * W_COLS + col[None, :],
-                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += tl.dot(xk, wk.to(xk.dtype), input_precision=PRECISION, out_dtype=ACC)
+    """x[rows] @ W[m][:, col] (+ addend[m, tok, col] with HAS_ADD): [BLOCK_T, CHUNK] in ACC (x's chunks come
+    from L1/L2 again for every output chunk; HBM reads x once)."""
+    acc = _rows_times(x_ptr, row, ok, w_ptr + m * (D * W_COLS), col, col_ok, D, W_COLS, 1, BLOCK_T, CHUNK, ACC,
+                      PRECISION)
     if HAS_ADD:
         acc += tl.load(add_ptr + (m * N + tok)[:, None] * W_COLS + col[None, :], mask=ok[:, None] & col_ok[None, :],
                        other=0.0).to(ACC)
@@ -185,7 +205,7 @@ def _attention_out_projection(x_ptr, w_ptr, add_ptr, wo_ptr, o_ptr, probe_ptr, s
             plane = B * N
             stat_row = (m * H + head) * ((3 + NUM_PROBES) * plane) + seq * N + tok
             lse2 = mx + tl.log2(denom)
-            tl.store(stat_ptr + stat_row, (LN2 * (lse2 - tl.sum(p * s, 1))).to(stat_ptr.dtype.element_ty), mask=ok)
+            tl.store(stat_ptr + stat_row, ((lse2 - tl.sum(p * s, 1)) * _LN2).to(stat_ptr.dtype.element_ty), mask=ok)
             tl.store(stat_ptr + stat_row + plane, (1.0 / denom).to(stat_ptr.dtype.element_ty), mask=ok)
             tl.store(stat_ptr + stat_row + 2 * plane, tl.sum(p * p, 1).to(stat_ptr.dtype.element_ty), mask=ok)
             for k in tl.static_range(NUM_PROBES):
@@ -258,7 +278,7 @@ def _attention_sublayer_bwd_kernel(
     d_ok = dcol < D
     io_mask = ok[:, None] & d_ok[None, :]
     acc = _attention_out_projection(x_ptr, w_ptr, add_ptr, wo_ptr, o_ptr, x_ptr, x_ptr, row, seq, tok, ok, m, B,
-                                    sm_scale * LOG2E, dcol, d_ok, D, DP, H, N, BLOCK_T, CHUNK, HAS_ADD, 0, True,
+                                    sm_scale * _LOG2E, dcol, d_ok, D, DP, H, N, BLOCK_T, CHUNK, HAS_ADD, 0, True,
                                     False, ACC, PRECISION)
     z = _attention_residual(acc, x_ptr, pe_ptr, bo_ptr, row, tok, m, dcol, d_ok, io_mask, D, N, HAS_PE, ACC)
     zhat, rstd = _layer_norm_rows(z, d_ok, eps, D)
@@ -266,10 +286,10 @@ def _attention_sublayer_bwd_kernel(
     lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
     dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
     tl.store(dz_ptr + row[:, None] * D + dcol[None, :], dz.to(dz_ptr.dtype.element_ty), mask=io_mask)
-    dz = dz.to(x_ptr.dtype.element_ty)
+    tl.debug_barrier()  # dz is read back below, by other threads of the program
     for head in range(H):
         s, e, denom, mx, same = _attention_probabilities(x_ptr, w_ptr, add_ptr, row, seq, tok, ok, m, head,
-                                                     sm_scale * LOG2E, D, H, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
+                                                     sm_scale * _LOG2E, D, H, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
                                                      PRECISION)
         p = e / denom[:, None]
         dp = tl.zeros([BLOCK_T, BLOCK_T], ACC)
@@ -278,12 +298,11 @@ def _attention_sublayer_bwd_kernel(
             c_ok = c < HEAD_DIM
             v = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, 2 * D + head * HEAD_DIM + c, c_ok, D, N, BLOCK_T,
                          CHUNK, HAS_ADD, ACC, PRECISION)
-            wo = tl.load(wo_ptr + m * (D * D) + (head * HEAD_DIM + c)[:, None] * D + dcol[None, :],
-                         mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(dz.dtype)
-            do = tl.dot(dz, tl.trans(wo), input_precision=PRECISION, out_dtype=ACC).to(dz.dtype)
+            do = _rows_times(dz_ptr, row, ok, wo_ptr + m * (D * D), head * HEAD_DIM + c, c_ok, D, 1, D, BLOCK_T,
+                             CHUNK, ACC, PRECISION).to(v.dtype)  # dz·W_oᵀ
             dp += tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
-        ds = (p * (dp - tl.sum(p * dp, 1)[:, None])).to(dz.dtype)
-        p = p.to(dz.dtype)
+        ds = (p * (dp - tl.sum(p * dp, 1)[:, None])).to(x_ptr.dtype.element_ty)
+        p = p.to(x_ptr.dtype.element_ty)
         for c0 in range(0, HEAD_DIM, CHUNK):
             c = c0 + tl.arange(0, CHUNK)
             c_ok = c < HEAD_DIM
@@ -292,9 +311,8 @@ def _attention_sublayer_bwd_kernel(
                          PRECISION)
             k = _operand(x_ptr, w_ptr, add_ptr, row, tok, ok, m, D + col, c_ok, D, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
                          PRECISION)
-            wo = tl.load(wo_ptr + m * (D * D) + col[:, None] * D + dcol[None, :], mask=c_ok[:, None] & d_ok[None, :],
-                         other=0.0).to(dz.dtype)
-            do = tl.dot(dz, tl.trans(wo), input_precision=PRECISION, out_dtype=ACC).to(dz.dtype)
+            do = _rows_times(dz_ptr, row, ok, wo_ptr + m * (D * D), col, c_ok, D, 1, D, BLOCK_T, CHUNK, ACC,
+                             PRECISION).to(q.dtype)
             dq = tl.dot(ds, k, input_precision=PRECISION, out_dtype=ACC) * sm_scale
             dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION, out_dtype=ACC) * sm_scale
             dv = tl.dot(tl.trans(p), do, input_precision=PRECISION, out_dtype=ACC)
@@ -310,14 +328,7 @@ def _mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D: tl.constexpr, F: 
                 BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr,
                 PRECISION: tl.constexpr):
     """a1 = x W_1 + b_1 for hidden units f: [BLOCK_T, HIDDEN_CHUNK]."""
-    a1 = tl.zeros([BLOCK_T, HIDDEN_CHUNK], ACC)
-    for k0 in range(0, D, CHUNK):
-        k = k0 + tl.arange(0, CHUNK)
-        k_ok = k < D
-        xk = tl.load(x_ptr + row[:, None] * D + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        wk = tl.load(w1_ptr + m * (D * F) + k[:, None] * F + f[None, :], mask=k_ok[:, None] & f_ok[None, :],
-                     other=0.0)
-        a1 += tl.dot(xk, wk.to(xk.dtype), input_precision=PRECISION, out_dtype=ACC)
+    a1 = _rows_times(x_ptr, row, ok, w1_ptr + m * (D * F), f, f_ok, D, F, 1, BLOCK_T, HIDDEN_CHUNK, ACC, PRECISION)
     return a1 + tl.load(b1_ptr + m * F + f, mask=f_ok, other=0.0).to(ACC)[None, :]
 
 
@@ -384,6 +395,7 @@ def _mlp_sublayer_bwd_kernel(
     dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
     da2 = (dz * _gelu_grad(a2)).to(x_ptr.dtype.element_ty)
     tl.store(da2_ptr + row[:, None] * D + dcol[None, :], da2, mask=io_mask)
+    tl.debug_barrier()  # d a2 is read back below, by other threads of the program
     dx = dz  # the residual's share
     for f0 in range(0, F, HIDDEN_CHUNK):
         f = f0 + tl.arange(0, HIDDEN_CHUNK)
@@ -392,9 +404,9 @@ def _mlp_sublayer_bwd_kernel(
         a1 = _mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D, F, BLOCK_T, CHUNK, HIDDEN_CHUNK, ACC,
                          PRECISION)
         tl.store(g1_ptr + row[:, None] * F + f[None, :], _gelu(a1).to(g1_ptr.dtype.element_ty), mask=hidden_mask)
-        w2 = tl.load(w2_ptr + m * (F * D) + f[:, None] * D + dcol[None, :], mask=f_ok[:, None] & d_ok[None, :],
-                     other=0.0).to(da2.dtype)
-        da1 = (tl.dot(da2, tl.trans(w2), input_precision=PRECISION, out_dtype=ACC) * _gelu_grad(a1)).to(da2.dtype)
+        dg1 = _rows_times(da2_ptr, row, ok, w2_ptr + m * (F * D), f, f_ok, D, 1, D, BLOCK_T, HIDDEN_CHUNK, ACC,
+                          PRECISION)  # d a2·W_2ᵀ
+        da1 = (dg1 * _gelu_grad(a1)).to(da2.dtype)
         tl.store(da1_ptr + row[:, None] * F + f[None, :], da1, mask=hidden_mask)
         w1t = tl.load(w1_ptr + m * (D * F) + dcol[None, :] * F + f[:, None], mask=f_ok[:, None] & d_ok[None, :],
                       other=0.0).to(da1.dtype)  # W_1[:, f]ᵀ
@@ -416,6 +428,14 @@ def _attention_tiles(B: int, N: int, cfg: FusedConfig) -> int:
     return triton.cdiv(B, cfg.block_t // N)
 
 
+def _attention_constants(x: Tensor, pe: Tensor | None, addend: Tensor | None, num_heads: int) -> dict:
+    N, D = x.shape[2:]
+    cfg = attention_config(D // num_heads)
+    return dict(N=N, D=D, DP=triton.next_power_of_2(D), H=num_heads, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+                HAS_PE=pe is not None, HAS_ADD=addend is not None, ACC=_acc(x.dtype),
+                PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps, num_stages=1)
+
+
 @torch.library.custom_op("pe_fast::fused_attention_sublayer", mutates_args=())
 def attention_sublayer_forward(x: Tensor, pe: Tensor | None, addend: Tensor | None, w_qkv: Tensor, w_o: Tensor,
                                b_o: Tensor, ln_w: Tensor, ln_b: Tensor, probes: Tensor | None, num_heads: int,
@@ -423,16 +443,13 @@ def attention_sublayer_forward(x: Tensor, pe: Tensor | None, addend: Tensor | No
     """Kernel A's forward: (y [M,B,N,D], stats [M,H,3+K] float32)."""
     M, B, N, D = x.shape
     H, K = num_heads, 0 if probes is None else probes.shape[0]
-    cfg = fused_config(N, D, H)
-    tiles = _attention_tiles(B, N, cfg)
+    tiles = _attention_tiles(B, N, attention_config(D // H))
     y = torch.empty_like(x)
     rows = x.new_empty(M, H, 3 + K, B, N, dtype=_accumulation(x.dtype))
     probes = rows if K == 0 else triton_attention.kernel_probes(probes, x.device)  # rows: never read
     _attention_sublayer_fwd_kernel[(tiles, M)](
         x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, ln_b, probes, y, rows, B,
-        tiles, LOG2E / math.sqrt(D // H), eps, N=N, D=D, DP=triton.next_power_of_2(D), H=H, NUM_PROBES=K,
-        BLOCK_T=cfg.block_t, CHUNK=cfg.chunk, HAS_PE=pe is not None, HAS_ADD=addend is not None, ACC=_acc(x.dtype),
-        PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps, num_stages=1)
+        tiles, LOG2E / math.sqrt(D // H), eps, NUM_PROBES=K, **_attention_constants(x, pe, addend, H))
     return y, rows.view(M, H, 3 + K, B * N).mean(-1).float()
 
 
@@ -450,47 +467,43 @@ def attention_sublayer_backward(dy: Tensor, x: Tensor, pe: Tensor | None, addend
     """Kernel A's backward: (dz [M,B,N,D], o [M,B,N,D], dqkv [M,B,N,3D], layer-norm partials [2,M,tiles,D])."""
     M, B, N, D = x.shape
     H = num_heads
-    cfg = fused_config(N, D, H)
-    tiles = _attention_tiles(B, N, cfg)
+    tiles = _attention_tiles(B, N, attention_config(D // H))
     dz, o = torch.empty_like(x), torch.empty_like(x)
     dqkv = x.new_empty(M, B, N, 3 * D)
     parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
     _attention_sublayer_bwd_kernel[(tiles, M)](
         dy.contiguous(), x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, dz, o,
-        dqkv, parts, B, tiles, 1.0 / math.sqrt(D // H), eps, N=N, D=D, DP=triton.next_power_of_2(D), H=H,
-        BLOCK_T=cfg.block_t, CHUNK=cfg.chunk, HAS_PE=pe is not None, HAS_ADD=addend is not None, ACC=_acc(x.dtype),
-        PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps, num_stages=1)
+        dqkv, parts, B, tiles, 1.0 / math.sqrt(D // H), eps, **_attention_constants(x, pe, addend, H))
     return dz, o, dqkv, parts
 
 
 @attention_sublayer_backward.register_fake
 def _(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w, num_heads, eps):
     M, B, N, D = x.shape
-    tiles = _attention_tiles(B, N, fused_config(N, D, num_heads))
+    tiles = _attention_tiles(B, N, attention_config(D // num_heads))
     return (torch.empty_like(x), torch.empty_like(x), x.new_empty(M, B, N, 3 * D),
             x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
 
 
-def _mlp_tiles(R: int, cfg: FusedConfig) -> int:
-    return triton.cdiv(R, cfg.block_t)
+def _mlp_tiles(x: Tensor) -> int:
+    return triton.cdiv(x[0].numel() // x.shape[-1], mlp_config(triton_attention.dot_precision(x.dtype)).block_t)
 
 
-def _mlp_constants(x: Tensor, w1: Tensor, cfg: FusedConfig) -> dict:
+def _mlp_constants(x: Tensor, w1: Tensor) -> dict:
     D, F = w1.shape[1:]
-    return dict(D=D, F=F, DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=32, HIDDEN_CHUNK=cfg.hidden_chunk,
-                ACC=_acc(x.dtype), PRECISION=triton_attention.dot_precision(x.dtype), num_warps=cfg.warps,
-                num_stages=1)
+    precision = triton_attention.dot_precision(x.dtype)
+    cfg = mlp_config(precision)
+    return dict(D=D, F=F, DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+                HIDDEN_CHUNK=cfg.chunk, ACC=_acc(x.dtype), PRECISION=precision, num_warps=cfg.warps, num_stages=1)
 
 
 @torch.library.custom_op("pe_fast::fused_mlp_sublayer", mutates_args=())
 def mlp_sublayer_forward(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, ln_w: Tensor, ln_b: Tensor,
                          eps: float) -> Tensor:
     """Kernel B's forward: y [M,B,N,D]."""
-    M, R = x.shape[0], x[0].numel() // x.shape[-1]
-    cfg = fused_config(1, x.shape[-1], 1)
     y = torch.empty_like(x)
-    _mlp_sublayer_fwd_kernel[(_mlp_tiles(R, cfg), M)](x, w1, b1, w2, b2, ln_w, ln_b, y, R, eps,
-                                                       **_mlp_constants(x, w1, cfg))
+    _mlp_sublayer_fwd_kernel[(_mlp_tiles(x), x.shape[0])](x, w1, b1, w2, b2, ln_w, ln_b, y,
+                                                           x[0].numel() // x.shape[-1], eps, **_mlp_constants(x, w1))
     return y
 
 
@@ -504,20 +517,19 @@ def mlp_sublayer_backward(dy: Tensor, x: Tensor, w1: Tensor, b1: Tensor, w2: Ten
                           eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Kernel B's backward: (dx, d a2 [.., D], GELU(a1) [.., F], d a1 [.., F], layer-norm partials [2,M,tiles,D])."""
     M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
-    cfg = fused_config(1, D, 1)
-    tiles = _mlp_tiles(R, cfg)
+    tiles = _mlp_tiles(x)
     dx, da2 = torch.empty_like(x), torch.empty_like(x)
     g1, da1 = x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F)
     parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
     _mlp_sublayer_bwd_kernel[(tiles, M)](dy.contiguous(), x, w1, b1, w2, b2, ln_w, dx, da2, g1, da1, parts, R, tiles,
-                                         eps, **_mlp_constants(x, w1, cfg))
+                                         eps, **_mlp_constants(x, w1))
     return dx, da2, g1, da1, parts
 
 
 @mlp_sublayer_backward.register_fake
 def _(dy, x, w1, b1, w2, b2, ln_w, eps):
-    M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
-    tiles = _mlp_tiles(R, fused_config(1, D, 1))
+    M, (D, F) = x.shape[0], w1.shape[1:]
+    tiles = _mlp_tiles(x)
     return (torch.empty_like(x), torch.empty_like(x), x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F),
             x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
 
