@@ -1,0 +1,259 @@
+"""The fused sublayers (backend "fused", pe_fast/ops/fused_sublayers.py) against the unfused path (float64 oracle).
+
+CPU: the test_interpreter_* tests run the kernels in Triton's interpreter, in float64, in a child pytest process
+started with TRITON_INTERPRET=1 (as tests/test_triton_attention.py does): outputs, statistics and every gradient
+equal the reference path's to float64 rounding. The kernels also compile ahead of time for sm_90 (as
+tests/test_triton_compile.py does) without register spills; PE_FAST_FUSED_AOT_RECORD=path writes the registers,
+spills and shared memory as JSON (bench/results/fused-sublayers-20261201-cpu-aot.json).
+"""
+import concurrent.futures
+import json
+import logging
+import math
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+from pe_fast.models.transformer import ModelConfig, StackedTransformer  # noqa: E402
+from pe_fast.ops import fused_sublayers as fs  # noqa: E402
+from pe_fast.ops import pe_attention  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
+compiled_only = pytest.mark.skipif(INTERPRETED, reason="this process's kernels are interpreted, not compiled")
+TOLERANCE = 1e-12  # relative to the largest value of each output: float64 rounding, not float32's
+
+
+@compiled_only
+def test_cpu_interpreter_suite_in_a_child_process():
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_interpreter_", __file__],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+    assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-3000:]
+
+
+def assert_close(got: dict, expected: dict, tol: float = TOLERANCE):
+    for name, e in expected.items():
+        g = got[name]
+        assert g.shape == e.shape and g.dtype == e.dtype, name
+        error = (g.double() - e.double()).abs().max().item()
+        assert error <= tol * max(e.double().abs().max().item(), 1e-300), f"{name}: error {error:.3g}"
+
+
+def random(*shape, g):
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+# ---- kernel A and kernel B against their definitions, through the reference op ----
+
+def attention_sublayer_reference(x, pe, w_qkv, b_qkv, w_o, b_o, ln_w, ln_b, probes, num_heads, eps):
+    out, stats = pe_attention(x, pe, w_qkv, b_qkv, num_heads, probes, backend="reference")
+    residual = x if pe is None else x + pe[:, None]
+    z = torch.baddbmm(b_o[:, None], out.flatten(1, 2), w_o).view_as(x) + residual
+    return F.layer_norm(z, z.shape[-1:], eps=eps) * ln_w[:, None, None] + ln_b[:, None, None], stats
+
+
+def mlp_sublayer_reference(x, w1, b1, w2, b2, ln_w, ln_b, eps):
+    hidden = F.gelu(torch.baddbmm(b1[:, None], x.flatten(1, 2), w1))
+    z = F.gelu(torch.baddbmm(b2[:, None], hidden, w2)).view_as(x) + x
+    return F.layer_norm(z, z.shape[-1:], eps=eps) * ln_w[:, None, None] + ln_b[:, None, None]
+
+
+def outputs_and_gradients(fn, leaves: dict, constants: tuple, grad, names_out=("y", "stats")):
+    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in leaves.items()}
+    out = fn(*leaves.values(), *constants)
+    out = out if isinstance(out, tuple) else (out,)
+    present = {k: v for k, v in leaves.items() if v is not None}
+    grads = torch.autograd.grad(out[0], list(present.values()), grad)
+    return {**dict(zip(names_out, out)), **{"d" + k: g for k, g in zip(present, grads)}}
+
+
+ATTENTION_CASES = {  # M, B, N, D, H, K, pe, b_qkv
+    "lst-like-N16-3-tiles-probes": (1, 3, 16, 48, 1, 2, True, True),
+    "N5-3-per-tile-1-row-padding-H2-dh20": (1, 4, 5, 40, 2, 1, True, True),
+    "N7-no-pe-no-qkv-bias-2-models-H3-dh16": (2, 3, 7, 48, 3, 0, False, False),
+}
+
+
+@interpreter
+@pytest.mark.parametrize("case", ATTENTION_CASES.values(), ids=ATTENTION_CASES.keys())
+def test_interpreter_attention_sublayer_matches_reference_float64(case):
+    M, B, N, D, H, K, with_pe, with_b = case
+    g = torch.Generator().manual_seed(0)
+    leaves = {"x": random(M, B, N, D, g=g), "pe": random(M, N, D, g=g) if with_pe else None,
+              "w_qkv": random(M, D, 3 * D, g=g) / math.sqrt(D), "b_qkv": random(M, 3 * D, g=g) if with_b else None,
+              "w_o": random(M, D, D, g=g) / math.sqrt(D), "b_o": random(M, D, g=g),
+              "ln_w": 1 + 0.1 * random(M, D, g=g), "ln_b": 0.1 * random(M, D, g=g)}
+    probes = (torch.rand(K, N, N, generator=g) > 0.5).double() if K else None
+    grad = random(M, B, N, D, g=g)
+    got = outputs_and_gradients(fs.AttentionSublayer.apply, leaves, (probes, H, 1e-5), grad)
+    expected = outputs_and_gradients(attention_sublayer_reference, leaves, (probes, H, 1e-5), grad)
+    assert got["stats"].dtype == torch.float32 and got["stats"].shape == (M, H, 3 + K)
+    assert_close(got, expected)
+
+
+@interpreter
+@pytest.mark.parametrize("rows", [(2, 3, 7), (1, 1, 40)], ids=["21-rows-1-partial-tile", "40-rows-2-tiles"])
+def test_interpreter_mlp_sublayer_matches_reference_float64(rows):
+    M, B, N = rows
+    D, F_ = 40, 72  # width below its padding; the last hidden chunk partial
+    g = torch.Generator().manual_seed(1)
+    leaves = {"x": random(M, B, N, D, g=g), "w1": random(M, D, F_, g=g) / math.sqrt(D), "b1": random(M, F_, g=g),
+              "w2": random(M, F_, D, g=g) / math.sqrt(F_), "b2": random(M, D, g=g),
+              "ln_w": 1 + 0.1 * random(M, D, g=g), "ln_b": 0.1 * random(M, D, g=g)}
+    grad = random(M, B, N, D, g=g)
+    got = outputs_and_gradients(fs.MLPSublayer.apply, leaves, (1e-5,), grad, ("y",))
+    expected = outputs_and_gradients(mlp_sublayer_reference, leaves, (1e-5,), grad, ("y",))
+    assert_close(got, expected)
+
+
+# ---- the switch: a stacked transformer trains the same with and without fusion ----
+
+def train(config: ModelConfig, backend: str, steps: int, monkeypatch) -> dict:
+    """Outputs, statistics and parameters of a tiny pack after `steps` SGD steps, in float64 (SGD, not Adam:
+    Adam divides by √v, which blows the rounding noise of gradients that are 0 in exact arithmetic, the key
+    bias's, up to ~1e-11)."""
+    monkeypatch.setenv("PE_FAST_BACKEND", backend)
+    model = StackedTransformer(config, seeds=[3, 4], sigmas=[0.5, 2.0]).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    g = torch.Generator().manual_seed(5)
+    tokens = random(2, 2, config.num_tokens, config.token_dim, g=g)
+    probes = (torch.rand(2, config.num_tokens, config.num_tokens, generator=g) > 0.5).double()
+    for _ in range(steps):
+        outputs, stats = model(tokens, probes)
+        targets = torch.arange(outputs[0].numel(), dtype=outputs.dtype).view_as(outputs[0]).cos()
+        loss = (outputs - targets).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    outputs, stats = model(tokens, probes)
+    return {"outputs": outputs.detach(), "stats": stats, **{n: p.detach() for n, p in model.named_parameters()}}
+
+
+TINY = dict(num_tokens=8, token_dim=3, out_dim=2, width=24, depth=2, heads=2, mlp_width=40)
+
+
+@interpreter
+def test_interpreter_transformer_trains_the_same_fused(monkeypatch, caplog):
+    """Two blocks: the first fused whole, the last (reading out one token, as the LST's models do) computing the
+    MLP sublayer at that token alone."""
+    config = ModelConfig(**TINY, readout_token=5)
+    with caplog.at_level(logging.WARNING, logger="pe_fast"):
+        fused = train(config, "fused", 2, monkeypatch)
+    assert not [r for r in caplog.records if "unfused" in r.getMessage()]  # it did take the fused path
+    reference = train(config, "reference", 2, monkeypatch)
+    assert (fused["blocks.0.mlp_in.weight"] - train(config, "reference", 0, monkeypatch)[
+        "blocks.0.mlp_in.weight"]).abs().max() > 1e-3  # the steps moved the weights
+    assert_close(fused, reference)
+
+
+@interpreter
+def test_interpreter_refused_block_runs_unfused_with_one_warning(monkeypatch, caplog):
+    """RoPE is not fused: the blocks run the unfused path, with one logged warning for all of them, and the pack
+    trains as with the reference backend."""
+    fs.warn_unfused.cache_clear()
+    config = ModelConfig(**TINY, pe="rope")
+    with caplog.at_level(logging.WARNING, logger="pe_fast"):
+        fused = train(config, "fused", 1, monkeypatch)
+    refusals = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
+    assert refusals == ["backend 'fused' runs this block unfused: RoPE is not fused (q and k are turned outside the "
+                        "kernels)"]
+    assert_close(fused, train(config, "reference", 1, monkeypatch))
+
+
+# ---- what the fused path refuses (no kernel runs) ----
+
+def test_refusal_names_each_unsupported_input():
+    config = ModelConfig(**TINY)
+    block = StackedTransformer(config, seeds=[0], sigmas=[1.0]).blocks[0]
+    x, pe = torch.zeros(1, 2, 8, 24), torch.zeros(1, 8, 24)
+    assert fs.refusal(x, pe, None, None, None, block) is None
+    assert fs.refusal(x.double(), pe, None, None, None, block) is None
+    cos = torch.ones(8, 6)
+    assert "RoPE" in fs.refusal(x, None, (cos, cos), None, None, block)
+    assert "relative-position bias" in fs.refusal(x, None, None, torch.zeros(1, 2, 8, 8), None, block)
+    assert "PE dropout" in fs.refusal(x, pe, None, None, torch.ones_like(x), block)
+    assert "N = 17 > 16" in fs.refusal(torch.zeros(1, 2, 17, 24), None, None, None, None, block)
+    assert "float16" in fs.refusal(x.half(), None, None, None, None, block)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fs.refusal(x, pe, None, None, None, block) is None  # bf16 activations, float32 parameters
+
+
+# ---- ahead-of-time compiles for sm_90 ----
+
+LST = dict(N=16, D=160, H=1, F=640, K=2)  # the paper's LST shape (bench/training/traffic.py's defaults)
+AOT_JOBS = [(kernel, dtype, precision) for kernel in ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd")
+            for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee"))]
+
+
+def aot_source(kernel: str, dtype: str, precision: str):
+    """The kernel as its launcher calls it at the LST shape: activations in `dtype`, parameters in float32 (bf16
+    activations come from autocast)."""
+    from triton.compiler import ASTSource
+    t, p = "*" + dtype, "*fp32"
+    D, H = LST["D"], LST["H"]
+    if kernel.startswith("attention"):
+        cfg = fs.attention_config(D // H)
+        const = dict(N=LST["N"], D=D, DP=triton.next_power_of_2(D), H=H, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+                     HAS_PE=True, HAS_ADD=True, ACC=triton.language.float32, PRECISION=precision)
+        common = dict(pe_ptr=p, add_ptr=p, w_ptr=p, wo_ptr=p, bo_ptr=p, lnw_ptr=p, B="i32", num_tiles="i32",
+                      eps="fp32")
+        if kernel == "attention_fwd":
+            fn = fs._attention_sublayer_fwd_kernel
+            args = dict(common, x_ptr=t, lnb_ptr=p, probe_ptr="*u8", y_ptr=t, stat_ptr=p, qk_scale="fp32")
+            const["NUM_PROBES"] = LST["K"]
+        else:
+            fn = fs._attention_sublayer_bwd_kernel
+            args = dict(common, dy_ptr=t, x_ptr=t, dz_ptr=t, o_ptr=t, dqkv_ptr=t, part_ptr=p, sm_scale="fp32")
+    else:
+        cfg = fs.mlp_config(precision)
+        const = dict(D=D, F=LST["F"], DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+                     HIDDEN_CHUNK=cfg.chunk, ACC=triton.language.float32, PRECISION=precision)
+        common = dict(x_ptr=t, w1_ptr=p, b1_ptr=p, w2_ptr=p, b2_ptr=p, lnw_ptr=p, R="i32", eps="fp32")
+        if kernel == "mlp_fwd":
+            fn = fs._mlp_sublayer_fwd_kernel
+            args = dict(common, lnb_ptr=p, y_ptr=t)
+        else:
+            fn = fs._mlp_sublayer_bwd_kernel
+            args = dict(common, dy_ptr=t, dx_ptr=t, da2_ptr=t, g1_ptr=t, da1_ptr=t, part_ptr=p, num_tiles="i32")
+    signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, ty in args.items() if ty[0] == "*"}
+    return ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs), cfg
+
+
+def aot_compile(job) -> dict:
+    from triton.backends.compiler import GPUTarget
+    from test_triton_compile import register_use
+    source, cfg = aot_source(*job)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": cfg.warps, "num_stages": 1})
+    return {"shared_bytes": compiled.metadata.shared, "block_rows": cfg.block_t, "warps": cfg.warps,
+            **register_use(compiled.asm["ptx"], 90)}
+
+
+@pytest.fixture(scope="module")
+def aot():
+    context = multiprocessing.get_context("spawn")  # the parent may hold MLIR/OpenMP threads
+    with concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1, mp_context=context) as pool:
+        results = dict(zip(AOT_JOBS, pool.map(aot_compile, AOT_JOBS)))
+    record = os.environ.get("PE_FAST_FUSED_AOT_RECORD")
+    if record:
+        rows = [{"kernel": k, "dtype": d, "precision": p, **r} for (k, d, p), r in results.items()]
+        with open(record, "w") as f:
+            json.dump({"triton": triton.__version__, "target": "sm_90", "shape": LST, "kernels": rows}, f, indent=1)
+    return results
+
+
+@compiled_only
+@pytest.mark.parametrize("job", AOT_JOBS, ids=["-".join(j) for j in AOT_JOBS])
+def test_kernel_compiles_for_sm90_without_spills(aot, job):
+    result = aot[job]
+    assert result["spill_bytes"] == 0, result
+    assert result["shared_bytes"] <= 227 * 1024, result
