@@ -211,9 +211,9 @@ def aot_source(kernel: str, dtype: str, precision: str):
             const["NUM_PROBES"] = LST["K"]
         else:
             fn = fs._attention_sublayer_bwd_kernel
-            args = dict(common, dy_ptr=t, x_ptr=t, dz_ptr=t, o_ptr=t, dqkv_ptr=t, part_ptr=p, sm_scale="fp32")
+            args = dict(common, dy_ptr=t, x_ptr=t, dx_ptr=t, dz_ptr=t, o_ptr=t, dqkv_ptr=t, part_ptr=p, sm_scale="fp32")
     else:
-        cfg = fs.mlp_config(precision)
+        cfg = fs.mlp_config()
         const = dict(D=D, F=LST["F"], DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HIDDEN_CHUNK=cfg.chunk, ACC=triton.language.float32, PRECISION=precision)
         common = dict(x_ptr=t, w1_ptr=p, b1_ptr=p, w2_ptr=p, b2_ptr=p, lnw_ptr=p, R="i32", eps="fp32")
@@ -222,7 +222,8 @@ def aot_source(kernel: str, dtype: str, precision: str):
             args = dict(common, lnb_ptr=p, y_ptr=t)
         else:
             fn = fs._mlp_sublayer_bwd_kernel
-            args = dict(common, dy_ptr=t, dx_ptr=t, da2_ptr=t, g1_ptr=t, da1_ptr=t, part_ptr=p, num_tiles="i32")
+            args = dict(common, dy_ptr=t, dx_ptr=t, da2_ptr=t, g1_ptr=t, da1_ptr=t, part_ptr=p, hidden_part_ptr=p,
+                        num_tiles="i32")
     signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, ty in args.items() if ty[0] == "*"}
     return ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs), cfg

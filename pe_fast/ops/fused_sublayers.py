@@ -68,10 +68,10 @@ def attention_config(head_dim: int) -> FusedConfig:
     return FusedConfig(block_t=16, chunk=min(32, max(16, triton.next_power_of_2(head_dim))), warps=8)
 
 
-def mlp_config(precision: str) -> FusedConfig:
-    """Kernel B: 32 rows of one model (16 in TF32, whose backward spilled 52 bytes per thread at 32), 32 hidden
-    units per step, 8 warps."""
-    return FusedConfig(block_t=16 if precision == "tf32" else 32, chunk=32, warps=8)
+def mlp_config() -> FusedConfig:
+    """Kernel B: 16 rows of one model, 32 hidden units per step, 8 warps (its backward at 32 rows spilled 624 bytes
+    per thread in IEEE fp32, 32 in bf16)."""
+    return FusedConfig(block_t=16, chunk=32, warps=8)
 
 
 # ---- kernels ----
@@ -174,15 +174,22 @@ def _layer_norm_rows(z, d_ok, eps, D: tl.constexpr):
 
 
 @triton.jit
+def _store_part(part_ptr, index, rows, m, tile, num_tiles, dcol, d_ok, D: tl.constexpr):
+    """The tile's column sums of rows [BLOCK_T, DP] (its invalid rows are 0) into part[index, m, tile]: parts
+    [3, M, tiles, D] of a bias or layer-norm gradient, which torch adds up over the tiles."""
+    plane = tl.num_programs(1) * num_tiles * D
+    tl.store(part_ptr + index * plane + (m * num_tiles + tile) * D + dcol,
+             tl.sum(rows, 0).to(part_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
 def _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D: tl.constexpr):
-    """dz of y = ẑ·γ + β, and this tile's partial sums of dγ = Σ dy·ẑ and dβ = Σ dy over its rows
-    (part [2, M, tiles, D]: torch adds the tiles up)."""
+    """dz of y = ẑ·γ + β, and this tile's partial sums of dγ = Σ dy·ẑ and dβ = Σ dy (parts 0 and 1)."""
     g = dy * lnw[None, :]
     dz = rstd[:, None] * (g - (tl.sum(g, 1) / D)[:, None] - zhat * (tl.sum(g * zhat, 1) / D)[:, None])
     dz = tl.where(io_mask, dz, 0.0)
-    part = part_ptr + (m * num_tiles + tile) * D + dcol
-    tl.store(part, tl.sum(dy * zhat, 0).to(part_ptr.dtype.element_ty), mask=d_ok)
-    tl.store(part + tl.num_programs(1) * num_tiles * D, tl.sum(dy, 0).to(part_ptr.dtype.element_ty), mask=d_ok)
+    _store_part(part_ptr, 0, dy * zhat, m, tile, num_tiles, dcol, d_ok, D)
+    _store_part(part_ptr, 1, dy, m, tile, num_tiles, dcol, d_ok, D)
     return dz
 
 
@@ -264,12 +271,13 @@ def _attention_sublayer_fwd_kernel(
 
 @triton.jit(do_not_specialize=["B", "num_tiles"])
 def _attention_sublayer_bwd_kernel(
-    dy_ptr, x_ptr, pe_ptr, add_ptr, w_ptr, wo_ptr, bo_ptr, lnw_ptr, dz_ptr, o_ptr, dqkv_ptr, part_ptr, B, num_tiles,
+    dy_ptr, x_ptr, pe_ptr, add_ptr, w_ptr, wo_ptr, bo_ptr, lnw_ptr, dx_ptr, dz_ptr, o_ptr, dqkv_ptr, part_ptr, B,
+    num_tiles,
     sm_scale, eps, N: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr,
     CHUNK: tl.constexpr, HAS_PE: tl.constexpr, HAS_ADD: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # Pass 1 recomputes the forward up to the layer norm (storing o) and gives dz; pass 2 recomputes each head's
-    # probabilities and runs the attention backward with dO = dz·W_oᵀ, chunk by chunk.
+    # probabilities and runs the attention backward with dO = dz·W_oᵀ, chunk by chunk, and dx = dqkv·W_qkvᵀ + dz.
     HEAD_DIM: tl.constexpr = D // H
     tile, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
     seq, tok, ok = _sequence_rows(tile, B, N, BLOCK_T)
@@ -286,7 +294,10 @@ def _attention_sublayer_bwd_kernel(
     lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
     dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
     tl.store(dz_ptr + row[:, None] * D + dcol[None, :], dz.to(dz_ptr.dtype.element_ty), mask=io_mask)
+    _store_part(part_ptr, 2, dz, m, tile, num_tiles, dcol, d_ok, D)  # d b_o
     tl.debug_barrier()  # dz is read back below, by other threads of the program
+    dx = tl.zeros([BLOCK_T, DP], ACC)
+    w_m = w_ptr + m * (D * 3 * D)
     for head in range(H):
         s, e, denom, mx, same = _attention_probabilities(x_ptr, w_ptr, add_ptr, row, seq, tok, ok, m, head,
                                                      sm_scale * _LOG2E, D, H, N, BLOCK_T, CHUNK, HAS_ADD, ACC,
@@ -321,6 +332,17 @@ def _attention_sublayer_bwd_kernel(
             tl.store(out, dq.to(dqkv_ptr.dtype.element_ty), mask=mask)
             tl.store(out + D, dk.to(dqkv_ptr.dtype.element_ty), mask=mask)
             tl.store(out + 2 * D, dv.to(dqkv_ptr.dtype.element_ty), mask=mask)
+            # dx += [dq dk dv]·W_qkv[:, (col, D + col, 2D + col)]ᵀ
+            w_t = w_m + dcol[None, :] * (3 * D) + col[:, None]
+            w_mask = c_ok[:, None] & d_ok[None, :]
+            dx += tl.dot(dq.to(q.dtype), tl.load(w_t, mask=w_mask, other=0.0).to(q.dtype), input_precision=PRECISION,
+                         out_dtype=ACC)
+            dx += tl.dot(dk.to(q.dtype), tl.load(w_t + D, mask=w_mask, other=0.0).to(q.dtype),
+                         input_precision=PRECISION, out_dtype=ACC)
+            dx += tl.dot(dv.to(q.dtype), tl.load(w_t + 2 * D, mask=w_mask, other=0.0).to(q.dtype),
+                         input_precision=PRECISION, out_dtype=ACC)
+    dx += tl.load(dz_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)  # the residual
+    tl.store(dx_ptr + row[:, None] * D + dcol[None, :], dx.to(dx_ptr.dtype.element_ty), mask=io_mask)
 
 
 @triton.jit
@@ -374,8 +396,8 @@ def _mlp_sublayer_fwd_kernel(
 
 @triton.jit(do_not_specialize=["R", "num_tiles"])
 def _mlp_sublayer_bwd_kernel(
-    dy_ptr, x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, dx_ptr, da2_ptr, g1_ptr, da1_ptr, part_ptr, R, num_tiles,
-    eps, D: tl.constexpr, F: tl.constexpr, DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
+    dy_ptr, x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, dx_ptr, da2_ptr, g1_ptr, da1_ptr, part_ptr, hidden_part_ptr,
+    R, num_tiles, eps, D: tl.constexpr, F: tl.constexpr, DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
     HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # Pass 1 recomputes the forward to the layer norm: dz, and d a2 = dz·GELU'(a2). Pass 2 recomputes each hidden
@@ -395,6 +417,7 @@ def _mlp_sublayer_bwd_kernel(
     dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
     da2 = (dz * _gelu_grad(a2)).to(x_ptr.dtype.element_ty)
     tl.store(da2_ptr + row[:, None] * D + dcol[None, :], da2, mask=io_mask)
+    _store_part(part_ptr, 2, da2.to(ACC), m, tile, num_tiles, dcol, d_ok, D)  # d b_2
     tl.debug_barrier()  # d a2 is read back below, by other threads of the program
     dx = dz  # the residual's share
     for f0 in range(0, F, HIDDEN_CHUNK):
@@ -408,6 +431,8 @@ def _mlp_sublayer_bwd_kernel(
                           PRECISION)  # d a2·W_2ᵀ
         da1 = (dg1 * _gelu_grad(a1)).to(da2.dtype)
         tl.store(da1_ptr + row[:, None] * F + f[None, :], da1, mask=hidden_mask)
+        tl.store(hidden_part_ptr + (m * num_tiles + tile) * F + f,  # d b_1's partial sums [M, tiles, F]
+                 tl.sum(da1.to(ACC), 0).to(hidden_part_ptr.dtype.element_ty), mask=f_ok)
         w1t = tl.load(w1_ptr + m * (D * F) + dcol[None, :] * F + f[:, None], mask=f_ok[:, None] & d_ok[None, :],
                       other=0.0).to(da1.dtype)  # W_1[:, f]ᵀ
         dx += tl.dot(da1, w1t, input_precision=PRECISION, out_dtype=ACC)
@@ -463,38 +488,39 @@ def _(x, pe, addend, w_qkv, w_o, b_o, ln_w, ln_b, probes, num_heads, eps):
 @torch.library.custom_op("pe_fast::fused_attention_sublayer_backward", mutates_args=())
 def attention_sublayer_backward(dy: Tensor, x: Tensor, pe: Tensor | None, addend: Tensor | None, w_qkv: Tensor,
                                 w_o: Tensor, b_o: Tensor, ln_w: Tensor, num_heads: int,
-                                eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Kernel A's backward: (dz [M,B,N,D], o [M,B,N,D], dqkv [M,B,N,3D], layer-norm partials [2,M,tiles,D])."""
+                                eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel A's backward: (dx [M,B,N,D], dz [M,B,N,D], o [M,B,N,D], dqkv [M,B,N,3D], partial sums
+    [3,M,tiles,D] of dγ, dβ and d b_o)."""
     M, B, N, D = x.shape
     H = num_heads
     tiles = _attention_tiles(B, N, attention_config(D // H))
-    dz, o = torch.empty_like(x), torch.empty_like(x)
+    dx, dz, o = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
     dqkv = x.new_empty(M, B, N, 3 * D)
-    parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
+    parts = x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype))
     _attention_sublayer_bwd_kernel[(tiles, M)](
-        dy.contiguous(), x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, dz, o,
-        dqkv, parts, B, tiles, 1.0 / math.sqrt(D // H), eps, **_attention_constants(x, pe, addend, H))
-    return dz, o, dqkv, parts
+        dy.contiguous(), x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, dx, dz,
+        o, dqkv, parts, B, tiles, 1.0 / math.sqrt(D // H), eps, **_attention_constants(x, pe, addend, H))
+    return dx, dz, o, dqkv, parts
 
 
 @attention_sublayer_backward.register_fake
 def _(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w, num_heads, eps):
     M, B, N, D = x.shape
     tiles = _attention_tiles(B, N, attention_config(D // num_heads))
-    return (torch.empty_like(x), torch.empty_like(x), x.new_empty(M, B, N, 3 * D),
-            x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
+    return (torch.empty_like(x), torch.empty_like(x), torch.empty_like(x), x.new_empty(M, B, N, 3 * D),
+            x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype)))
 
 
 def _mlp_tiles(x: Tensor) -> int:
-    return triton.cdiv(x[0].numel() // x.shape[-1], mlp_config(triton_attention.dot_precision(x.dtype)).block_t)
+    return triton.cdiv(x[0].numel() // x.shape[-1], mlp_config().block_t)
 
 
 def _mlp_constants(x: Tensor, w1: Tensor) -> dict:
     D, F = w1.shape[1:]
-    precision = triton_attention.dot_precision(x.dtype)
-    cfg = mlp_config(precision)
+    cfg = mlp_config()
     return dict(D=D, F=F, DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
-                HIDDEN_CHUNK=cfg.chunk, ACC=_acc(x.dtype), PRECISION=precision, num_warps=cfg.warps, num_stages=1)
+                HIDDEN_CHUNK=cfg.chunk, ACC=_acc(x.dtype), PRECISION=triton_attention.dot_precision(x.dtype),
+                num_warps=cfg.warps, num_stages=1)
 
 
 @torch.library.custom_op("pe_fast::fused_mlp_sublayer", mutates_args=())
@@ -514,16 +540,18 @@ def _(x, w1, b1, w2, b2, ln_w, ln_b, eps):
 
 @torch.library.custom_op("pe_fast::fused_mlp_sublayer_backward", mutates_args=())
 def mlp_sublayer_backward(dy: Tensor, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, ln_w: Tensor,
-                          eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Kernel B's backward: (dx, d a2 [.., D], GELU(a1) [.., F], d a1 [.., F], layer-norm partials [2,M,tiles,D])."""
+                          eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel B's backward: (dx, d a2 [.., D], GELU(a1) [.., F], d a1 [.., F], partial sums [3,M,tiles,D] of dγ,
+    dβ and d b_2, partial sums [M,tiles,F] of d b_1)."""
     M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
     tiles = _mlp_tiles(x)
     dx, da2 = torch.empty_like(x), torch.empty_like(x)
     g1, da1 = x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F)
-    parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
-    _mlp_sublayer_bwd_kernel[(tiles, M)](dy.contiguous(), x, w1, b1, w2, b2, ln_w, dx, da2, g1, da1, parts, R, tiles,
-                                         eps, **_mlp_constants(x, w1))
-    return dx, da2, g1, da1, parts
+    parts = x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype))
+    hidden_parts = x.new_empty(M, tiles, F, dtype=_accumulation(x.dtype))
+    _mlp_sublayer_bwd_kernel[(tiles, M)](dy.contiguous(), x, w1, b1, w2, b2, ln_w, dx, da2, g1, da1, parts,
+                                         hidden_parts, R, tiles, eps, **_mlp_constants(x, w1))
+    return dx, da2, g1, da1, parts, hidden_parts
 
 
 @mlp_sublayer_backward.register_fake
@@ -531,7 +559,77 @@ def _(dy, x, w1, b1, w2, b2, ln_w, eps):
     M, (D, F) = x.shape[0], w1.shape[1:]
     tiles = _mlp_tiles(x)
     return (torch.empty_like(x), torch.empty_like(x), x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F),
-            x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
+            x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype)),
+            x.new_empty(M, tiles, F, dtype=_accumulation(x.dtype)))
+
+
+# ---- the kernels' HBM traffic, for the byte ledger ----
+
+def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1, F: int = 0, K: int = 0,
+                     act: int = 4, param: int = 4, probe: int = 1, pe: bool = True,
+                     addend: bool = True) -> tuple[int, int, float]:
+    """(bytes read, bytes written, FLOPs) of one launch of `kernel` (attention_fwd, attention_bwd, mlp_fwd,
+    mlp_bwd) over a pack, counted from the kernels' code: every tensor a program loads, once (the weights and the
+    PE's addend once per launch: every tile of a model re-reads them, from L2), every tensor it stores, once; dz
+    and d a2, read back by the program that wrote them, from L2. act, param, probe: bytes per activation,
+    parameter and probe element. The attention forward's statistics rows [M,H,S,B,N] (in the accumulation
+    dtype) are written by the kernel and read once by the mean over (B, N) after it. FLOPs: what the programs
+    execute, padding rows and the recomputations included (tl.dot's 2 per multiply-add)."""
+    acc = 8 if act == 8 else 4
+    rows = M * B * N * D * act  # one activation tensor [M,B,N,D]
+    pe_bytes = M * N * D * param if pe else 0
+    addend_bytes = M * N * 3 * D * param if addend else 0
+    if kernel.startswith("attention"):
+        cfg = attention_config(D // H)
+        executed = M * _attention_tiles(B, N, cfg) * cfg.block_t
+        parts = 3 * M * _attention_tiles(B, N, cfg) * D * acc
+        weights = M * (3 * D * D + D * D + 2 * D) * param  # W_qkv, W_o, b_o, γ
+        if kernel == "attention_fwd":
+            stat_rows = M * H * (3 + K) * B * N * acc
+            read = rows + pe_bytes + addend_bytes + weights + M * D * param + K * N * N * probe + stat_rows
+            written = rows + stat_rows + M * H * (3 + K) * 4
+            return read, written, executed * (8 * D * D + 4 * cfg.block_t * D)
+        if kernel == "attention_bwd":
+            read = 2 * rows + pe_bytes + addend_bytes + weights  # dy, x
+            written = 3 * rows + 3 * rows + parts  # dx, dz, o, dqkv
+            return read, written, executed * (28 * D * D + 14 * cfg.block_t * D)
+    cfg = mlp_config()
+    tiles = -(-(B * N) // cfg.block_t)
+    executed = M * tiles * cfg.block_t
+    weights = M * (2 * D * F + F + 2 * D) * param  # W_1, W_2, b_1, b_2, γ
+    hidden = M * B * N * F * act
+    if kernel == "mlp_fwd":
+        return rows + weights + M * D * param, rows, executed * 4 * D * F
+    if kernel == "mlp_bwd":
+        parts = M * tiles * (3 * D + F) * acc
+        return 2 * rows + weights, 2 * rows + 2 * hidden + parts, executed * 10 * D * F
+    raise ValueError(f"unknown fused kernel {kernel!r}")
+
+
+def op_traffic(func, args) -> tuple[str, int, int, float] | None:
+    """(name, bytes read, bytes written, FLOPs) of a call of one of the fused sublayer ops (a torch OpOverload and
+    its arguments, as a dispatch mode sees them), from `sublayer_traffic`; None for any other op."""
+    kernel = _OP_KERNELS.get(func.overloadpacket)
+    if kernel is None:
+        return None
+    names = [a.name for a in func._schema.arguments]
+    a = dict(zip(names, args))
+    x = a["x"]
+    M, B, N, D = x.shape if x.dim() == 4 else (x.shape[0], 1, x[0].numel() // x.shape[-1], x.shape[-1])
+    weight = a.get("w_qkv", a.get("w1"))
+    probes = a.get("probes")
+    counts = sublayer_traffic(
+        kernel, M=M, B=B, N=N, D=D, H=a.get("num_heads", 1), F=a["w1"].shape[-1] if "w1" in a else 0,
+        K=0 if probes is None else probes.shape[0], act=x.element_size(), param=weight.element_size(),
+        probe=1 if probes is None else 4 if probes.dtype == torch.float64 else probes.element_size(),  # kernel_probes
+        pe=a.get("pe") is not None, addend=a.get("addend") is not None)
+    return f"pe_fast::fused {kernel}", *counts
+
+
+_OP_KERNELS = {attention_sublayer_forward._opoverload.overloadpacket: "attention_fwd",
+               attention_sublayer_backward._opoverload.overloadpacket: "attention_bwd",
+               mlp_sublayer_forward._opoverload.overloadpacket: "mlp_fwd",
+               mlp_sublayer_backward._opoverload.overloadpacket: "mlp_bwd"}
 
 
 # ---- autograd: the weight gradients as grouped GEMMs over the pack ----
@@ -561,17 +659,14 @@ class AttentionSublayer(torch.autograd.Function):
     def backward(ctx, dy, _dstats):
         x, pe, w_qkv, b_qkv, w_o, b_o, ln_w, ln_b = ctx.saved_tensors
         addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])
-        dz, o, dqkv, parts = attention_sublayer_backward(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w, ctx.num_heads,
-                                                         ctx.eps)
-        dx, dpe, dw_qkv, db_qkv = projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv)
-        dx = dx + dz  # the residual
+        dx, dz, o, dqkv, parts = attention_sublayer_backward(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w,
+                                                             ctx.num_heads, ctx.eps)
+        _, dpe, dw_qkv, db_qkv = projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv, with_dx=False)
         if pe is not None:
-            dpe = dpe + dz.sum(1, dtype=pe.dtype)
-        dz_rows = _rows(dz)
-        dw_o = torch.bmm(_rows(o).transpose(1, 2), dz_rows)
-        db_o = dz_rows.sum(1, dtype=b_o.dtype)
-        dln = parts.sum(2)
-        return (dx, dpe, *_to((dw_qkv, db_qkv, dw_o, db_o, dln[0], dln[1]), (w_qkv, w_qkv, w_o, b_o, ln_w, ln_b)),
+            dpe = dpe + dz.sum(1, dtype=pe.dtype)  # the residual's share
+        dw_o = torch.bmm(_rows(o).transpose(1, 2), _rows(dz))
+        dln_w, dln_b, db_o = parts.sum(2)
+        return (dx, dpe, *_to((dw_qkv, db_qkv, dw_o, db_o, dln_w, dln_b), (w_qkv, w_qkv, w_o, b_o, ln_w, ln_b)),
                 None, None, None)
 
 
@@ -587,12 +682,11 @@ class MLPSublayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w1, b1, w2, b2, ln_w, ln_b = ctx.saved_tensors
-        dx, da2, g1, da1, parts = mlp_sublayer_backward(dy, x, w1, b1, w2, b2, ln_w, ctx.eps)
-        da2, da1 = _rows(da2), _rows(da1)
-        dw1 = torch.bmm(_rows(x).transpose(1, 2), da1)
-        dw2 = torch.bmm(_rows(g1).transpose(1, 2), da2)
-        dln = parts.sum(2)
-        grads = (dw1, da1.sum(1, dtype=b1.dtype), dw2, da2.sum(1, dtype=b2.dtype), dln[0], dln[1])
+        dx, da2, g1, da1, parts, hidden_parts = mlp_sublayer_backward(dy, x, w1, b1, w2, b2, ln_w, ctx.eps)
+        dw1 = torch.bmm(_rows(x).transpose(1, 2), _rows(da1))
+        dw2 = torch.bmm(_rows(g1).transpose(1, 2), _rows(da2))
+        dln_w, dln_b, db2 = parts.sum(2)
+        grads = (dw1, hidden_parts.sum(1), dw2, db2, dln_w, dln_b)
         return (dx, *_to(grads, (w1, b1, w2, b2, ln_w, ln_b)), None)
 
 
