@@ -258,3 +258,53 @@ def test_kernel_compiles_for_sm90_without_spills(aot, job):
     result = aot[job]
     assert result["spill_bytes"] == 0, result
     assert result["shared_bytes"] <= 227 * 1024, result
+
+
+# ---- the byte ledger ----
+
+def test_sublayer_traffic_against_a_hand_count():
+    """M 2, B 3, N 4, D 8, H 2, F 12, one binary probe, float32: one 16-row tile per model in both kernels (32 rows
+    executed). One activation [M,B,N,D] is 2·3·4·8·4 = 768 bytes; the statistics rows [M,H,S,B,N] 2·2·4·3·4·4 = 768."""
+    shape = dict(M=2, B=3, N=4, D=8, H=2, F=12, K=1)
+    act, pe, addend = 768, 2 * 4 * 8 * 4, 2 * 4 * 24 * 4
+    w_qkv, w_o, vector = 2 * 8 * 24 * 4, 2 * 8 * 8 * 4, 2 * 8 * 4
+    assert fs.sublayer_traffic("attention_fwd", **shape) == (
+        act + pe + addend + w_qkv + w_o + 3 * vector + 16 + 768,  # x, pe, addend, weights, b_o γ β, probe, rows
+        act + 768 + 2 * 2 * 4 * 4,  # y, rows, stats [M,H,S]
+        32 * (8 * 8 * 8 + 4 * 16 * 8))  # 32 rows · (QKV and out-projection 2·4·D², scores and P·V 2·2·16·D)
+    assert fs.sublayer_traffic("attention_bwd", **shape) == (
+        2 * act + pe + addend + w_qkv + w_o + 2 * vector,  # dy, x, pe, addend, weights, b_o, γ
+        3 * act + 3 * act + 3 * 2 * 8 * 4,  # dx, dz, o, dqkv, partial sums [3, M, 1 tile, D]
+        32 * (28 * 8 * 8 + 14 * 16 * 8))
+    w1 = w2 = 2 * 8 * 12 * 4
+    hidden = 2 * 3 * 4 * 12 * 4
+    assert fs.sublayer_traffic("mlp_fwd", **shape) == (act + w1 + w2 + 2 * 12 * 4 + 3 * vector, act,
+                                                       32 * 4 * 8 * 12)
+    assert fs.sublayer_traffic("mlp_bwd", **shape) == (
+        2 * act + w1 + w2 + 2 * 12 * 4 + 2 * vector,  # dy, x, weights, b_1, b_2, γ
+        2 * act + 2 * hidden + 2 * (3 * 8 + 12) * 4,  # dx, d a2, GELU(a1), d a1, partial sums
+        32 * 10 * 8 * 12)
+
+
+def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
+    """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's four kernels as
+    sublayer_traffic counts them, and fewer bytes than the unfused step."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    traffic = __import__("training.traffic", fromlist=["step_ledger"])
+    flags = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4", "--width",
+             "16", "--depth", "2", "--heads", "2", "--mlp-width", "24", "--batch-size", "3", "--pe", "learned",
+             "--sigmas", "1", "--seeds", "2", "--optimizer", "adamw"]
+    _, task, model, train_config, seeds, sigmas = traffic.sweep_pack(flags, None, None)
+    ledgers = {}
+    for backend in ("fused", "reference"):
+        monkeypatch.setenv("PE_FAST_BACKEND", backend)
+        ledgers[backend] = traffic.step_ledger(task, model, train_config, seeds, sigmas)
+    fused = {e.op: e for e in ledgers["fused"].entries.values() if e.kind == "fused op"}
+    assert sorted(fused) == [f"pe_fast::fused {k}" for k in ("attention_bwd", "attention_fwd", "mlp_bwd", "mlp_fwd")]
+    for kernel in ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd"):
+        e = fused[f"pe_fast::fused {kernel}"]
+        expected = fs.sublayer_traffic(kernel, M=2, B=3, N=12, D=16, H=2, F=24, K=task.probes.shape[0],
+                                       probe=task.probes.element_size())
+        assert (e.calls, e.read, e.written, e.flops) == (2, *(2 * v for v in expected)), kernel
+    assert not any(e.op.startswith("pe_fast::pe_attention") for e in ledgers["fused"].entries.values())
+    assert ledgers["fused"].bytes_per_model_step < ledgers["reference"].bytes_per_model_step
