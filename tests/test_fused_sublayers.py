@@ -116,16 +116,17 @@ def test_interpreter_mlp_sublayer_matches_reference_float64(rows):
 
 # ---- the switch: a stacked transformer trains the same with and without fusion ----
 
-def train(config: ModelConfig, backend: str, steps: int, monkeypatch) -> dict:
+def train(config: ModelConfig, backend: str, steps: int, monkeypatch, device: str = "cpu",
+          dtype: torch.dtype = torch.float64) -> dict:
     """Outputs, statistics and parameters of a tiny pack after `steps` SGD steps, in float64 (SGD, not Adam:
     Adam divides by √v, which blows the rounding noise of gradients that are 0 in exact arithmetic, the key
     bias's, up to ~1e-11)."""
     monkeypatch.setenv("PE_FAST_BACKEND", backend)
-    model = StackedTransformer(config, seeds=[3, 4], sigmas=[0.5, 2.0]).double()
+    model = StackedTransformer(config, seeds=[3, 4], sigmas=[0.5, 2.0]).to(device, dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
     g = torch.Generator().manual_seed(5)
-    tokens = random(2, 2, config.num_tokens, config.token_dim, g=g)
-    probes = (torch.rand(2, config.num_tokens, config.num_tokens, generator=g) > 0.5).double()
+    tokens = random(2, 2, config.num_tokens, config.token_dim, g=g).to(device, dtype)
+    probes = (torch.rand(2, config.num_tokens, config.num_tokens, generator=g) > 0.5).to(device, dtype)
     for _ in range(steps):
         outputs, stats = model(tokens, probes)
         targets = torch.arange(outputs[0].numel(), dtype=outputs.dtype).view_as(outputs[0]).cos()
@@ -134,7 +135,8 @@ def train(config: ModelConfig, backend: str, steps: int, monkeypatch) -> dict:
         loss.backward()
         optimizer.step()
     outputs, stats = model(tokens, probes)
-    return {"outputs": outputs.detach(), "stats": stats, **{n: p.detach() for n, p in model.named_parameters()}}
+    return {"outputs": outputs.detach().cpu(), "stats": stats.cpu(),
+            **{n: p.detach().cpu() for n, p in model.named_parameters()}}
 
 
 TINY = dict(num_tokens=8, token_dim=3, out_dim=2, width=24, depth=2, heads=2, mlp_width=40)
@@ -166,6 +168,15 @@ def test_interpreter_refused_block_runs_unfused_with_one_warning(monkeypatch, ca
     assert refusals == ["backend 'fused' runs this block unfused: RoPE is not fused (q and k are turned outside the "
                         "kernels)"]
     assert_close(fused, train(config, "reference", 1, monkeypatch))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU, compiled Triton")
+def test_cuda_transformer_trains_as_the_unfused_triton_path_in_float32(monkeypatch):
+    """On the GPU (bench/gpu/gpu_check.sh's tests step), at the LST width: fused and unfused float32 IEEE agree to
+    float32 rounding after two steps."""
+    config = ModelConfig(**dict(TINY, num_tokens=16, width=160, heads=1, mlp_width=640), readout_token=15)
+    fused = train(config, "fused", 2, monkeypatch, "cuda", torch.float32)
+    assert_close(fused, train(config, "triton", 2, monkeypatch, "cuda", torch.float32), 1e-4)
 
 
 # ---- what the fused path refuses (no kernel runs) ----
