@@ -157,16 +157,24 @@ def test_interpreter_transformer_trains_the_same_fused(monkeypatch, caplog):
 
 
 @interpreter
-def test_interpreter_refused_block_runs_unfused_with_one_warning(monkeypatch, caplog):
-    """RoPE is not fused: the blocks run the unfused path, with one logged warning for all of them, and the pack
-    trains as with the reference backend."""
+@pytest.mark.parametrize("pe, num_tokens, warning", [
+    ("rope", 8, "the attention sublayer unfused: RoPE is not fused (q and k are turned outside the kernels)"),
+    ("learned", 20, "the attention sublayer unfused: N = 20 > 16: a sequence does not fit kernel A's tile")],
+    ids=["rope", "N20"])
+def test_interpreter_refused_attention_runs_unfused_with_one_warning_and_the_mlp_fused(pe, num_tokens, warning,
+                                                                                     monkeypatch, caplog):
+    """Kernel A refuses RoPE and sequences longer than its tile: every block runs its attention sublayer unfused,
+    with one logged warning for all of them, and its MLP sublayer through kernel B (which does not care about N:
+    the fMRI shapes' path); the pack trains as with the reference backend."""
     fs.warn_unfused.cache_clear()
-    config = ModelConfig(**TINY, pe="rope")
-    with caplog.at_level(logging.WARNING, logger="pe_fast"):
+    config = ModelConfig(**dict(TINY, num_tokens=num_tokens), pe=pe)
+    mlp_calls, mlp_forward = [], fs.mlp_forward
+    with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, logger="pe_fast"):
+        patched.setattr(fs, "mlp_forward", lambda *args: mlp_calls.append(1) or mlp_forward(*args))
         fused = train(config, "fused", 1, monkeypatch)
     refusals = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
-    assert refusals == ["backend 'fused' runs this block unfused: RoPE is not fused (q and k are turned outside the "
-                        "kernels)"]
+    assert refusals == [f"backend 'fused' runs {warning}"]
+    assert len(mlp_calls) == 2 * 2  # 2 blocks, a training step's forward and the final one
     assert_close(fused, train(config, "reference", 1, monkeypatch))
 
 
@@ -184,48 +192,55 @@ def test_cuda_transformer_trains_as_the_unfused_triton_path_in_float32(monkeypat
 def test_refusal_names_each_unsupported_input():
     config = ModelConfig(**TINY)
     block = StackedTransformer(config, seeds=[0], sigmas=[1.0]).blocks[0]
-    x, pe = torch.zeros(1, 2, 8, 24), torch.zeros(1, 8, 24)
-    assert fs.refusal(x, pe, None, None, None, block) is None
-    assert fs.refusal(x.double(), pe, None, None, None, block) is None
+    x = torch.zeros(1, 2, 8, 24)
+    assert fs.attention_refusal(x, None, None, None, block) is None
+    assert fs.attention_refusal(x.double(), None, None, None, block) is None
     cos = torch.ones(8, 6)
-    assert "RoPE" in fs.refusal(x, None, (cos, cos), None, None, block)
-    assert "relative-position bias" in fs.refusal(x, None, None, torch.zeros(1, 2, 8, 8), None, block)
-    assert "PE dropout" in fs.refusal(x, pe, None, None, torch.ones_like(x), block)
-    assert "N = 17 > 16" in fs.refusal(torch.zeros(1, 2, 17, 24), None, None, None, None, block)
-    assert "float16" in fs.refusal(x.half(), None, None, None, None, block)
+    assert "RoPE" in fs.attention_refusal(x, (cos, cos), None, None, block)
+    assert "relative-position bias" in fs.attention_refusal(x, None, torch.zeros(1, 2, 8, 8), None, block)
+    assert "PE dropout" in fs.attention_refusal(x, None, None, torch.ones_like(x), block)
+    long = torch.zeros(1, 2, 360, 24)
+    assert "N = 360 > 16" in fs.attention_refusal(long, None, None, None, block)
+    assert fs.mlp_refusal(long) is None  # kernel B takes any N: the fMRI shapes
+    assert "float16" in fs.mlp_refusal(x.half()) and "float16" in fs.attention_refusal(x.half(), None, None, None,
+                                                                                        block)
+    assert "width 512 > 256" in fs.mlp_refusal(torch.zeros(1, 2, 8, 512))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert fs.refusal(x, pe, None, None, None, block) is None  # bf16 activations, float32 parameters
+        assert fs.attention_refusal(x, None, None, None, block) is None  # bf16 activations, float32 parameters
 
 
 # ---- ahead-of-time compiles for sm_90 ----
 
-LST = dict(N=16, D=160, H=1, F=640, K=2)  # the paper's LST shape (bench/training/traffic.py's defaults)
-AOT_JOBS = [(kernel, dtype, precision) for kernel in ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd")
+SHAPES = {"lst": dict(N=16, D=160, H=1, F=640, K=2),  # the paper's LST shape (bench/training/traffic.py's defaults)
+          "fmri": dict(D=32, F=64)}  # the fMRI default's MLP (its attention stays unfused: N = 100, 360)
+AOT_JOBS = [(kernel, dtype, precision, "lst") for kernel in ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd")
             for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee"))]
+AOT_JOBS += [(kernel, "fp32", "ieee", "fmri") for kernel in ("mlp_fwd", "mlp_bwd")]
 
 
-def aot_source(kernel: str, dtype: str, precision: str):
-    """The kernel as its launcher calls it at the LST shape: activations in `dtype`, parameters in float32 (bf16
+def aot_source(kernel: str, dtype: str, precision: str, shape: str):
+    """The kernel as its launcher calls it at that shape: activations in `dtype`, parameters in float32 (bf16
     activations come from autocast)."""
     from triton.compiler import ASTSource
     t, p = "*" + dtype, "*fp32"
-    D, H = LST["D"], LST["H"]
+    sh = SHAPES[shape]
+    D, H = sh["D"], sh.get("H")
     if kernel.startswith("attention"):
         cfg = fs.attention_config(D // H)
-        const = dict(N=LST["N"], D=D, DP=triton.next_power_of_2(D), H=H, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+        const = dict(N=sh["N"], D=D, DP=triton.next_power_of_2(D), H=H, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HAS_PE=True, HAS_ADD=True, ACC=triton.language.float32, PRECISION=precision)
         common = dict(pe_ptr=p, add_ptr=p, w_ptr=p, wo_ptr=p, bo_ptr=p, lnw_ptr=p, B="i32", num_tiles="i32",
                       eps="fp32")
         if kernel == "attention_fwd":
             fn = fs._attention_sublayer_fwd_kernel
             args = dict(common, x_ptr=t, lnb_ptr=p, probe_ptr="*u8", y_ptr=t, stat_ptr=p, qk_scale="fp32")
-            const["NUM_PROBES"] = LST["K"]
+            const["NUM_PROBES"] = sh["K"]
         else:
             fn = fs._attention_sublayer_bwd_kernel
             args = dict(common, dy_ptr=t, x_ptr=t, dx_ptr=t, dz_ptr=t, o_ptr=t, dqkv_ptr=t, part_ptr=p, sm_scale="fp32")
     else:
         cfg = fs.mlp_config()
-        const = dict(D=D, F=LST["F"], DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+        const = dict(D=D, F=sh["F"], DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HIDDEN_CHUNK=cfg.chunk, ACC=triton.language.float32, PRECISION=precision)
         common = dict(x_ptr=t, w1_ptr=p, b1_ptr=p, w2_ptr=p, b2_ptr=p, lnw_ptr=p, R="i32", eps="fp32")
         if kernel == "mlp_fwd":
@@ -257,9 +272,9 @@ def aot():
         results = dict(zip(AOT_JOBS, pool.map(aot_compile, AOT_JOBS)))
     record = os.environ.get("PE_FAST_FUSED_AOT_RECORD")
     if record:
-        rows = [{"kernel": k, "dtype": d, "precision": p, **r} for (k, d, p), r in results.items()]
+        rows = [{"kernel": k, "dtype": d, "precision": p, "shape": s, **r} for (k, d, p, s), r in results.items()]
         with open(record, "w") as f:
-            json.dump({"triton": triton.__version__, "target": "sm_90", "shape": LST, "kernels": rows}, f, indent=1)
+            json.dump({"triton": triton.__version__, "target": "sm_90", "shapes": SHAPES, "kernels": rows}, f, indent=1)
     return results
 
 

@@ -333,7 +333,13 @@ def step_ledger(task, model_config, train_config, seeds: list[int], sigmas: list
     """The ledger of PackTrainer.train_step for this pack (PackTrainer's own arguments), eager, on fake tensors."""
     # eval_every ≥ 2: the counted step is the second of the window it fills
     train_config = dataclasses.replace(train_config, compile="off", eval_every=max(2, train_config.eval_every))
-    with fake_tensors():
+    # $PE_FAST_BACKEND (--backend) may name a CUDA backend: pe_attention counts as its Triton kernels whichever runs,
+    # and the fake tensors, on the CPU, never reach a backend; so the named one is let take them
+    name = os.environ.get("PE_FAST_BACKEND", "")
+    on_fake = {}
+    if name in BACKENDS:
+        on_fake[name] = dataclasses.replace(BACKENDS[name], devices=(*BACKENDS[name].devices, "cpu"))
+    with mock.patch.dict(BACKENDS, on_fake), fake_tensors():
         trainer = PackTrainer(task, model_config, train_config, seeds, sigmas, torch.device("cpu"))
         for _ in range(2):  # the first step also allocates the optimizer's state and the statistics buffer
             ledger = Ledger(len(seeds))

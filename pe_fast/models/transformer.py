@@ -76,20 +76,22 @@ class Block(nn.Module):
         out one token: every token still serves as a key, but the other tokens' outputs are never used).
         pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
         (it then goes through the attention as one input, without the op's separate PE path)."""
+        fused = None  # backend "fused": each sublayer one Triton kernel where it can (pe_fast.ops.fused_sublayers)
         if (self.attention.backend or os.environ.get("PE_FAST_BACKEND")) == FUSED_BACKEND:
-            from pe_fast.ops import fused_sublayers  # needs triton
-            reason = fused_sublayers.refusal(h, pe, rope, bias, pe_dropout_mask, self)
-            if reason is None:
-                return fused_sublayers.block_forward(self, h, pe, probes, only_token)
-            fused_sublayers.warn_unfused(reason)  # once per reason; the attention op runs as "triton"
-        if pe_dropout_mask is not None:
-            h, pe = (h + pe[:, None]) * pe_dropout_mask, None
-        attended, stats = self.attention(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
-        if pe is not None:
-            h = h + pe[:, None]
-        if only_token is not None:
-            h = h[:, :, only_token:only_token + 1]
-        h = self.norm_attn(attended + h)
+            from pe_fast.ops import fused_sublayers as fused  # needs triton
+        if fused is not None and fused.takes_attention(self, h, rope, bias, pe_dropout_mask):
+            h, stats = fused.attention_forward(self, h, pe, probes, only_token)
+        else:
+            if pe_dropout_mask is not None:
+                h, pe = (h + pe[:, None]) * pe_dropout_mask, None
+            attended, stats = self.attention(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
+            if pe is not None:
+                h = h + pe[:, None]
+            if only_token is not None:
+                h = h[:, :, only_token:only_token + 1]
+            h = self.norm_attn(attended + h)
+        if fused is not None and fused.takes_mlp(h):
+            return fused.mlp_forward(self, h), stats
         h = self.norm_mlp(F.gelu(self.mlp_out(F.gelu(self.mlp_in(h)))) + h)
         return h, stats
 

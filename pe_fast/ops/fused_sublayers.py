@@ -12,18 +12,19 @@ norm. Only x is read and h written; the q, k, v and attention tensors stay on ch
 Kernel B: a program owns BLOCK_T rows of one model; the hidden layer is streamed through in chunks of HIDDEN_CHUNK
 units (GELU(h W_1 + b_1) for a chunk, then straight into W_2's accumulator): it never reaches HBM in the forward.
 
-Backward: each kernel recomputes its forward instead of storing anything, then writes what the weight gradients
-need and nothing else: A writes dz (the pre-norm gradient: the out-projection's output gradient and the
+Backward: each kernel recomputes its forward instead of storing anything, then writes dx whole and what the
+weight gradients need: A writes dz (the pre-norm gradient: the out-projection's output gradient and the
 residual's), o (the attention output, for dW_o) and dqkv (for dW_qkv); B writes dz·GELU'(a2), GELU(a1) and
-d a1 (for dW_2 and dW_1), and dx whole. The weight gradients are then grouped GEMMs over the pack
-(torch.bmm): per-tile partial sums of a [D, 3D] weight cost more bytes than the tile's activations. The layer
-norms' gradients are per-tile partial sums ([tiles, D], small) that torch adds up.
+d a1 (for dW_2 and dW_1). The weight gradients are then grouped GEMMs over the pack (torch.bmm): per-tile partial
+sums of a [D, 3D] weight cost more bytes than the tile's activations. The bias and layer-norm gradients are
+per-tile partial sums ([tiles, D] or [tiles, F], small) that torch adds up.
 
-Refused (the block runs the unfused path with backend "triton"'s op, one logged warning per reason,
-`refusal`): RoPE, a relative-position bias, PE dropout, N > FUSED_MAX_N, width > MAX_WIDTH, dtypes other than
-float32 (float64 runs in the interpreter, for the tests) and bfloat16 under autocast.
+Refused, each sublayer on its own (it runs unfused, the attention with backend "triton"'s op; one logged warning
+per reason): kernel A refuses RoPE, a relative-position bias, PE dropout and N > FUSED_MAX_N (`attention_refusal`),
+both refuse a width > MAX_WIDTH and dtypes other than float32 (float64 runs in the interpreter, for the tests) and
+bfloat16 under autocast (`mlp_refusal`). So the fMRI shapes (N = 100, 360) run kernel B and the unfused attention.
 Every launch is behind a torch.library custom op with a fake implementation, so the byte ledger
-(bench/training/traffic.py) counts each kernel as one op reading its inputs and writing its outputs.
+(bench/training/traffic.py) sees each kernel as one op, and counts it as `sublayer_traffic` says.
 """
 from __future__ import annotations
 
@@ -692,49 +693,78 @@ class MLPSublayer(torch.autograd.Function):
 
 # ---- the block's switch ----
 
-def refusal(x: Tensor, pe: Tensor | None, rope, bias, pe_dropout_mask, block) -> str | None:
-    """Why this block call cannot take the fused sublayers (it runs the unfused path instead), or None."""
-    M, B, N, D = x.shape
+def _dtype_refusal(x: Tensor) -> str | None:
+    if x.shape[-1] > MAX_WIDTH:
+        return f"width {x.shape[-1]} > {MAX_WIDTH}"
+    if autocast_on(x.device):
+        low = torch.get_autocast_dtype(x.device.type)
+        return None if low == torch.bfloat16 else f"autocast {low} is not fused"
+    if x.dtype not in (torch.float32, torch.float64):
+        return f"the fused kernels take float32 (float64 in the interpreter), not {x.dtype}"
+    return None
+
+
+def attention_refusal(x: Tensor, rope, bias, pe_dropout_mask, block) -> str | None:
+    """Why this block call's attention sublayer cannot take kernel A (it runs unfused), or None."""
     if rope is not None:
         return "RoPE is not fused (q and k are turned outside the kernels)"
     if bias is not None:
         return "a relative-position bias is not fused"
     if pe_dropout_mask is not None:
         return "PE dropout is not fused"
-    if N > FUSED_MAX_N:
-        return f"N = {N} > {FUSED_MAX_N}: a sequence does not fit kernel A's tile"
-    if D > MAX_WIDTH:
-        return f"width {D} > {MAX_WIDTH}"
+    if x.shape[2] > FUSED_MAX_N:
+        return f"N = {x.shape[2]} > {FUSED_MAX_N}: a sequence does not fit kernel A's tile"
     if block.attention.out is None:
         return "the attention has no output projection"
-    if autocast_on(x.device):
-        low = torch.get_autocast_dtype(x.device.type)
-        if low != torch.bfloat16:
-            return f"autocast {low} is not fused"
-    elif x.dtype not in (torch.float32, torch.float64):
-        return f"the fused kernels take float32 (float64 in the interpreter), not {x.dtype}"
-    return None
+    return _dtype_refusal(x)
+
+
+def mlp_refusal(x: Tensor) -> str | None:
+    """Why kernel B cannot take this MLP sublayer (it runs unfused), or None: any N, sequences play no part."""
+    return _dtype_refusal(x)
 
 
 @functools.cache
-def warn_unfused(reason: str) -> None:
-    log.warning("backend '%s' runs this block unfused: %s", FUSED_BACKEND, reason)
+def warn_unfused(sublayer: str, reason: str) -> None:
+    log.warning("backend '%s' runs the %s sublayer unfused: %s", FUSED_BACKEND, sublayer, reason)
 
 
-def block_forward(block, h: Tensor, pe: Tensor | None, probes: Tensor | None, only_token: int | None):
-    """models.transformer.Block.forward through kernels A and B: (output, stats)."""
-    attention, eps = block.attention, block.norm_attn.eps
-    if autocast_on(h.device):  # activations in the autocast dtype; parameters and the PE's addend stay float32
-        h = h.to(torch.get_autocast_dtype(h.device.type))
+def takes_attention(block, h: Tensor, rope, bias, pe_dropout_mask) -> bool:
+    reason = attention_refusal(h, rope, bias, pe_dropout_mask, block)
+    if reason is not None:
+        warn_unfused("attention", reason)  # once per reason; the attention op itself runs as "triton"
+    return reason is None
+
+
+def takes_mlp(h: Tensor) -> bool:
+    reason = mlp_refusal(h)
+    if reason is not None:
+        warn_unfused("MLP", reason)
+    return reason is None
+
+
+def _activations(h: Tensor) -> Tensor:
+    """h in the autocast dtype where autocast is on (the parameters and the PE's addend stay float32)."""
+    return h.to(torch.get_autocast_dtype(h.device.type)) if autocast_on(h.device) else h
+
+
+def attention_forward(block, h: Tensor, pe: Tensor | None, probes: Tensor | None, only_token: int | None):
+    """models.transformer.Block's attention sublayer through kernel A: (LN0(Attn(h + pe) + h + pe), stats), at
+    only_token alone if given."""
+    attention = block.attention
     probes = None if probes is None else probes.to(h.device)
-    h, stats = AttentionSublayer.apply(h, pe, attention.w_qkv, attention.b_qkv, attention.out.weight,
+    h, stats = AttentionSublayer.apply(_activations(h), pe, attention.w_qkv, attention.b_qkv, attention.out.weight,
                                        attention.out.bias, block.norm_attn.weight, block.norm_attn.bias, probes,
-                                       attention.num_heads, eps)
+                                       attention.num_heads, block.norm_attn.eps)
     if only_token is not None:
         h = h[:, :, only_token:only_token + 1].contiguous()
-    mlp = (block.mlp_in.weight, block.mlp_in.bias, block.mlp_out.weight, block.mlp_out.bias, block.norm_mlp.weight,
-           block.norm_mlp.bias)
-    return MLPSublayer.apply(h, *mlp, block.norm_mlp.eps), stats
+    return h, stats
+
+
+def mlp_forward(block, h: Tensor) -> Tensor:
+    """models.transformer.Block's MLP sublayer through kernel B: LN1(GELU(GELU(h W_1 + b_1) W_2 + b_2) + h)."""
+    return MLPSublayer.apply(_activations(h), block.mlp_in.weight, block.mlp_in.bias, block.mlp_out.weight,
+                             block.mlp_out.bias, block.norm_mlp.weight, block.norm_mlp.bias, block.norm_mlp.eps)
 
 
 # As a pe_attention backend, "fused" is the Triton op (PEAttention outside a Block, and the blocks it refuses).
