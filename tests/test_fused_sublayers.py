@@ -213,9 +213,10 @@ def test_refusal_names_each_unsupported_input():
 
 SHAPES = {"lst": dict(N=16, D=160, H=1, F=640, K=2),  # the paper's LST shape (bench/training/traffic.py's defaults)
           "fmri": dict(D=32, F=64)}  # the fMRI default's MLP (its attention stays unfused: N = 100, 360)
-AOT_JOBS = [(kernel, dtype, precision, "lst") for kernel in ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd")
+KERNELS = ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd", "mlp_wgrad")
+AOT_JOBS = [(kernel, dtype, precision, "lst") for kernel in KERNELS
             for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee"))]
-AOT_JOBS += [(kernel, "fp32", "ieee", "fmri") for kernel in ("mlp_fwd", "mlp_bwd")]
+AOT_JOBS += [(kernel, "fp32", "ieee", "fmri") for kernel in KERNELS[2:]]
 
 
 def aot_source(kernel: str, dtype: str, precision: str, shape: str):
@@ -246,10 +247,12 @@ def aot_source(kernel: str, dtype: str, precision: str, shape: str):
         if kernel == "mlp_fwd":
             fn = fs._mlp_sublayer_fwd_kernel
             args = dict(common, lnb_ptr=p, y_ptr=t)
-        else:
+        elif kernel == "mlp_bwd":
             fn = fs._mlp_sublayer_bwd_kernel
-            args = dict(common, dy_ptr=t, dx_ptr=t, da2_ptr=t, g1_ptr=t, da1_ptr=t, part_ptr=p, hidden_part_ptr=p,
-                        num_tiles="i32")
+            args = dict(common, dy_ptr=t, dx_ptr=t, da2_ptr=t, part_ptr=p, num_tiles="i32")
+        else:
+            fn = fs._mlp_weight_grad_kernel
+            args = dict(x_ptr=t, da2_ptr=t, w1_ptr=p, b1_ptr=p, w2_ptr=p, dw1_ptr=p, dw2_ptr=p, db1_ptr=p, R="i32")
     signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, ty in args.items() if ty[0] == "*"}
     return ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs), cfg
@@ -303,17 +306,18 @@ def test_sublayer_traffic_against_a_hand_count():
         3 * act + 3 * act + 3 * 2 * 8 * 4,  # dx, dz, o, dqkv, partial sums [3, M, 1 tile, D]
         32 * (28 * 8 * 8 + 14 * 16 * 8))
     w1 = w2 = 2 * 8 * 12 * 4
-    hidden = 2 * 3 * 4 * 12 * 4
-    assert fs.sublayer_traffic("mlp_fwd", **shape) == (act + w1 + w2 + 2 * 12 * 4 + 3 * vector, act,
-                                                       32 * 4 * 8 * 12)
+    b1 = 2 * 12 * 4
+    assert fs.sublayer_traffic("mlp_fwd", **shape) == (act + w1 + w2 + b1 + 3 * vector, act, 32 * 4 * 8 * 12)
     assert fs.sublayer_traffic("mlp_bwd", **shape) == (
-        2 * act + w1 + w2 + 2 * 12 * 4 + 2 * vector,  # dy, x, weights, b_1, b_2, γ
-        2 * act + 2 * hidden + 2 * (3 * 8 + 12) * 4,  # dx, d a2, GELU(a1), d a1, partial sums
+        2 * act + w1 + w2 + b1 + 2 * vector,  # dy, x, weights, b_1, b_2, γ
+        2 * act + 3 * 2 * 8 * 4,  # dx, d a2, partial sums [3, M, 1 tile, D]
         32 * 10 * 8 * 12)
+    # one program per model and 32-unit hidden chunk (12 units: one, 20 idle), over the 12 rows in one 16-row step
+    assert fs.sublayer_traffic("mlp_wgrad", **shape) == (2 * act + w1 + w2 + b1, w1 + w2 + b1, 32 * 8 * 8 * 32)
 
 
 def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
-    """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's four kernels as
+    """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's five kernels as
     sublayer_traffic counts them, and fewer bytes than the unfused step."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
     traffic = __import__("training.traffic", fromlist=["step_ledger"])
@@ -326,8 +330,9 @@ def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
         monkeypatch.setenv("PE_FAST_BACKEND", backend)
         ledgers[backend] = traffic.step_ledger(task, model, train_config, seeds, sigmas)
     fused = {e.op: e for e in ledgers["fused"].entries.values() if e.kind == "fused op"}
-    assert sorted(fused) == [f"pe_fast::fused {k}" for k in ("attention_bwd", "attention_fwd", "mlp_bwd", "mlp_fwd")]
-    for kernel in ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd"):
+    kernels = ("attention_bwd", "attention_fwd", "mlp_bwd", "mlp_fwd", "mlp_wgrad")
+    assert sorted(fused) == [f"pe_fast::fused {k}" for k in kernels]
+    for kernel in kernels:
         e = fused[f"pe_fast::fused {kernel}"]
         expected = fs.sublayer_traffic(kernel, M=2, B=3, N=12, D=16, H=2, F=24, K=task.probes.shape[0],
                                        probe=task.probes.element_size())

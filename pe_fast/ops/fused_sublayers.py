@@ -13,11 +13,12 @@ Kernel B: a program owns BLOCK_T rows of one model; the hidden layer is streamed
 units (GELU(h W_1 + b_1) for a chunk, then straight into W_2's accumulator): it never reaches HBM in the forward.
 
 Backward: each kernel recomputes its forward instead of storing anything, then writes dx whole and what the
-weight gradients need: A writes dz (the pre-norm gradient: the out-projection's output gradient and the
-residual's), o (the attention output, for dW_o) and dqkv (for dW_qkv); B writes dz·GELU'(a2), GELU(a1) and
-d a1 (for dW_2 and dW_1). The weight gradients are then grouped GEMMs over the pack (torch.bmm): per-tile partial
-sums of a [D, 3D] weight cost more bytes than the tile's activations. The bias and layer-norm gradients are
-per-tile partial sums ([tiles, D] or [tiles, F], small) that torch adds up.
+weight gradients need. A writes dz (the pre-norm gradient: the out-projection's output gradient and the
+residual's), o (the attention output, for dW_o) and dqkv (for dW_qkv), whose weight gradients are then grouped
+GEMMs over the pack (torch.bmm: per-tile partial sums of a [D, 3D] weight cost more bytes than the tile's
+activations). B writes d a2 = dz·GELU'(a2), and a third kernel gives dW_1, dW_2 and d b_1 from x and d a2,
+recomputing GELU(a1) and d a1 per hidden chunk: the hidden layer never reaches HBM in the backward either. The
+other bias and the layer-norm gradients are per-tile partial sums ([tiles, D], small) that torch adds up.
 
 Refused, each sublayer on its own (it runs unfused, the attention with backend "triton"'s op; one logged warning
 per reason): kernel A refuses RoPE, a relative-position bias, PE dropout and N > FUSED_MAX_N (`attention_refusal`),
@@ -397,12 +398,12 @@ def _mlp_sublayer_fwd_kernel(
 
 @triton.jit(do_not_specialize=["R", "num_tiles"])
 def _mlp_sublayer_bwd_kernel(
-    dy_ptr, x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, dx_ptr, da2_ptr, g1_ptr, da1_ptr, part_ptr, hidden_part_ptr,
-    R, num_tiles, eps, D: tl.constexpr, F: tl.constexpr, DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
+    dy_ptr, x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, dx_ptr, da2_ptr, part_ptr, R, num_tiles, eps,
+    D: tl.constexpr, F: tl.constexpr, DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr,
     HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # Pass 1 recomputes the forward to the layer norm: dz, and d a2 = dz·GELU'(a2). Pass 2 recomputes each hidden
-    # chunk: stores GELU(a1) and d a1 = (d a2 W_2ᵀ)·GELU'(a1) for the weight gradients, and adds d a1 W_1ᵀ to dx.
+    # Pass 1 recomputes the forward to the layer norm: dz, and d a2 = dz·GELU'(a2) (stored: the weight gradients'
+    # kernel reads it). Pass 2 recomputes each hidden chunk's d a1 = (d a2 W_2ᵀ)·GELU'(a1) and adds d a1 W_1ᵀ to dx.
     tile, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
     r = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = r < R
@@ -424,20 +425,57 @@ def _mlp_sublayer_bwd_kernel(
     for f0 in range(0, F, HIDDEN_CHUNK):
         f = f0 + tl.arange(0, HIDDEN_CHUNK)
         f_ok = f < F
-        hidden_mask = ok[:, None] & f_ok[None, :]
         a1 = _mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D, F, BLOCK_T, CHUNK, HIDDEN_CHUNK, ACC,
                          PRECISION)
-        tl.store(g1_ptr + row[:, None] * F + f[None, :], _gelu(a1).to(g1_ptr.dtype.element_ty), mask=hidden_mask)
         dg1 = _rows_times(da2_ptr, row, ok, w2_ptr + m * (F * D), f, f_ok, D, 1, D, BLOCK_T, HIDDEN_CHUNK, ACC,
                           PRECISION)  # d a2·W_2ᵀ
         da1 = (dg1 * _gelu_grad(a1)).to(da2.dtype)
-        tl.store(da1_ptr + row[:, None] * F + f[None, :], da1, mask=hidden_mask)
-        tl.store(hidden_part_ptr + (m * num_tiles + tile) * F + f,  # d b_1's partial sums [M, tiles, F]
-                 tl.sum(da1.to(ACC), 0).to(hidden_part_ptr.dtype.element_ty), mask=f_ok)
         w1t = tl.load(w1_ptr + m * (D * F) + dcol[None, :] * F + f[:, None], mask=f_ok[:, None] & d_ok[None, :],
                       other=0.0).to(da1.dtype)  # W_1[:, f]ᵀ
         dx += tl.dot(da1, w1t, input_precision=PRECISION, out_dtype=ACC)
     tl.store(dx_ptr + row[:, None] * D + dcol[None, :], dx.to(dx_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit(do_not_specialize=["R"])
+def _mlp_weight_grad_kernel(
+    x_ptr, da2_ptr, w1_ptr, b1_ptr, w2_ptr, dw1_ptr, dw2_ptr, db1_ptr, R, D: tl.constexpr, F: tl.constexpr,
+    DP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HIDDEN_CHUNK: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # dW_1[:, f], dW_2[f, :] and d b_1[f] of one model's hidden units f, summed over all its rows in order (no
+    # atomics: deterministic): GELU(a1) and d a1 are recomputed from x and d a2, so the hidden layer never reaches
+    # HBM in the backward either. A model's programs sit next to each other in the grid and share x and d a2 in L2.
+    fc, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    f = fc * HIDDEN_CHUNK + tl.arange(0, HIDDEN_CHUNK)
+    f_ok = f < F
+    dcol = tl.arange(0, DP)
+    d_ok = dcol < D
+    dw1 = tl.zeros([DP, HIDDEN_CHUNK], ACC)
+    dw2 = tl.zeros([HIDDEN_CHUNK, DP], ACC)
+    db1 = tl.zeros([HIDDEN_CHUNK], ACC)
+    r0 = 0
+    while r0 < R:  # not range(0, R, ...): the interpreter (triton 3.6, numpy 2) fails on a runtime range bound
+        r = r0 + tl.arange(0, BLOCK_T)
+        r0 += BLOCK_T
+        ok = r < R
+        row = m * R + r
+        io_mask = ok[:, None] & d_ok[None, :]
+        a1 = _mlp_hidden(x_ptr, w1_ptr, b1_ptr, row, ok, m, f, f_ok, D, F, BLOCK_T, CHUNK, HIDDEN_CHUNK, ACC,
+                         PRECISION)
+        dg1 = _rows_times(da2_ptr, row, ok, w2_ptr + m * (F * D), f, f_ok, D, 1, D, BLOCK_T, HIDDEN_CHUNK, ACC,
+                          PRECISION)  # d a2·W_2ᵀ, 0 in the invalid rows
+        da1 = (dg1 * _gelu_grad(a1)).to(x_ptr.dtype.element_ty)
+        g1 = tl.where(ok[:, None], _gelu(a1), 0.0).to(x_ptr.dtype.element_ty)  # invalid rows: a1 = b1, not 0
+        xt = tl.load(x_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0)
+        da2 = tl.load(da2_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(g1.dtype)
+        dw2 += tl.dot(tl.trans(g1), da2, input_precision=PRECISION, out_dtype=ACC)
+        dw1 += tl.dot(tl.trans(xt), da1, input_precision=PRECISION, out_dtype=ACC)
+        db1 += tl.sum(da1.to(ACC), 0)
+    w_mask = d_ok[:, None] & f_ok[None, :]
+    tl.store(dw1_ptr + m * (D * F) + dcol[:, None] * F + f[None, :], dw1.to(dw1_ptr.dtype.element_ty), mask=w_mask)
+    tl.store(dw2_ptr + m * (F * D) + f[:, None] * D + dcol[None, :], dw2.to(dw2_ptr.dtype.element_ty),
+             mask=f_ok[:, None] & d_ok[None, :])
+    tl.store(db1_ptr + m * F + f, db1.to(db1_ptr.dtype.element_ty), mask=f_ok)
 
 
 # ---- launchers, behind custom ops (fake implementations: shapes only, for the ledger and torch.compile) ----
@@ -541,27 +579,39 @@ def _(x, w1, b1, w2, b2, ln_w, ln_b, eps):
 
 @torch.library.custom_op("pe_fast::fused_mlp_sublayer_backward", mutates_args=())
 def mlp_sublayer_backward(dy: Tensor, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, ln_w: Tensor,
-                          eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Kernel B's backward: (dx, d a2 [.., D], GELU(a1) [.., F], d a1 [.., F], partial sums [3,M,tiles,D] of dγ,
-    dβ and d b_2, partial sums [M,tiles,F] of d b_1)."""
-    M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
+                          eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel B's backward: (dx, d a2 [.., D], partial sums [3,M,tiles,D] of dγ, dβ and d b_2)."""
+    M, R, D = x.shape[0], x[0].numel() // x.shape[-1], x.shape[-1]
     tiles = _mlp_tiles(x)
     dx, da2 = torch.empty_like(x), torch.empty_like(x)
-    g1, da1 = x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F)
     parts = x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype))
-    hidden_parts = x.new_empty(M, tiles, F, dtype=_accumulation(x.dtype))
-    _mlp_sublayer_bwd_kernel[(tiles, M)](dy.contiguous(), x, w1, b1, w2, b2, ln_w, dx, da2, g1, da1, parts,
-                                         hidden_parts, R, tiles, eps, **_mlp_constants(x, w1))
-    return dx, da2, g1, da1, parts, hidden_parts
+    _mlp_sublayer_bwd_kernel[(tiles, M)](dy.contiguous(), x, w1, b1, w2, b2, ln_w, dx, da2, parts, R, tiles, eps,
+                                         **_mlp_constants(x, w1))
+    return dx, da2, parts
 
 
 @mlp_sublayer_backward.register_fake
 def _(dy, x, w1, b1, w2, b2, ln_w, eps):
-    M, (D, F) = x.shape[0], w1.shape[1:]
-    tiles = _mlp_tiles(x)
-    return (torch.empty_like(x), torch.empty_like(x), x.new_empty(*x.shape[:-1], F), x.new_empty(*x.shape[:-1], F),
-            x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype)),
-            x.new_empty(M, tiles, F, dtype=_accumulation(x.dtype)))
+    M, D = x.shape[0], x.shape[-1]
+    return torch.empty_like(x), torch.empty_like(x), x.new_empty(3, M, _mlp_tiles(x), D, dtype=_accumulation(x.dtype))
+
+
+@torch.library.custom_op("pe_fast::fused_mlp_weight_gradients", mutates_args=())
+def mlp_weight_gradients(x: Tensor, da2: Tensor, w1: Tensor, b1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dW_1 [M,D,F], dW_2 [M,F,D], d b_1 [M,F]) in the accumulation dtype, GELU(a1) and d a1 recomputed."""
+    M, R, (D, F) = x.shape[0], x[0].numel() // x.shape[-1], w1.shape[1:]
+    acc = _accumulation(x.dtype)
+    dw1, dw2, db1 = x.new_empty(M, D, F, dtype=acc), x.new_empty(M, F, D, dtype=acc), x.new_empty(M, F, dtype=acc)
+    constants = _mlp_constants(x, w1)
+    _mlp_weight_grad_kernel[(triton.cdiv(F, constants["HIDDEN_CHUNK"]), M)](x, da2, w1, b1, w2, dw1, dw2, db1, R,
+                                                                            **constants)
+    return dw1, dw2, db1
+
+
+@mlp_weight_gradients.register_fake
+def _(x, da2, w1, b1, w2):
+    M, (D, F), acc = x.shape[0], w1.shape[1:], _accumulation(x.dtype)
+    return x.new_empty(M, D, F, dtype=acc), x.new_empty(M, F, D, dtype=acc), x.new_empty(M, F, dtype=acc)
 
 
 # ---- the kernels' HBM traffic, for the byte ledger ----
@@ -570,10 +620,11 @@ def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1,
                      act: int = 4, param: int = 4, probe: int = 1, pe: bool = True,
                      addend: bool = True) -> tuple[int, int, float]:
     """(bytes read, bytes written, FLOPs) of one launch of `kernel` (attention_fwd, attention_bwd, mlp_fwd,
-    mlp_bwd) over a pack, counted from the kernels' code: every tensor a program loads, once (the weights and the
-    PE's addend once per launch: every tile of a model re-reads them, from L2), every tensor it stores, once; dz
-    and d a2, read back by the program that wrote them, from L2. act, param, probe: bytes per activation,
-    parameter and probe element. The attention forward's statistics rows [M,H,S,B,N] (in the accumulation
+    mlp_bwd, mlp_wgrad) over a pack, counted from the kernels' code: every tensor a program loads, once (the
+    weights and the PE's addend once per launch: every tile of a model re-reads them, from L2), every tensor it
+    stores, once; dz and d a2, read back by the program that wrote them, from L2, and x and d a2 read by the
+    weight-gradient kernel's programs of one model, from L2 after the first. act, param, probe: bytes per
+    activation, parameter and probe element. The attention forward's statistics rows [M,H,S,B,N] (in the accumulation
     dtype) are written by the kernel and read once by the mean over (B, N) after it. FLOPs: what the programs
     execute, padding rows and the recomputations included (tl.dot's 2 per multiply-add)."""
     acc = 8 if act == 8 else 4
@@ -598,12 +649,13 @@ def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1,
     tiles = -(-(B * N) // cfg.block_t)
     executed = M * tiles * cfg.block_t
     weights = M * (2 * D * F + F + 2 * D) * param  # W_1, W_2, b_1, b_2, γ
-    hidden = M * B * N * F * act
     if kernel == "mlp_fwd":
         return rows + weights + M * D * param, rows, executed * 4 * D * F
     if kernel == "mlp_bwd":
-        parts = M * tiles * (3 * D + F) * acc
-        return 2 * rows + weights, 2 * rows + 2 * hidden + parts, executed * 10 * D * F
+        return 2 * rows + weights, 2 * rows + M * tiles * 3 * D * acc, executed * 10 * D * F
+    if kernel == "mlp_wgrad":  # every hidden chunk's program runs over all rows: x and d a2 from L2 after the first
+        padded_f = -(-F // cfg.chunk) * cfg.chunk
+        return 2 * rows + M * (2 * D * F + F) * param, M * (2 * D * F + F) * acc, executed * 8 * D * padded_f
     raise ValueError(f"unknown fused kernel {kernel!r}")
 
 
@@ -617,7 +669,7 @@ def op_traffic(func, args) -> tuple[str, int, int, float] | None:
     a = dict(zip(names, args))
     x = a["x"]
     M, B, N, D = x.shape if x.dim() == 4 else (x.shape[0], 1, x[0].numel() // x.shape[-1], x.shape[-1])
-    weight = a.get("w_qkv", a.get("w1"))
+    weight = a["w_qkv"] if "w_qkv" in a else a["w1"]
     probes = a.get("probes")
     counts = sublayer_traffic(
         kernel, M=M, B=B, N=N, D=D, H=a.get("num_heads", 1), F=a["w1"].shape[-1] if "w1" in a else 0,
@@ -630,7 +682,8 @@ def op_traffic(func, args) -> tuple[str, int, int, float] | None:
 _OP_KERNELS = {attention_sublayer_forward._opoverload.overloadpacket: "attention_fwd",
                attention_sublayer_backward._opoverload.overloadpacket: "attention_bwd",
                mlp_sublayer_forward._opoverload.overloadpacket: "mlp_fwd",
-               mlp_sublayer_backward._opoverload.overloadpacket: "mlp_bwd"}
+               mlp_sublayer_backward._opoverload.overloadpacket: "mlp_bwd",
+               mlp_weight_gradients._opoverload.overloadpacket: "mlp_wgrad"}
 
 
 # ---- autograd: the weight gradients as grouped GEMMs over the pack ----
@@ -683,11 +736,10 @@ class MLPSublayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w1, b1, w2, b2, ln_w, ln_b = ctx.saved_tensors
-        dx, da2, g1, da1, parts, hidden_parts = mlp_sublayer_backward(dy, x, w1, b1, w2, b2, ln_w, ctx.eps)
-        dw1 = torch.bmm(_rows(x).transpose(1, 2), _rows(da1))
-        dw2 = torch.bmm(_rows(g1).transpose(1, 2), _rows(da2))
+        dx, da2, parts = mlp_sublayer_backward(dy, x, w1, b1, w2, b2, ln_w, ctx.eps)
+        dw1, dw2, db1 = mlp_weight_gradients(x, da2, w1, b1, w2)
         dln_w, dln_b, db2 = parts.sum(2)
-        grads = (dw1, hidden_parts.sum(1), dw2, db2, dln_w, dln_b)
+        grads = (dw1, db1, dw2, db2, dln_w, dln_b)
         return (dx, *_to(grads, (w1, b1, w2, b2, ln_w, ln_b)), None)
 
 
