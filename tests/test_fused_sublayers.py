@@ -213,10 +213,10 @@ def test_refusal_names_each_unsupported_input():
 
 SHAPES = {"lst": dict(N=16, D=160, H=1, F=640, K=2),  # the paper's LST shape (bench/training/traffic.py's defaults)
           "fmri": dict(D=32, F=64)}  # the fMRI default's MLP (its attention stays unfused: N = 100, 360)
-KERNELS = ("attention_fwd", "attention_bwd", "mlp_fwd", "mlp_bwd", "mlp_wgrad")
+KERNELS = ("attention_fwd", "attention_bwd", "wgrad_qkv", "wgrad_out", "mlp_fwd", "mlp_bwd", "mlp_wgrad")
 AOT_JOBS = [(kernel, dtype, precision, "lst") for kernel in KERNELS
             for dtype, precision in (("fp32", "ieee"), ("fp32", "tf32"), ("bf16", "ieee"))]
-AOT_JOBS += [(kernel, "fp32", "ieee", "fmri") for kernel in KERNELS[2:]]
+AOT_JOBS += [(kernel, "fp32", "ieee", "fmri") for kernel in KERNELS[4:]]
 
 
 def aot_source(kernel: str, dtype: str, precision: str, shape: str):
@@ -226,7 +226,15 @@ def aot_source(kernel: str, dtype: str, precision: str, shape: str):
     t, p = "*" + dtype, "*fp32"
     sh = SHAPES[shape]
     D, H = sh["D"], sh.get("H")
-    if kernel.startswith("attention"):
+    if kernel.startswith("wgrad"):  # _weight_grad_kernel's two launches: x + pe against dqkv, o against dz (+ dx)
+        cfg = fs.WEIGHT_GRAD
+        qkv = kernel == "wgrad_qkv"
+        const = dict(N=sh["N"], K=D, G_COLS=(3 if qkv else 1) * D, NP=16, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
+                     HAS_ADD=qkv, TOK_SUM=not qkv, ACC=triton.language.float32, PRECISION=precision)
+        fn = fs._weight_grad_kernel
+        args = dict(a_ptr=t, add_ptr=p if qkv else t, g_ptr=t, s_ptr=t, dw_ptr=p, col_sum_ptr=p, tok_sum_ptr=p,
+                    R="i32")
+    elif kernel.startswith("attention"):
         cfg = fs.attention_config(D // H)
         const = dict(N=sh["N"], D=D, DP=triton.next_power_of_2(D), H=H, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HAS_PE=True, HAS_ADD=True, ACC=triton.language.float32, PRECISION=precision)
@@ -303,8 +311,14 @@ def test_sublayer_traffic_against_a_hand_count():
         32 * (8 * 8 * 8 + 4 * 16 * 8))  # 32 rows · (QKV and out-projection 2·4·D², scores and P·V 2·2·16·D)
     assert fs.sublayer_traffic("attention_bwd", **shape) == (
         2 * act + pe + addend + w_qkv + w_o + 2 * vector,  # dy, x, pe, addend, weights, b_o, γ
-        3 * act + 3 * act + 3 * 2 * 8 * 4,  # dx, dz, o, dqkv, partial sums [3, M, 1 tile, D]
+        3 * act + 3 * act + 2 * 2 * 8 * 4,  # dx, dz, o, dqkv, partial sums of dγ, dβ [2, M, 1 tile, D]
         32 * (28 * 8 * 8 + 14 * 16 * 8))
+    # two launches over the 12 rows of each model in one 16-row step, [32, 32] blocks (D 8 and 3D 24 pad to 32):
+    # x + pe against dqkv, o against dz, and the one-hot [16, 16] dot of the per-token sums of dx
+    assert fs.sublayer_traffic("attention_wgrad", **shape) == (
+        act + pe + 3 * act + act + act + act,  # x, pe, dqkv, o, dz, dx
+        2 * (8 * 24 + 24 + 8 * 8 + 8 + 4 * 8) * 4,  # dW_qkv, d b_qkv, dW_o, d b_o, dpe
+        32 * (2 * 32 * 32 + 2 * 32 * 32 + 2 * 16 * 32))
     w1 = w2 = 2 * 8 * 12 * 4
     b1 = 2 * 12 * 4
     assert fs.sublayer_traffic("mlp_fwd", **shape) == (act + w1 + w2 + b1 + 3 * vector, act, 32 * 4 * 8 * 12)
@@ -317,7 +331,7 @@ def test_sublayer_traffic_against_a_hand_count():
 
 
 def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
-    """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's five kernels as
+    """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's six kernel calls as
     sublayer_traffic counts them, and fewer bytes than the unfused step."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
     traffic = __import__("training.traffic", fromlist=["step_ledger"])
@@ -330,7 +344,7 @@ def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
         monkeypatch.setenv("PE_FAST_BACKEND", backend)
         ledgers[backend] = traffic.step_ledger(task, model, train_config, seeds, sigmas)
     fused = {e.op: e for e in ledgers["fused"].entries.values() if e.kind == "fused op"}
-    kernels = ("attention_bwd", "attention_fwd", "mlp_bwd", "mlp_fwd", "mlp_wgrad")
+    kernels = ("attention_bwd", "attention_fwd", "attention_wgrad", "mlp_bwd", "mlp_fwd", "mlp_wgrad")
     assert sorted(fused) == [f"pe_fast::fused {k}" for k in kernels]
     for kernel in kernels:
         e = fused[f"pe_fast::fused {kernel}"]

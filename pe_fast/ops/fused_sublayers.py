@@ -76,6 +76,14 @@ def mlp_config() -> FusedConfig:
     return FusedConfig(block_t=16, chunk=32, warps=8)
 
 
+# Kernel A's weight gradients: [32, 32] blocks of dW per program, 16 rows a step
+WEIGHT_GRAD = FusedConfig(block_t=16, chunk=32, warps=4)
+
+
+def _padded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 # ---- kernels ----
 
 @triton.jit
@@ -296,7 +304,6 @@ def _attention_sublayer_bwd_kernel(
     lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
     dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
     tl.store(dz_ptr + row[:, None] * D + dcol[None, :], dz.to(dz_ptr.dtype.element_ty), mask=io_mask)
-    _store_part(part_ptr, 2, dz, m, tile, num_tiles, dcol, d_ok, D)  # d b_o
     tl.debug_barrier()  # dz is read back below, by other threads of the program
     dx = tl.zeros([BLOCK_T, DP], ACC)
     w_m = w_ptr + m * (D * 3 * D)
@@ -478,6 +485,55 @@ def _mlp_weight_grad_kernel(
     tl.store(db1_ptr + m * F + f, db1.to(db1_ptr.dtype.element_ty), mask=f_ok)
 
 
+@triton.jit(do_not_specialize=["R"])
+def _weight_grad_kernel(
+    a_ptr, add_ptr, g_ptr, s_ptr, dw_ptr, col_sum_ptr, tok_sum_ptr, R, N: tl.constexpr, K: tl.constexpr,
+    G_COLS: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, HAS_ADD: tl.constexpr,
+    TOK_SUM: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # Kernel A's weight gradients, one [CHUNK, CHUNK] block of dW per program, summed over one model's R rows in
+    # order (deterministic): dW[k, c] = Σ_rows (a + add[token])[k]·g[c] for a [.., K] (x, or o), add [M, N, K] (the
+    # PE: x + pe is the projection's input, never stored), g [.., G_COLS] (dqkv, or dz). The programs of the first
+    # k-block also give Σ_rows g[c] (a bias gradient) and, with TOK_SUM, Σ over the batch of s[token, c] (s = dx:
+    # the PE's gradient).
+    block, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    K_BLOCKS: tl.constexpr = (K + CHUNK - 1) // CHUNK
+    k = (block % K_BLOCKS) * CHUNK + tl.arange(0, CHUNK)
+    c = (block // K_BLOCKS) * CHUNK + tl.arange(0, CHUNK)
+    k_ok, c_ok = k < K, c < G_COLS
+    first = block % K_BLOCKS == 0
+    n = tl.arange(0, NP)
+    dw = tl.zeros([CHUNK, CHUNK], ACC)
+    col_sum = tl.zeros([CHUNK], ACC)
+    tok_sum = tl.zeros([NP, CHUNK], ACC)
+    r0 = 0
+    while r0 < R:  # not range(0, R, ...): the interpreter (triton 3.6, numpy 2) fails on a runtime range bound
+        r = r0 + tl.arange(0, BLOCK_T)
+        r0 += BLOCK_T
+        ok = r < R
+        row = m * R + r
+        tok = r % N
+        g = tl.load(g_ptr + row[:, None] * G_COLS + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+        a = tl.load(a_ptr + row[:, None] * K + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_ADD:
+            a = (a.to(ACC) + tl.load(add_ptr + (m * N + tok)[:, None] * K + k[None, :],
+                                     mask=ok[:, None] & k_ok[None, :], other=0.0).to(ACC)).to(g.dtype)
+        dw += tl.dot(tl.trans(a.to(g.dtype)), g, input_precision=PRECISION, out_dtype=ACC)
+        if first:
+            col_sum += tl.sum(g.to(ACC), 0)
+            if TOK_SUM:
+                sv = tl.load(s_ptr + row[:, None] * G_COLS + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+                one_hot = ((n[:, None] == tok[None, :]) & ok[None, :]).to(sv.dtype)  # [NP, BLOCK_T]
+                tok_sum += tl.dot(one_hot, sv, input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dw_ptr + m * (K * G_COLS) + k[:, None] * G_COLS + c[None, :], dw.to(dw_ptr.dtype.element_ty),
+             mask=k_ok[:, None] & c_ok[None, :])
+    if first:
+        tl.store(col_sum_ptr + m * G_COLS + c, col_sum.to(col_sum_ptr.dtype.element_ty), mask=c_ok)
+        if TOK_SUM:
+            tl.store(tok_sum_ptr + (m * N + n)[:, None] * G_COLS + c[None, :], tok_sum.to(tok_sum_ptr.dtype.element_ty),
+                     mask=(n < N)[:, None] & c_ok[None, :])
+
+
 # ---- launchers, behind custom ops (fake implementations: shapes only, for the ledger and torch.compile) ----
 
 def _acc(dtype: torch.dtype):
@@ -529,13 +585,13 @@ def attention_sublayer_backward(dy: Tensor, x: Tensor, pe: Tensor | None, addend
                                 w_o: Tensor, b_o: Tensor, ln_w: Tensor, num_heads: int,
                                 eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Kernel A's backward: (dx [M,B,N,D], dz [M,B,N,D], o [M,B,N,D], dqkv [M,B,N,3D], partial sums
-    [3,M,tiles,D] of dγ, dβ and d b_o)."""
+    [2,M,tiles,D] of dγ and dβ)."""
     M, B, N, D = x.shape
     H = num_heads
     tiles = _attention_tiles(B, N, attention_config(D // H))
     dx, dz, o = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
     dqkv = x.new_empty(M, B, N, 3 * D)
-    parts = x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype))
+    parts = x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype))
     _attention_sublayer_bwd_kernel[(tiles, M)](
         dy.contiguous(), x, x if pe is None else pe, x if addend is None else addend, w_qkv, w_o, b_o, ln_w, dx, dz,
         o, dqkv, parts, B, tiles, 1.0 / math.sqrt(D // H), eps, **_attention_constants(x, pe, addend, H))
@@ -547,7 +603,38 @@ def _(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w, num_heads, eps):
     M, B, N, D = x.shape
     tiles = _attention_tiles(B, N, attention_config(D // num_heads))
     return (torch.empty_like(x), torch.empty_like(x), torch.empty_like(x), x.new_empty(M, B, N, 3 * D),
-            x.new_empty(3, M, tiles, D, dtype=_accumulation(x.dtype)))
+            x.new_empty(2, M, tiles, D, dtype=_accumulation(x.dtype)))
+
+
+@torch.library.custom_op("pe_fast::fused_attention_weight_gradients", mutates_args=())
+def attention_weight_gradients(x: Tensor, pe: Tensor | None, dqkv: Tensor, o: Tensor, dz: Tensor,
+                               dx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel A's weight gradients, two launches of `_weight_grad_kernel`: (dW_qkv [M,D,3D], d b_qkv [M,3D],
+    dW_o [M,D,D], d b_o [M,D], dpe [M,N,D], empty without a PE), in the accumulation dtype."""
+    M, B, N, D = x.shape
+    R, acc, chunk = B * N, _accumulation(x.dtype), WEIGHT_GRAD.chunk
+    dw_qkv, db_qkv = x.new_empty(M, D, 3 * D, dtype=acc), x.new_empty(M, 3 * D, dtype=acc)
+    dw_o, db_o = x.new_empty(M, D, D, dtype=acc), x.new_empty(M, D, dtype=acc)
+    dpe = x.new_empty(M, N, D, dtype=acc) if pe is not None else x.new_empty(0, dtype=acc)
+    common = dict(N=N, K=D, NP=max(16, triton.next_power_of_2(N)), BLOCK_T=WEIGHT_GRAD.block_t, CHUNK=chunk,
+                  ACC=_acc(x.dtype), PRECISION=triton_attention.dot_precision(x.dtype), num_warps=WEIGHT_GRAD.warps,
+                  num_stages=1)
+    k_blocks = triton.cdiv(D, chunk)
+    _weight_grad_kernel[(k_blocks * triton.cdiv(3 * D, chunk), M)](
+        x, x if pe is None else pe, dqkv, dqkv, dw_qkv, db_qkv, db_qkv, R, G_COLS=3 * D, HAS_ADD=pe is not None,
+        TOK_SUM=False, **common)
+    _weight_grad_kernel[(k_blocks * triton.cdiv(D, chunk), M)](
+        o, o, dz, dx, dw_o, db_o, dpe, R, G_COLS=D, HAS_ADD=False, TOK_SUM=pe is not None, **common)
+    return dw_qkv, db_qkv, dw_o, db_o, dpe
+
+
+@attention_weight_gradients.register_fake
+def _(x, pe, dqkv, o, dz, dx):
+    M, B, N, D = x.shape
+    acc = _accumulation(x.dtype)
+    return (x.new_empty(M, D, 3 * D, dtype=acc), x.new_empty(M, 3 * D, dtype=acc), x.new_empty(M, D, D, dtype=acc),
+            x.new_empty(M, D, dtype=acc),
+            x.new_empty(M, N, D, dtype=acc) if pe is not None else x.new_empty(0, dtype=acc))
 
 
 def _mlp_tiles(x: Tensor) -> int:
@@ -619,14 +706,14 @@ def _(x, da2, w1, b1, w2):
 def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1, F: int = 0, K: int = 0,
                      act: int = 4, param: int = 4, probe: int = 1, pe: bool = True,
                      addend: bool = True) -> tuple[int, int, float]:
-    """(bytes read, bytes written, FLOPs) of one launch of `kernel` (attention_fwd, attention_bwd, mlp_fwd,
-    mlp_bwd, mlp_wgrad) over a pack, counted from the kernels' code: every tensor a program loads, once (the
-    weights and the PE's addend once per launch: every tile of a model re-reads them, from L2), every tensor it
-    stores, once; dz and d a2, read back by the program that wrote them, from L2, and x and d a2 read by the
-    weight-gradient kernel's programs of one model, from L2 after the first. act, param, probe: bytes per
-    activation, parameter and probe element. The attention forward's statistics rows [M,H,S,B,N] (in the accumulation
-    dtype) are written by the kernel and read once by the mean over (B, N) after it. FLOPs: what the programs
-    execute, padding rows and the recomputations included (tl.dot's 2 per multiply-add)."""
+    """(bytes read, bytes written, FLOPs) of one call of `kernel` (attention_fwd, attention_bwd,
+    attention_wgrad, mlp_fwd, mlp_bwd, mlp_wgrad) over a pack, counted from the kernels' code: every tensor a
+    program loads, once (the weights and the PE's addend once per launch: every tile of a model re-reads them, from
+    L2), every tensor it stores, once; dz and d a2, read back by the program that wrote them, from L2, and the
+    activations the weight-gradient kernels' programs of one model all read, from L2 after the first. act, param,
+    probe: bytes per activation, parameter and probe element. The attention forward's statistics rows [M,H,S,B,N]
+    (in the accumulation dtype) are written by the kernel and read once by the mean over (B, N) after it. FLOPs:
+    what the programs execute, padding rows and the recomputations included (tl.dot's 2 per multiply-add)."""
     acc = 8 if act == 8 else 4
     rows = M * B * N * D * act  # one activation tensor [M,B,N,D]
     pe_bytes = M * N * D * param if pe else 0
@@ -634,7 +721,7 @@ def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1,
     if kernel.startswith("attention"):
         cfg = attention_config(D // H)
         executed = M * _attention_tiles(B, N, cfg) * cfg.block_t
-        parts = 3 * M * _attention_tiles(B, N, cfg) * D * acc
+        parts = 2 * M * _attention_tiles(B, N, cfg) * D * acc
         weights = M * (3 * D * D + D * D + 2 * D) * param  # W_qkv, W_o, b_o, γ
         if kernel == "attention_fwd":
             stat_rows = M * H * (3 + K) * B * N * acc
@@ -645,6 +732,15 @@ def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1,
             read = 2 * rows + pe_bytes + addend_bytes + weights  # dy, x
             written = 3 * rows + 3 * rows + parts  # dx, dz, o, dqkv
             return read, written, executed * (28 * D * D + 14 * cfg.block_t * D)
+        if kernel == "attention_wgrad":  # two launches of _weight_grad_kernel
+            chunk = WEIGHT_GRAD.chunk
+            rows_run = M * _padded(B * N, WEIGHT_GRAD.block_t)
+            read = 6 * rows + (rows + pe_bytes if pe else 0)  # x, dqkv (3), o, dz; with a PE, dx and pe
+            written = M * (4 * D * D + 4 * D + (N * D if pe else 0)) * acc  # dW_qkv, d b_qkv, dW_o, d b_o, dpe
+            flops = 2 * _padded(D, chunk) * (_padded(3 * D, chunk) + _padded(D, chunk))
+            if pe:  # the per-token sums of dx: a one-hot [16, rows] dot per column block
+                flops += 2 * max(16, triton.next_power_of_2(N)) * _padded(D, chunk)
+            return read, written, rows_run * flops
     cfg = mlp_config()
     tiles = -(-(B * N) // cfg.block_t)
     executed = M * tiles * cfg.block_t
@@ -669,11 +765,11 @@ def op_traffic(func, args) -> tuple[str, int, int, float] | None:
     a = dict(zip(names, args))
     x = a["x"]
     M, B, N, D = x.shape if x.dim() == 4 else (x.shape[0], 1, x[0].numel() // x.shape[-1], x.shape[-1])
-    weight = a["w_qkv"] if "w_qkv" in a else a["w1"]
+    param = next((a[k].element_size() for k in ("w_qkv", "w1", "pe") if a.get(k) is not None), 4)  # parameters
     probes = a.get("probes")
     counts = sublayer_traffic(
         kernel, M=M, B=B, N=N, D=D, H=a.get("num_heads", 1), F=a["w1"].shape[-1] if "w1" in a else 0,
-        K=0 if probes is None else probes.shape[0], act=x.element_size(), param=weight.element_size(),
+        K=0 if probes is None else probes.shape[0], act=x.element_size(), param=param,
         probe=1 if probes is None else 4 if probes.dtype == torch.float64 else probes.element_size(),  # kernel_probes
         pe=a.get("pe") is not None, addend=a.get("addend") is not None)
     return f"pe_fast::fused {kernel}", *counts
@@ -683,7 +779,8 @@ _OP_KERNELS = {attention_sublayer_forward._opoverload.overloadpacket: "attention
                attention_sublayer_backward._opoverload.overloadpacket: "attention_bwd",
                mlp_sublayer_forward._opoverload.overloadpacket: "mlp_fwd",
                mlp_sublayer_backward._opoverload.overloadpacket: "mlp_bwd",
-               mlp_weight_gradients._opoverload.overloadpacket: "mlp_wgrad"}
+               mlp_weight_gradients._opoverload.overloadpacket: "mlp_wgrad",
+               attention_weight_gradients._opoverload.overloadpacket: "attention_wgrad"}
 
 
 # ---- autograd: the weight gradients as grouped GEMMs over the pack ----
@@ -715,11 +812,10 @@ class AttentionSublayer(torch.autograd.Function):
         addend = projection.token_addend(pe, w_qkv, b_qkv, x.shape[2])
         dx, dz, o, dqkv, parts = attention_sublayer_backward(dy, x, pe, addend, w_qkv, w_o, b_o, ln_w,
                                                              ctx.num_heads, ctx.eps)
-        _, dpe, dw_qkv, db_qkv = projection.split_projection_backward(dqkv, x, pe, w_qkv, b_qkv, with_dx=False)
-        if pe is not None:
-            dpe = dpe + dz.sum(1, dtype=pe.dtype)  # the residual's share
-        dw_o = torch.bmm(_rows(o).transpose(1, 2), _rows(dz))
-        dln_w, dln_b, db_o = parts.sum(2)
+        dw_qkv, db_qkv, dw_o, db_o, dpe = attention_weight_gradients(x, pe, dqkv, o, dz, dx)
+        dln_w, dln_b = parts.sum(2)
+        dpe = dpe.to(pe.dtype) if pe is not None else None
+        db_qkv = db_qkv if b_qkv is not None else None
         return (dx, dpe, *_to((dw_qkv, db_qkv, dw_o, db_o, dln_w, dln_b), (w_qkv, w_qkv, w_o, b_o, ln_w, ln_b)),
                 None, None, None)
 

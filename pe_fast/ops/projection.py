@@ -72,13 +72,12 @@ def backward_around(kernel_backward, add_on_load: bool, grad_out: Tensor, x: Ten
     return split_projection_backward(dqkv, x, pe, w_qkv, b_qkv)
 
 
-def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, *,
-                              with_dx: bool = True):
+def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None):
     """(dx, dpe, dw_qkv, db_qkv) from dqkv [M,B,N,3D] (in x's dtype), the gradient of xw + addend; each in its
-    input's dtype, the addend's share computed in the parameters'. with_dx=False: dx is None (a kernel made it)."""
+    input's dtype, the addend's share computed in the parameters'."""
     M, B, N, D = x.shape
     rows = dqkv.reshape(M, B * N, 3 * D)
-    dx = torch.bmm(rows, w_qkv.to(rows.dtype).transpose(1, 2)).reshape(M, B, N, D) if with_dx else None
+    dx = torch.bmm(rows, w_qkv.to(rows.dtype).transpose(1, 2)).reshape(M, B, N, D)
     dw = torch.bmm(x.reshape(M, B * N, D).transpose(1, 2), rows).to(w_qkv.dtype)
     if pe is None and b_qkv is None:
         return dx, None, dw, None
