@@ -713,7 +713,8 @@ def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1,
     activations the weight-gradient kernels' programs of one model all read, from L2 after the first. act, param,
     probe: bytes per activation, parameter and probe element. The attention forward's statistics rows [M,H,S,B,N]
     (in the accumulation dtype) are written by the kernel and read once by the mean over (B, N) after it. FLOPs:
-    what the programs execute, padding rows and the recomputations included (tl.dot's 2 per multiply-add)."""
+    the dots the programs run, with their padding rows and recomputations (2 per multiply-add), at the true width:
+    the [rows, width] products padded to a power of two (160 -> 256) run up to 60 % more."""
     acc = 8 if act == 8 else 4
     rows = M * B * N * D * act  # one activation tensor [M,B,N,D]
     pe_bytes = M * N * D * param if pe else 0
