@@ -22,8 +22,8 @@
 #                                 byte ledger's bytes_per_model_step; 18 and 90 in fp32 with CUDA
 #                                 graphs against compiled alone (tf32 also with the kernels' TF32
 #                                 dots), 315 compiled tf32, then 90 eager
-#   fused.log, sweep_gpu_fused.json, sweep_gpu_unfused.json   issue 45: the fused sublayers (PE_FAST_BACKEND=fused,
-#                                 eager) against the unfused step (eager and compiled), 90 models, fp32 and bf16
+#   fused.log, sweep_gpu_{fused,unfused}{,_tf32}.json   issue 45: the fused sublayers (PE_FAST_BACKEND=fused,
+#                                 eager) against the unfused step (eager and compiled), 90 models, bf16, fp32, tf32
 #   profile_sweep*.txt            bench/training/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
 #   stacked_optimizer_gpu.json    bench/training/bench_stacked_optimizer.py on cuda (issue 14's per-model learning
 #                                 rates)
@@ -153,13 +153,17 @@ if wanted sweep; then
 fi
 
 # Issue 45: model-steps/s of the fused sublayers (eager: each sublayer is one kernel already) against the unfused
-# Triton step, eager and compiled, in one run; alone: OUT=... GPU_CHECK_STEPS=fused bash bench/gpu/gpu_check.sh
-wanted fused && step fused 240 fused.log bash -c "set -e
-        PE_FAST_BACKEND=fused python3 bench/training/bench_sweep_gpu.py --models 90 --precisions fp32,bf16 \
-            --compile off --steps 10 --warmup 3 --baseline-steps 5 --eval-items 256 --out $OUT/sweep_gpu_fused.json
-        PE_FAST_BACKEND=triton python3 bench/training/bench_sweep_gpu.py --models 90 --precisions fp32,bf16 \
-            --compile off,on --steps 10 --warmup 3 --baseline-steps 5 --eval-items 256 \
-            --out $OUT/sweep_gpu_unfused.json"
+# Triton step, eager and compiled, in one run, fused first (a time limit keeps what ran); TF32 with the kernels' dots
+# in TF32 too (PE_FAST_TF32=1, which would also turn fp32's). Alone:
+#   OUT=... GPU_CHECK_STEPS=fused bash bench/gpu/gpu_check.sh
+wanted fused && step fused 300 fused.log bash -c "set -e
+        run() { python3 bench/training/bench_sweep_gpu.py --models 90 --steps 10 --warmup 3 --baseline-steps 5 \
+            --eval-items 256 \"\$@\"; }
+        PE_FAST_BACKEND=fused run --precisions bf16,fp32 --compile off --out $OUT/sweep_gpu_fused.json
+        PE_FAST_BACKEND=fused PE_FAST_TF32=1 run --precisions tf32 --compile off --out $OUT/sweep_gpu_fused_tf32.json
+        PE_FAST_BACKEND=triton run --precisions bf16,fp32 --compile off,on --out $OUT/sweep_gpu_unfused.json
+        PE_FAST_BACKEND=triton PE_FAST_TF32=1 run --precisions tf32 --compile off,on \
+            --out $OUT/sweep_gpu_unfused_tf32.json"
 
 # Where the compiled TF32 step spends GPU time now.
 wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/training/profile_sweep_step.py \
