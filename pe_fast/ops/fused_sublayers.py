@@ -784,12 +784,7 @@ _OP_KERNELS = {attention_sublayer_forward._opoverload.overloadpacket: "attention
                attention_weight_gradients._opoverload.overloadpacket: "attention_wgrad"}
 
 
-# ---- autograd: the weight gradients as grouped GEMMs over the pack ----
-
-def _rows(t: Tensor) -> Tensor:
-    """[M, ..., C] -> [M, rows, C]."""
-    return t.reshape(t.shape[0], -1, t.shape[-1])
-
+# ---- autograd ----
 
 def _to(grads, params):
     return tuple(None if g is None else g.to(p.dtype) for g, p in zip(grads, params))
@@ -817,7 +812,7 @@ class AttentionSublayer(torch.autograd.Function):
         dln_w, dln_b = parts.sum(2)
         dpe = dpe.to(pe.dtype) if pe is not None else None
         db_qkv = db_qkv if b_qkv is not None else None
-        return (dx, dpe, *_to((dw_qkv, db_qkv, dw_o, db_o, dln_w, dln_b), (w_qkv, w_qkv, w_o, b_o, ln_w, ln_b)),
+        return (dx, dpe, *_to((dw_qkv, db_qkv, dw_o, db_o, dln_w, dln_b), (w_qkv, b_qkv, w_o, b_o, ln_w, ln_b)),
                 None, None, None)
 
 
