@@ -22,6 +22,8 @@
 #                                 byte ledger's bytes_per_model_step; 18 and 90 in fp32 with CUDA
 #                                 graphs against compiled alone (tf32 also with the kernels' TF32
 #                                 dots), 315 compiled tf32, then 90 eager
+#   fused.log, sweep_gpu_{fused,unfused}{,_tf32}.json   issue 45: the fused sublayers (PE_FAST_BACKEND=fused,
+#                                 eager) against the unfused step (eager and compiled), 90 models, bf16, fp32, tf32
 #   profile_sweep*.txt            bench/training/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
 #   stacked_optimizer_gpu.json    bench/training/bench_stacked_optimizer.py on cuda (issue 14's per-model learning
 #                                 rates)
@@ -79,8 +81,8 @@ step() {
 } > "$OUT/env.log"
 cat "$OUT/env.log"
 
-STEPS=${GPU_CHECK_STEPS:-pe_kinds science stacked_optimizer sweep profile_sweep tests profile_n16 profile_fmri op_overhead
-bench_ops training training_reference tune}
+STEPS=${GPU_CHECK_STEPS:-pe_kinds science stacked_optimizer sweep fused profile_sweep tests profile_n16 profile_fmri
+op_overhead bench_ops training training_reference tune}
 wanted() { [[ " ${STEPS//$'\n'/ } " == *" $1 "* ]]; }
 
 # Every PE kind moves to the GPU and trains (issue 13: the random PE's tables once stayed on the CPU).
@@ -150,6 +152,19 @@ if wanted sweep; then
             --warmup 3 --out $OUT/sweep_gpu_eager.json"
 fi
 
+# Issue 45: model-steps/s of the fused sublayers (eager: each sublayer is one kernel already) against the unfused
+# Triton step, eager and compiled, in one run, fused first (a time limit keeps what ran); TF32 with the kernels' dots
+# in TF32 too (PE_FAST_TF32=1, which would also turn fp32's). Alone:
+#   OUT=... GPU_CHECK_STEPS=fused bash bench/gpu/gpu_check.sh
+wanted fused && step fused 300 fused.log bash -c "set -e
+        run() { python3 bench/training/bench_sweep_gpu.py --models 90 --steps 10 --warmup 3 --baseline-steps 5 \
+            --eval-items 256 \"\$@\"; }
+        PE_FAST_BACKEND=fused run --precisions bf16,fp32 --compile off --out $OUT/sweep_gpu_fused.json
+        PE_FAST_BACKEND=fused PE_FAST_TF32=1 run --precisions tf32 --compile off --out $OUT/sweep_gpu_fused_tf32.json
+        PE_FAST_BACKEND=triton run --precisions bf16,fp32 --compile off,on --out $OUT/sweep_gpu_unfused.json
+        PE_FAST_BACKEND=triton PE_FAST_TF32=1 run --precisions tf32 --compile off,on \
+            --out $OUT/sweep_gpu_unfused_tf32.json"
+
 # Where the compiled TF32 step spends GPU time now.
 wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/training/profile_sweep_step.py \
     --models 90 --precision tf32 --compile on --out "$OUT/profile_sweep_tf32_compiled.txt"
@@ -159,7 +174,8 @@ wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/tr
 wanted tests && step tests 180 gpu_tests.log python3 -m pytest -q -rs --durations=10 -p no:cacheprovider \
     --junitxml="$OUT/gpu_tests.xml" \
     --deselect tests/test_triton_attention.py::test_cpu_interpreter_suite_in_a_child_process \
-    tests/test_triton_attention.py tests/test_op_transforms.py
+    --deselect tests/test_fused_sublayers.py::test_cpu_interpreter_suite_in_a_child_process \
+    tests/test_triton_attention.py tests/test_op_transforms.py tests/test_fused_sublayers.py
 
 wanted profile_n16 && step profile_n16 100 profile_n16.log python3 bench/op/profile_op.py --iters 10 \
     --out "$OUT/profile_n16.json"

@@ -19,6 +19,8 @@ statistics buffer, runs uncounted; the second is counted. What is counted, op by
     of the step); a copy of an expanded view writes the whole expanded tensor.
   * pe_fast::pe_attention (forward and backward) counts as the fused op's own kernels, bench_ops.py's
     fused_kernel_bytes and fused_kernel_flops, not as the reference decomposition that runs on the fake tensors.
+  * --backend fused: the fused sublayer kernels (pe_fast/ops/fused_sublayers.py) count as
+    fused_sublayers.sublayer_traffic says (their loads and stores, from their code).
   * FLOPs: torch.utils.flop_counter's formulas (the GEMMs); element-wise work counts none.
   * precision: float32 for fp32 and tf32 (TF32 changes the tensor cores' rate, not the bytes); the 16-bit ones run
     under autocast, with CUDA's rules where CPU's differ (layer_norm runs in float32 on CUDA).
@@ -37,6 +39,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -218,7 +221,12 @@ class CountingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.ledger.muted:
-            count_aten_op(self.ledger, func, args, kwargs, out)
+            fused = sys.modules.get("pe_fast.ops.fused_sublayers")  # imported wherever its ops can run
+            counted = fused.op_traffic(func, args) if fused else None
+            if counted:  # a fused sublayer kernel: its own count (it reads more than its arguments)
+                self.ledger.add(*counted, kind="fused op")
+            else:
+                count_aten_op(self.ledger, func, args, kwargs, out)
         return out
 
 
@@ -325,7 +333,13 @@ def step_ledger(task, model_config, train_config, seeds: list[int], sigmas: list
     """The ledger of PackTrainer.train_step for this pack (PackTrainer's own arguments), eager, on fake tensors."""
     # eval_every ≥ 2: the counted step is the second of the window it fills
     train_config = dataclasses.replace(train_config, compile="off", eval_every=max(2, train_config.eval_every))
-    with fake_tensors():
+    # $PE_FAST_BACKEND (--backend) may name a CUDA backend: pe_attention counts as its Triton kernels whichever runs,
+    # and the fake tensors, on the CPU, never reach a backend; so the named one is let take them
+    name = os.environ.get("PE_FAST_BACKEND", "")
+    on_fake = {}
+    if name in BACKENDS:
+        on_fake[name] = dataclasses.replace(BACKENDS[name], devices=(*BACKENDS[name].devices, "cpu"))
+    with mock.patch.dict(BACKENDS, on_fake), fake_tensors():
         trainer = PackTrainer(task, model_config, train_config, seeds, sigmas, torch.device("cpu"))
         for _ in range(2):  # the first step also allocates the optimizer's state and the statistics buffer
             ledger = Ledger(len(seeds))
@@ -416,11 +430,13 @@ def main(argv=None) -> int:
         return 2
     name = train_config.precision
     peak = (args.peak_tflops or peak_tflops("H200", name)) * 1e12
-    ledger = step_ledger(task, model_config, train_config, seeds, sigmas)
+    # --backend fused: the blocks take the fused sublayers (pe_fast.ops.fused_sublayers), as the sweep's workers do
+    with mock.patch.dict(os.environ, {"PE_FAST_BACKEND": s.backend} if s.backend else {}):
+        ledger = step_ledger(task, model_config, train_config, seeds, sigmas)
     described = {"task": s.task, "preset": s.preset, "pe": model_config.pe, "models": len(seeds), "precision": name,
                  "batch_size": train_config.batch_size, "tokens": model_config.num_tokens, "width": model_config.width,
                  "depth": model_config.depth, "heads": model_config.heads, "mlp_width": model_config.mlp_width,
-                 "optimizer": train_config.optimizer}
+                 "optimizer": train_config.optimizer, "backend": s.backend}
     header = (f"Training step of {s.task}" + (f" --preset {s.preset}" if s.preset else "") + ": " +
               ", ".join(f"{k} {v}" for k, v in described.items() if k not in ("task", "preset")))
     print(report(ledger, header, args.bandwidth, peak))

@@ -7,6 +7,7 @@ block (a separate learned PE per block) or of the first block only.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
+from pe_fast.ops.backends import FUSED_BACKEND
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.ops import sublayer_ends
 from pe_fast.models.relative_pe import RelativePE
@@ -74,6 +76,21 @@ class Block(nn.Module):
         out one token: every token still serves as a key, but the other tokens' outputs are never used).
         pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
         (it then goes through the attention as one input, without the op's separate PE path)."""
+        fused = None  # backend "fused": each sublayer one Triton kernel where it can (pe_fast.ops.fused_sublayers)
+        if (self.attention.backend or os.environ.get("PE_FAST_BACKEND")) == FUSED_BACKEND:
+            from pe_fast.ops import fused_sublayers as fused  # needs triton
+        if fused is not None and fused.takes_attention(self, h, rope, bias, pe_dropout_mask):
+            h, stats = fused.attention_forward(self, h, pe, probes, only_token)
+        else:
+            h, stats = self.attention_sublayer(h, pe, probes, rope, bias, only_token, pe_dropout_mask)
+        if fused is not None and fused.takes_mlp(h):
+            return fused.mlp_forward(self, h), stats
+        h = self.norm_mlp(self.mlp_out(self.mlp_in(h, gelu=True), gelu=True), residual=h)
+        return h, stats
+
+    def attention_sublayer(self, h, pe, probes, rope, bias, only_token, pe_dropout_mask):
+        """LN0(Attn(h + pe) + h + pe) and the attention statistics, through the fused op (and on the CPU, the C++
+        sublayer end for the rest)."""
         if pe_dropout_mask is not None:
             h, pe = (h + pe[:, None]) * pe_dropout_mask, None
         out, stats = self.attention.attend(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
@@ -84,11 +101,9 @@ class Block(nn.Module):
         if sublayer_ends.fusable(out, h, pe, projection.bias):
             # one pass for the projection's bias, the residual, the PE, the layer norm and its scale
             add = projection.bias[:, None] if pe is None else pe + projection.bias[:, None]
-            h = self.norm_attn(projection(out, add_bias=False), residual=h, add=add)
-        else:  # CUDA, bf16, traced: torch's ops
-            h = self.norm_attn(projection(out) + (h if pe is None else h + pe[:, None]))
-        h = self.norm_mlp(self.mlp_out(self.mlp_in(h, gelu=True), gelu=True), residual=h)
-        return h, stats
+            return self.norm_attn(projection(out, add_bias=False), residual=h, add=add), stats
+        # CUDA, bf16, traced: torch's ops
+        return self.norm_attn(projection(out) + (h if pe is None else h + pe[:, None])), stats
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for old, new in self.OLD_NAMES.items():

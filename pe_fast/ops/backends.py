@@ -21,7 +21,9 @@ from pe_fast.ops import reference
 
 log = logging.getLogger("pe_fast")
 
-PREFERENCE = ("triton", "cpp", "reference")  # BACKENDS keeps this order: the default is the first that runs there
+FUSED_BACKEND = "fused"  # the Triton op, and whole sublayers fused in models.transformer's blocks (fused_sublayers)
+# BACKENDS keeps this order: the default is the first that runs there (never "fused": the reference runs first)
+PREFERENCE = ("triton", "cpp", "reference", FUSED_BACKEND)
 
 
 @dataclasses.dataclass(frozen=True)
