@@ -9,6 +9,7 @@ uninterrupted one.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from pe_fast import precision
 from pe_fast.metrics import convergence, pe_geometry
-from pe_fast.metrics.attention_maps import mean_attention_maps
+from pe_fast.metrics.attention_maps import AttentionMapSums, mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import PEDropout
@@ -240,6 +241,7 @@ class PackTrainer:
             raise ValueError(f"until={train_config.until!r}: choose from {', '.join(UNTIL)}; converged needs the "
                              f"plateau_score to follow")
         self.stopped = "budget"  # until the pack converges, if it does before its last step
+        self.final_maps = None  # the mean attention maps, gathered by the final evaluation
         # Compiled, the step's layer norms, residual adds, GELUs and loss fuse with their backward into a few
         # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
         # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
@@ -353,8 +355,13 @@ class PackTrainer:
         model.eval()
         for name, tokens in self.eval_tokens.items():
             items = self.eval_items[name] if not final else torch.arange(len(tokens))
-            with self.autocast():
+            # the final pass over the attention split also gives the mean attention maps (result()), unless
+            # autocast would make them differ from the float32 maps computed apart
+            maps_here = final and name == task.attention_split and self.config.precision not in precision.LOW
+            with self.autocast(), AttentionMapSums(model) if maps_here else contextlib.nullcontext() as sums:
                 outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
+            if maps_here:
+                self.final_maps = sums.mean()
             outputs = outputs.float()
             for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
                 rows[m].update(scores)
@@ -380,7 +387,9 @@ class PackTrainer:
         final_rows = [dict(row) for row in self.curves[-M:]]
         tables = [t.detach().cpu().numpy() for t in self.model.pe_tables()]
         pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
-        maps = mean_attention_maps(self.model, self.eval_tokens[self.task.attention_split], self.probes)
+        maps = self.final_maps
+        if maps is None:  # no final evaluation in this process (a pack resumed at its last step), or autocast
+            maps = mean_attention_maps(self.model, self.eval_tokens[self.task.attention_split], self.probes)
         return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, attention_maps=maps,
                           seconds=self.seconds, steps=self.step, stopped=self.stopped)
 

@@ -44,3 +44,25 @@ def test_alignment_is_the_layer_mean_pearson_r_with_the_reference_mean_leaving_e
     assert map_alignment(maps, []) == {}
     alone = map_alignment({0: ref[10], 1: ref[11]}, [0])
     assert np.isnan(alone[0]) and alone[1] == pytest.approx(layer_mean_r(ref[11], ref[10]))
+
+
+def test_the_final_evaluation_gathers_the_maps_a_separate_pass_gives():
+    """PackTrainer takes the mean attention maps from its final evaluation's pass over the attention split (fp32):
+    the same maps as mean_attention_maps' own pass, in its own chunks; under autocast it computes them apart."""
+    from pe_fast.tasks.lst import LSTTask
+    from pe_fast.train import PackTrainer, TrainConfig
+
+    task = LSTTask()
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=8, depth=2, heads=1, mlp_width=16,
+                         readout_token=task.readout_token)
+    trainer = PackTrainer(task, config, TrainConfig(steps=2, batch_size=8, eval_every=2), [1, 2], [0.2, 2.0],
+                          torch.device("cpu"))
+    maps = trainer.run().attention_maps
+    assert trainer.final_maps is not None
+    apart = mean_attention_maps(trainer.model, trainer.eval_tokens[task.attention_split], trainer.probes,
+                                max_scores=2 * 256 * 16 * 16)
+    assert maps.shape == (2, 2, 16, 16)
+    np.testing.assert_allclose(maps, apart, rtol=0, atol=1e-7)
+    low = PackTrainer(task, config, TrainConfig(steps=2, batch_size=8, eval_every=2, precision="bf16"), [1], [0.2],
+                      torch.device("cpu"))
+    assert low.run().attention_maps.shape == (1, 2, 16, 16) and low.final_maps is None

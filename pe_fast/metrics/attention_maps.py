@@ -29,6 +29,44 @@ def attention_input_hook(captured: dict, key):
     return hook
 
 
+class AttentionMapSums:
+    """While active (a context manager), every forward of `model` adds its attention probabilities, averaged over
+    heads and summed over items, to a [M, L, N, N] float64 total; mean() is the mean over the items seen. The
+    training loop's final evaluation gathers the maps this way on its own pass over the split."""
+
+    def __init__(self, model):
+        self.model, self.total, self.items, self.hooks = model, None, 0, []
+
+    def __enter__(self):
+        captured = {}
+        blocks = self.model.blocks
+
+        def add(block_index):
+            hook = attention_input_hook(captured, block_index)
+
+            def add_block(block, args):
+                hook(block, args)
+                p = captured.pop(block_index)  # [M, B, H, N, N]
+                if self.total is None:
+                    M, _, _, N, _ = p.shape
+                    self.total = torch.zeros(M, len(blocks), N, N, dtype=torch.float64, device=p.device)
+                self.total[:, block_index] += p.double().sum(1).mean(1)  # items summed, heads averaged
+                if block_index == 0:
+                    self.items += p.shape[1]
+            return add_block
+
+        self.hooks = [block.register_forward_pre_hook(add(b)) for b, block in enumerate(blocks)]
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+    def mean(self) -> np.ndarray:
+        return (self.total / self.items).float().cpu().numpy()
+
+
 @torch.no_grad()
 def mean_attention_maps(model, tokens: Tensor, probes: Tensor | None, max_scores: int = 2 ** 24) -> np.ndarray:
     """[M, L, N, N]: every model's attention probabilities on the items tokens [P, N, token_dim], averaged over
@@ -36,22 +74,16 @@ def mean_attention_maps(model, tokens: Tensor, probes: Tensor | None, max_scores
     M, (P, N) = model.num_models, tokens.shape[:2]
     heads = model.blocks[0].attention.num_heads
     chunk = max(1, max_scores // (M * heads * N * N))
-    captured = {}
-    hooks = [block.register_forward_pre_hook(attention_input_hook(captured, b)) for b, block in enumerate(model.blocks)]
-    total = torch.zeros(M, len(model.blocks), N, N, dtype=torch.float64, device=tokens.device)
     was_training = model.training
     try:
         model.eval()
-        for start in range(0, P, chunk):
-            part = tokens[start:start + chunk]
-            model(part.unsqueeze(0).expand(M, *part.shape), probes)
-            for b in range(len(model.blocks)):
-                total[:, b] += captured[b].double().sum(1).mean(1)  # items summed, heads averaged
+        with AttentionMapSums(model) as sums:
+            for start in range(0, P, chunk):
+                part = tokens[start:start + chunk]
+                model(part.unsqueeze(0).expand(M, *part.shape), probes)
     finally:
         model.train(was_training)
-        for hook in hooks:
-            hook.remove()
-    return (total / P).float().cpu().numpy()
+    return sums.mean()
 
 
 def map_alignment(maps: dict, reference_ids: list) -> dict:
