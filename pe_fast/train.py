@@ -25,11 +25,10 @@ from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import PEDropout
 from pe_fast.ops import STAT_NAMES
+from pe_fast.seeds import DATA_SEED_OFFSET
 from pe_fast.stacked_optim import KINDS as OPTIMIZERS  # torch's fused optimizers (make_optimizer) cover them too
 from pe_fast.stacked_optim import StackedOptimizer
 
-# Batch order uses its own stream, apart from the weights' and the PE's.
-DATA_SEED_OFFSET = 2_000_003
 # Items of the attention split on which every evaluation measures how far features and attention moved (a small
 # batch: the first block's attention maps are held in full, [M, items, H, N, N])
 RICH_LAZY_ITEMS = 16

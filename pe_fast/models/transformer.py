@@ -18,13 +18,11 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
+from pe_fast.seeds import PE_SEED_OFFSET
 
 ABSOLUTE_PES = ("learned", "random", "sin1d", "sin2d", "sinnd", "none")
 ROTARY_PES = ("rope", "rope2d")
 PE_KINDS = ABSOLUTE_PES + ROTARY_PES + ("relative",)
-# The PE's random draws use their own generator stream, so two models with the same seed and different PE
-# kinds or σ start from the same weights everywhere else: comparisons across PEs are paired.
-PE_SEED_OFFSET = 1_000_003
 
 
 @dataclasses.dataclass(frozen=True)

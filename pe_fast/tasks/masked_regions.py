@@ -23,11 +23,10 @@ from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
+from pe_fast.seeds import EVAL_MASK_SEED, MASK_SEED_OFFSET
 from pe_fast.tasks.base import TaskView
 from pe_fast.train import upload
 
-MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
-EVAL_MASK_SEED = 12_345
 SPLITS = ("subject", "run")
 BASELINES = ("baseline:mean", "baseline:linear")
 # only where the data carry the covariance that generated them (RegionData.covariance)
