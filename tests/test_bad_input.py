@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.report.cli import main as report_main
 from pe_fast.sweep.cli import main as sweep_main
-from pe_fast.sweep.settings import Settings
+from pe_fast.results.settings import Settings
 from sweep_harness import TINY_NETSIM, run_sweep, start_sweep
 
 LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",

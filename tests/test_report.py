@@ -15,7 +15,7 @@ from scipy import stats
 from pe_fast import report
 from pe_fast.report import figures
 from pe_fast.report.numbers import alignment, probe_names
-from pe_fast.report.reading import load_run
+from pe_fast.results.reading import load_run
 from pe_fast.tasks import KINDS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"

@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_fast import memory, run_folder
+from pe_fast import memory
+from pe_fast.results import run_folder
 from pe_fast.sweep import executors, grid, settings
 from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task

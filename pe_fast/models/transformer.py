@@ -54,10 +54,6 @@ class ModelConfig:
 
 
 class Block(nn.Module):
-    # Parameter names from before the block held a PEAttention, for checkpoints written then.
-    OLD_NAMES = {"w_qkv": "attention.w_qkv", "b_qkv": "attention.b_qkv", "attn_out.weight": "attention.out.weight",
-                 "attn_out.bias": "attention.out.bias"}
-
     def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
         super().__init__()
         M, D = len(generators), config.width
@@ -82,12 +78,6 @@ class Block(nn.Module):
         h = self.norm_attn(attended + h)
         h = self.norm_mlp(F.gelu(self.mlp_out(F.gelu(self.mlp_in(h)))) + h)
         return h, stats
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        for old, new in self.OLD_NAMES.items():
-            if prefix + old in state_dict:
-                state_dict[prefix + new] = state_dict.pop(prefix + old)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class StackedTransformer(nn.Module):

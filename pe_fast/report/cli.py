@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.report import pooling, rsa
 from pe_fast.report.figures import draw_figures
-from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
-                                    map_alignment, sigma_label, statement, stopping_lines, summary_markdown)
-from pe_fast.report.reading import ReportError, Run, read_run, task_name
+from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt,
+                                    map_alignment, statement, stopping_lines, summary_markdown)
+from pe_fast.results.reading import ReportError, Run, read_run, task_name
+from pe_fast.results.summary import is_baseline, sigma_label
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
 

@@ -14,13 +14,13 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.report import brain_maps
-from pe_fast.report.numbers import (Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names,
-                                    varying_axes)
-from pe_fast.report.reading import Run, read_npz
+from pe_fast.report.numbers import Alignment, fmt, grouped, layer_head_mean, probe_names
+from pe_fast.results.reading import Run, read_npz
+from pe_fast.results.summary import is_baseline, varying_axes
 from pe_fast.tasks.base import TaskView
 
 # Every figure the report can write; stale ones from an earlier report are removed when not redrawn.

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 from scipy.spatial.distance import pdist
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.metrics.pe_geometry import cosine_similarity_matrix, upper_triangle
-from pe_fast.report.reading import Run
+from pe_fast.results.reading import Run
 
 RDMS_FILE = "rdms.hdf5"
 BOOTSTRAP_DRAWS = 2000

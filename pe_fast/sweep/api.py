@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from pe_fast.report.reading import Run, load_run
-from pe_fast.sweep import cli, settings
+from pe_fast.results.reading import Run
+from pe_fast.sweep import program, settings
 from pe_fast.sweep.settings import UsageError
 
 
@@ -40,4 +40,4 @@ def run(**keywords) -> Run:
     folder as a Run (pe_fast.load_run). Progress goes to stderr as on the command line."""
     namespace = arguments(keywords)
     s = settings.from_resume(namespace) if namespace.resume else settings.from_flags(namespace)
-    return load_run(cli.run(s))
+    return program.run(s)

@@ -18,7 +18,10 @@ from pathlib import Path
 import torch
 
 import pe_fast
-from pe_fast import precision, run_folder
+from pe_fast import precision
+from pe_fast.results import run_folder
+from pe_fast.results import migrate
+from pe_fast.results.settings import LIST_SETTINGS, OPTIONAL_LISTS, RUNTIME_FLAGS, Settings
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.tasks import KINDS
@@ -33,15 +36,6 @@ PE_AT = ("every", "input")
 SPLITS = ("subject", "run")
 
 PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
-# Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
-# (the PE kinds the dropout applies to).
-LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
-                 "optimizer": str, "pe_dropout_on": str, "seed_values": int}
-OPTIONAL_LISTS = ("seed_values",)  # None when not given; the others always have a value
-# What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
-RUNTIME_FLAGS = ("device", "threads", "executor", "ray_address", "slurm_partition", "slurm_time", "slurm_gpus",
-                 "slurm_account", "slurm_option", "slurm_local", "checkpoint_every", "no_report", "compile",
-                 "tensorboard")
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
 SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_account", "slurm_option", "slurm_local")
 
@@ -50,90 +44,6 @@ class UsageError(Exception):
     """A mistake in the user's flags or files: reported as one line, exit code 2."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Everything a sweep needs, resolved and validated. Written to config.json ("settings") and read back by
-    --resume (`from_json`)."""
-    task: str
-    pe: tuple[str, ...]
-    sigmas: tuple[float, ...]
-    seeds: int  # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
-    steps: int
-    width: int
-    depth: int
-    heads: int
-    mlp_width: int
-    batch_size: int
-    lr: tuple[float, ...]          # grid axes: every model trains with one value of each
-    optimizer: tuple[str, ...]
-    schedule: str
-    warmup: int
-    eval_every: int
-    eval_items: int = 2048
-    until: str = "budget"  # or "converged": a pack ends once its models have levelled off (train.UNTIL)
-    weight_decay: tuple[float, ...] = (0.0,)
-    momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
-    seed_values: tuple[int, ...] | None = None  # the seeds themselves (--seed-values), instead of the first --seeds
-    pe_at: str = "every"
-    pe_dropout: float = 0.0  # dropout on x + PE while training, for the kinds of pe_dropout_on
-    pe_dropout_on: tuple[str, ...] = SINUSOIDAL_PES  # the authors': their sinusoidal modules, not their learned PE
-    precision: str = "fp32"
-    preset: str | None = None
-    # the task's data
-    lst_train: str | None = None
-    lst_ood: str | None = None
-    atlas: str = "schaefer100"
-    data: str | None = None
-    regions: str | None = None
-    parcellation: str | None = None
-    mask_fraction: float = 0.2
-    window: int = 1
-    split: str = "subject"
-    nodes: int | None = None
-    modules: int | None = None
-    p_within: float | None = None
-    p_between: float | None = None
-    coupling: float | None = None
-    inhibition: float | None = None
-    noise: float | None = None
-    timepoints: int | None = None
-    runs: int | None = None
-    netsim_seed: int | None = None
-    # where and how it runs (RESUME_FLAGS may change these)
-    out: str | None = None
-    device: str = "cpu"
-    threads: int | None = None
-    backend: str | None = None
-    max_pack: int | None = None
-    checkpoint_every: int | None = None
-    executor: str = "local"
-    ray_address: str | None = None
-    slurm_partition: str | None = None
-    slurm_time: int = 60  # minutes per job; a pack that needs longer is requeued and continues
-    slurm_gpus: int | None = None  # per job; None: 1 with --device cuda, else 0
-    slurm_account: str | None = None
-    slurm_option: tuple[str, ...] = ()  # extra sbatch options, KEY=VALUE
-    slurm_local: bool = False  # submitit's local executor instead of SLURM, to try the path on one machine
-    compile: str = "off"
-    no_report: bool = False
-    tensorboard: bool = False
-    # the packs, by model_id: planned at the start of a sweep, read from config.json on --resume
-    packs: tuple[tuple[int, ...], ...] | None = None
-
-    def to_json(self) -> dict:
-        """The settings as config.json holds them (the packs are written beside them)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-                if k != "packs"}
-
-    @classmethod
-    def from_json(cls, settings: dict, packs) -> "Settings":
-        known = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in settings.items() if k in known}
-        for name in LIST_SETTINGS:  # a single number in config.json files from before the optimizer axes
-            if fields.get(name) is not None:
-                value = fields[name]
-                fields[name] = tuple(value) if isinstance(value, list) else (value,)
-        return cls(**fields, packs=tuple(tuple(pack) for pack in packs))
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -592,7 +502,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
     if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
             and isinstance(config.get("packs"), list)):
         raise UsageError(f"--resume: {path} is not a sweep's config (it lacks its settings or packs)")
-    s = dict(config["settings"])
+    s = migrate.settings(config["settings"])
     given = {name: value for name, value in vars(args).items()
              if name not in RESUME_FLAGS and value is not None and value is not False}
     for name, value in given.items():
@@ -609,9 +519,6 @@ def from_resume(args: argparse.Namespace) -> Settings:
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)
     s["out"] = args.out
-    for name in LIST_SETTINGS:  # a single value in config.json files from before the optimizer axes
-        if s.get(name) is not None and not isinstance(s[name], list):
-            s[name] = [s[name]]
     try:
         return validate(s, packs=config["packs"])
     except UsageError as error:

@@ -3,7 +3,8 @@ data package becomes a UsageError (one line, exit 2) that names the flag of the 
 from __future__ import annotations
 
 from pe_fast.data import DataError
-from pe_fast.sweep.settings import PATH_FLAGS, Settings, UsageError, split_paths
+from pe_fast.results.settings import Settings
+from pe_fast.sweep.settings import PATH_FLAGS, UsageError, split_paths
 from pe_fast.tasks import KINDS
 
 

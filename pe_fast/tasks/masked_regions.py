@@ -19,13 +19,13 @@ from scipy import stats
 from torch import Tensor
 
 from pe_fast.data.regions import median_centroid_distance
+from pe_fast.host_to_device import upload
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.seeds import EVAL_MASK_SEED, MASK_SEED_OFFSET
 from pe_fast.tasks.base import TaskView
-from pe_fast.train import upload
 
 SPLITS = ("subject", "run")
 BASELINES = ("baseline:mean", "baseline:linear")

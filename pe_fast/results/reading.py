@@ -1,4 +1,4 @@
-"""Reading a sweep's results folder, finished or still running, through pe_fast.run_folder."""
+"""Reading a sweep's results folder, finished or still running, through pe_fast.results.run_folder."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.tasks import KINDS
 
 

@@ -1,0 +1,138 @@
+"""The settings record of a sweep: what config.json's "settings" hold, written by the sweep and read by --resume,
+the report and pooling. The sweep builds and validates it (pe_fast.sweep.settings); this module says what it is,
+and reads every older config.json through pe_fast.results.migrate."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pe_fast.models.absolute_pe import SINUSOIDAL_PES
+from pe_fast.results import migrate
+from pe_fast.results.reading import ReportError, Run
+
+# Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
+# (the PE kinds the dropout applies to).
+LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
+                 "optimizer": str, "pe_dropout_on": str, "seed_values": int}
+OPTIONAL_LISTS = ("seed_values",)  # None when not given; the others always have a value
+# What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
+RUNTIME_FLAGS = ("device", "threads", "executor", "ray_address", "slurm_partition", "slurm_time", "slurm_gpus",
+                 "slurm_account", "slurm_option", "slurm_local", "checkpoint_every", "no_report", "compile",
+                 "tensorboard")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a sweep needs, resolved and validated. Written to config.json ("settings") and read back by
+    --resume (`from_json`)."""
+    task: str
+    pe: tuple[str, ...]
+    sigmas: tuple[float, ...]
+    seeds: int  # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
+    steps: int
+    width: int
+    depth: int
+    heads: int
+    mlp_width: int
+    batch_size: int
+    lr: tuple[float, ...]          # grid axes: every model trains with one value of each
+    optimizer: tuple[str, ...]
+    schedule: str
+    warmup: int
+    eval_every: int
+    eval_items: int = 2048
+    until: str = "budget"  # or "converged": a pack ends once its models have levelled off (train.UNTIL)
+    weight_decay: tuple[float, ...] = (0.0,)
+    momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
+    seed_values: tuple[int, ...] | None = None  # the seeds themselves (--seed-values), instead of the first --seeds
+    pe_at: str = "every"
+    pe_dropout: float = 0.0  # dropout on x + PE while training, for the kinds of pe_dropout_on
+    pe_dropout_on: tuple[str, ...] = SINUSOIDAL_PES  # the authors': their sinusoidal modules, not their learned PE
+    precision: str = "fp32"
+    preset: str | None = None
+    # the task's data
+    lst_train: str | None = None
+    lst_ood: str | None = None
+    atlas: str = "schaefer100"
+    data: str | None = None
+    regions: str | None = None
+    parcellation: str | None = None
+    mask_fraction: float = 0.2
+    window: int = 1
+    split: str = "subject"
+    nodes: int | None = None
+    modules: int | None = None
+    p_within: float | None = None
+    p_between: float | None = None
+    coupling: float | None = None
+    inhibition: float | None = None
+    noise: float | None = None
+    timepoints: int | None = None
+    runs: int | None = None
+    netsim_seed: int | None = None
+    # where and how it runs (RESUME_FLAGS may change these)
+    out: str | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    backend: str | None = None
+    max_pack: int | None = None
+    checkpoint_every: int | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    slurm_partition: str | None = None
+    slurm_time: int = 60  # minutes per job; a pack that needs longer is requeued and continues
+    slurm_gpus: int | None = None  # per job; None: 1 with --device cuda, else 0
+    slurm_account: str | None = None
+    slurm_option: tuple[str, ...] = ()  # extra sbatch options, KEY=VALUE
+    slurm_local: bool = False  # submitit's local executor instead of SLURM, to try the path on one machine
+    compile: str = "off"
+    no_report: bool = False
+    tensorboard: bool = False
+    # the packs, by model_id: planned at the start of a sweep, read from config.json on --resume
+    packs: tuple[tuple[int, ...], ...] | None = None
+
+    def to_json(self) -> dict:
+        """The settings as config.json holds them (the packs are written beside them)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+                if k != "packs"}
+
+    @classmethod
+    def from_json(cls, settings: dict, packs) -> "Settings":
+        """config.json's settings, of this or an older pe_fast (migrate.settings), unvalidated: how the report reads
+        a folder. --resume validates them too."""
+        fields = migrate.settings(settings)
+        for name in LIST_SETTINGS:
+            if fields.get(name) is not None:
+                fields[name] = tuple(fields[name])
+        return cls(**fields, packs=tuple(tuple(pack) for pack in packs))
+
+
+# What may differ between folders pooled as one run: which models they trained (seeds, PEs, σ, and the PE dropout,
+# which is checked per PE kind), how often they evaluated, the preset's name (its values are compared), and where
+# and how they ran.
+MAY_DIFFER = frozenset({"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every",
+                        "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS})
+
+
+def recorded_settings(directory: Path, run: Run) -> Settings:
+    """The Settings a folder's config.json records; files from before a setting get its default, as --resume
+    gives them."""
+    try:
+        return Settings.from_json(run.config["settings"], packs=())
+    except (KeyError, TypeError, ValueError) as error:
+        raise ReportError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
+
+
+def check_alike(settings: dict[Path, Settings], may_differ: frozenset[str] = MAY_DIFFER):
+    """Every folder trained like the first but in what may_differ names; ReportError names the first difference."""
+    (first_dir, first), *others = settings.items()
+    for directory, setting in others:
+        for name, value in dataclasses.asdict(setting).items():
+            if name not in may_differ and value != getattr(first, name):
+                raise ReportError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
+                                  f"{getattr(first, name)!r}: not one run's models")
+
+
+def pe_dropout_of(s: Settings, kind: str) -> float:
+    """The dropout on x + PE that the models of this PE kind train with."""
+    return s.pe_dropout if kind in s.pe_dropout_on else 0.0
