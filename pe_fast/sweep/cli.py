@@ -15,9 +15,8 @@ from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.results import run_folder
 from pe_fast.results.settings import Settings
-from pe_fast.sweep import executors, folder, grid, settings
+from pe_fast.sweep import UsageError, executors, folder, grid, resume, settings
 from pe_fast.sweep.progress import Progress
-from pe_fast.sweep.settings import UsageError
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import BatchSampler, PackTrainer
 
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None, write_report: Callable[[Path], object] |
         return exit_.code
     out = args.out or "DIR"
     try:
-        run(settings.from_resume(args) if args.resume else settings.from_flags(args), write_report)
+        run(resume.from_resume(args) if args.resume else settings.from_flags(args), write_report)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

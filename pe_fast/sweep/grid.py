@@ -11,7 +11,7 @@ from pe_fast.metrics.convergence import lower_is_better
 from pe_fast.models import ModelConfig
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.results.settings import Settings, pe_dropout_of
-from pe_fast.sweep.settings import UsageError
+from pe_fast.sweep import UsageError
 from pe_fast.tasks import KINDS
 from pe_fast.train import TrainConfig
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pe_fast.data import DataError
 from pe_fast.results.settings import Settings
-from pe_fast.sweep.settings import PATH_FLAGS, UsageError, split_paths
+from pe_fast.sweep import UsageError
+from pe_fast.sweep.validation import PATH_FLAGS, split_paths
 from pe_fast.tasks import KINDS
 
 
