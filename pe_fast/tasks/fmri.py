@@ -2,6 +2,8 @@
 (Schaefer-100, the default), a Glasser-360 surrogate, or the user's own parcellated data."""
 from __future__ import annotations
 
+import dataclasses
+
 from pe_fast.tasks.base import TaskKind
 from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
@@ -28,6 +30,6 @@ KIND = TaskKind(
     pe_kinds=REGION_PES,
     flags=("atlas", "data", "regions", "parcellation") + REGION_FLAGS,
     summary=REGION_SUMMARY,
-    view=REGION_VIEW,
+    view=dataclasses.replace(REGION_VIEW, figures=(*REGION_VIEW.figures, "brain_maps")),  # real cortex
     load=lambda s: MaskedRegionTask.from_settings(region_data(s), s),
 )

@@ -214,6 +214,8 @@ KIND = TaskKind(
         similarity=("pe_rsa", "pe_dist_spearman", "pe_procrustes"),
         summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
                  "pe_rsa"),
-        probe="same_row_or_col", fit="train_acc", reference_pe="sin2d"),
+        probe="same_row_or_col", fit="train_acc", reference_pe="sin2d", figures=("learned_pe_grid",),
+        paper_rho=(0.96, "on the LST"),  # unverified
+        fixed_geometry=("grid distance", grid_coordinates)),
     load=lambda s: LSTTask(train_path=s.lst_train, ood_path=s.lst_ood),
 )

@@ -44,7 +44,7 @@ REGION_VIEW = TaskView(
     similarity=("pe_fc_corr", "pe_coupling_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman",
                 "pe_procrustes", "pe_gradient_corr"),
     summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
-    probe="same_network", fit=None)
+    probe="same_network", fit=None, figures=("pe_gradient", "learned_pe_fc"))
 # Sized to reach the plateau of the test loss within 10 minutes on 2 CPU cores (docs/reproduction-fmri.md):
 # four σ, and a constant rate, so that a flat last quarter is the models' plateau and not a schedule's end.
 REGION_DEFAULTS = dict(pe="learned", sigmas="0.01,0.1,0.5,2", seeds=3, steps=5000, width=32, depth=2, heads=1,
