@@ -23,7 +23,12 @@ def settings(recorded: dict) -> dict:
     change it undoes; a setting this version lacks is dropped, one it adds is left out (the field's default, or
     the sweep's check, fills it)."""
     from pe_fast.results.settings import LIST_SETTINGS, Settings  # the record migrate serves
-    known = {field.name for field in dataclasses.fields(Settings)} - {"packs"}
+    from pe_fast.tasks import KINDS
+    task = recorded.get("task")
+    kind = KINDS.get(task) if isinstance(task, str) else None  # any other value: the sweep's check names it
+    known = {field.name for field in dataclasses.fields(Settings)} - {"packs", "task_settings"}
+    # every task's settings, in files from before a task owned its settings: the task's own are kept
+    known |= set(kind.flags if kind else ())
     s = {name: value for name, value in recorded.items() if name in known}
     for name in LIST_SETTINGS:  # a single value in files from before the optimizer axes (lists since)
         if s.get(name) is not None and not isinstance(s[name], (list, tuple)):

@@ -9,6 +9,7 @@ from pathlib import Path
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.results import migrate
 from pe_fast.results.reading import ReportError, Run
+from pe_fast.tasks import KINDS
 
 # Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
 # (the PE kinds the dropout applies to).
@@ -50,26 +51,8 @@ class Settings:
     pe_dropout_on: tuple[str, ...] = SINUSOIDAL_PES  # the authors': their sinusoidal modules, not their learned PE
     precision: str = "fp32"
     preset: str | None = None
-    # the task's data
-    lst_train: str | None = None
-    lst_ood: str | None = None
-    atlas: str = "schaefer100"
-    data: str | None = None
-    regions: str | None = None
-    parcellation: str | None = None
-    mask_fraction: float = 0.2
-    window: int = 1
-    split: str = "subject"
-    nodes: int | None = None
-    modules: int | None = None
-    p_within: float | None = None
-    p_between: float | None = None
-    coupling: float | None = None
-    inhibition: float | None = None
-    noise: float | None = None
-    timepoints: int | None = None
-    runs: int | None = None
-    netsim_seed: int | None = None
+    # the task's own settings (its TaskKind.settings: data, network, masking ...) by name; s.NAME reads them too
+    task_settings: dict = dataclasses.field(default_factory=dict)
     # where and how it runs (RESUME_FLAGS may change these)
     out: str | None = None
     device: str = "cpu"
@@ -91,10 +74,34 @@ class Settings:
     # the packs, by model_id: planned at the start of a sweep, read from config.json on --resume
     packs: tuple[tuple[int, ...], ...] | None = None
 
+    def __getattr__(self, name: str):
+        """A task's own setting (s.atlas, s.nodes ...); only called where no field has the name."""
+        task_settings = self.__dict__.get("task_settings") or {}
+        if name in task_settings:
+            return task_settings[name]
+        raise AttributeError(f"the settings of --task {self.__dict__.get('task')} have no {name!r}")
+
+    def flat(self) -> dict:
+        """Every setting by name, the task's own in task_settings' place: as config.json lists them."""
+        out = {}
+        for field in dataclasses.fields(self):
+            if field.name == "task_settings":
+                out.update(self.task_settings)
+            else:
+                out[field.name] = getattr(self, field.name)
+        return out
+
+    @classmethod
+    def from_flat(cls, s: dict) -> "Settings":
+        """The record of a dict of every setting by name (the task's own among them, else their defaults), as
+        flat() gives it."""
+        own = KINDS[s["task"]].settings
+        return cls(**{name: value for name, value in s.items() if name not in {o.name for o in own}},
+                   task_settings={o.name: s.get(o.name, o.default) for o in own})
+
     def to_json(self) -> dict:
         """The settings as config.json holds them (the packs are written beside them)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-                if k != "packs"}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.flat().items() if k != "packs"}
 
     @classmethod
     def from_json(cls, settings: dict, packs) -> "Settings":
@@ -104,7 +111,7 @@ class Settings:
         for name in LIST_SETTINGS:
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
-        return cls(**fields, packs=tuple(tuple(pack) for pack in packs))
+        return cls.from_flat({**fields, "packs": tuple(tuple(pack) for pack in packs)})
 
 
 # What may differ between folders pooled as one run: which models they trained (seeds, PEs, σ, and the PE dropout,
@@ -127,10 +134,11 @@ def check_alike(settings: dict[Path, Settings], may_differ: frozenset[str] = MAY
     """Every folder trained like the first but in what may_differ names; ReportError names the first difference."""
     (first_dir, first), *others = settings.items()
     for directory, setting in others:
-        for name, value in dataclasses.asdict(setting).items():
-            if name not in may_differ and value != getattr(first, name):
+        theirs, ours = setting.flat(), first.flat()
+        for name, value in theirs.items():
+            if name not in may_differ and value != ours.get(name):
                 raise ReportError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
-                                  f"{getattr(first, name)!r}: not one run's models")
+                                  f"{ours.get(name)!r}: not one run's models")
 
 
 def pe_dropout_of(s: Settings, kind: str) -> float:

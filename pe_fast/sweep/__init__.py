@@ -15,9 +15,10 @@ returns the results folder as a `pe_fast.results.reading.Run` (api.py).
 
 The package: settings.py (flags + task defaults + preset → one frozen Settings), validation.py (the rules every
 setting must satisfy), runtime.py (what the machine offers: CUDA, Ray, SLURM, packages), resume.py (--resume: the
-settings back from DIR/config.json), task_loading.py (the task from the settings), grid.py (models, packs, model and training configurations), executors.py (local and
-Ray; one pack's unit of work), folder.py (what the sweep writes at its start and end), progress.py (the progress
-line), cli.py (run and main), program.py (the sweep, then the report: python -m pe_fast.sweep).
+settings back from DIR/config.json), task_loading.py (the task from the settings), grid.py (models, packs, model
+and training configurations), executors.py (local, Ray and SLURM; one pack's unit of work), folder.py (what the
+sweep writes at its start and end), progress.py (the progress line), cli.py (run and main), program.py (the sweep,
+then the report: python -m pe_fast.sweep).
 """
 
 

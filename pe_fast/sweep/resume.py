@@ -10,17 +10,19 @@ from pe_fast.results import migrate, run_folder
 from pe_fast.results.settings import LIST_SETTINGS, RUNTIME_FLAGS, Settings
 from pe_fast.sweep.settings import parse_list
 from pe_fast.sweep import UsageError
-from pe_fast.sweep.validation import PATH_FLAGS, SLURM_FLAGS, split_paths, validate
+from pe_fast.sweep.validation import SLURM_FLAGS, split_paths, validate
+from pe_fast.tasks import KINDS
 
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
 
 
-def as_recorded(name: str, value):
+def as_recorded(name: str, value, task: str):
     """A flag's value as config.json records it, to compare a flag given with --resume."""
     if name in LIST_SETTINGS:
         return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
-    if name in PATH_FLAGS:
-        return ",".join(str(Path(path).resolve()) for path in split_paths(value, name))
+    files = {setting.name: setting for setting in KINDS[task].settings if setting.files} if task in KINDS else {}
+    if name in files:
+        return ",".join(str(Path(path).resolve()) for path in split_paths(value, files[name]))
     return value
 
 
@@ -48,7 +50,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
     given = {name: value for name, value in vars(args).items()
              if name not in RESUME_FLAGS and value is not None and value is not False}
     for name, value in given.items():
-        if as_recorded(name, value) != s.get(name):
+        if as_recorded(name, value, s.get("task")) != s.get(name):
             raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
                              f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor and its "
                              f"flags, --checkpoint-every, --compile, --tensorboard)")

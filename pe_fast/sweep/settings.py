@@ -13,11 +13,9 @@ from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SINUSOIDAL_PES
 from pe_fast.results.settings import LIST_SETTINGS, OPTIONAL_LISTS, Settings
 from pe_fast.tasks import KINDS
-from pe_fast.tasks.fmri import ATLASES
-from pe_fast.tasks.netsim import NETWORK_SETTINGS
 from pe_fast.train import OPTIMIZERS, SCHEDULES, UNTIL
 from pe_fast.sweep import UsageError
-from pe_fast.sweep.validation import COMPILE_CHOICES, EXECUTORS, PE_AT, SPLITS, check_task, validate
+from pe_fast.sweep.validation import COMPILE_CHOICES, EXECUTORS, PE_AT, check_task, validate
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -69,19 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-items", type=int,
                    help="intermediate evaluations score at most this many items of the splits other than the "
                         "held-out one the convergence check follows (always in full); the last scores all")
-    p.add_argument("--lst-train", help="LST training puzzles: a CSV file or a folder of them")
-    p.add_argument("--lst-ood", help="LST generalisation puzzles (CSV); default: generated, unlike the training set")
-    p.add_argument("--atlas", choices=ATLASES,
-                   help="fmri: schaefer100 = real HCP BOLD (default); glasser360 = simulated from real HCP FC")
-    p.add_argument("--data", help="fmri: your parcellated time series (.npy/.npz/.h5: subjects × time × regions) "
-                                  "or CIFTI .dtseries.nii runs, comma-separated, one subject each")
-    p.add_argument("--regions", help="fmri: regions table for --data (CSV: label,x,y,z,network)")
-    p.add_argument("--parcellation", help="fmri: the .dlabel.nii that parcellates a CIFTI --data")
-    p.add_argument("--mask-fraction", type=float, help="fmri/netsim: fraction of tokens masked (default 0.2)")
-    p.add_argument("--window", type=int, help="fmri/netsim: time points per token (default 1)")
-    p.add_argument("--split", choices=SPLITS, help="fmri/netsim: train/test split (default subject)")
-    for name, kind in NETWORK_SETTINGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help="netsim: see pe_fast.data.simulate_network")
+    owners = {}  # each task's own settings (TaskKind.settings), once however many tasks share one
+    for kind in KINDS.values():
+        for setting in kind.settings:
+            owners.setdefault(setting.name, (setting, []))[1].append(kind.name)
+    for name, (setting, tasks) in owners.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=setting.type, choices=setting.choices,
+                       help=f"{'/'.join(tasks)}: {setting.help}")
     p.add_argument("--out", help="results folder (must not hold results yet); default runs/<task>-<time>")
     p.add_argument("--device", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")

@@ -18,7 +18,7 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.results.settings import LIST_SETTINGS, Settings
 from pe_fast.sweep import UsageError, runtime
 from pe_fast.tasks import KINDS
-from pe_fast.tasks.fmri import ATLASES
+from pe_fast.tasks.base import TaskSetting
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
 
@@ -30,9 +30,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 PE_AT = ("every", "input")
 
-SPLITS = ("subject", "run")
 
-PATH_FLAGS = ("lst_train", "lst_ood", "data", "regions", "parcellation")  # files the user names
 
 SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_account", "slurm_option", "slurm_local")
 
@@ -48,27 +46,25 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     models = check_grid(s)
     if s["width"] % s["heads"]:
         raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
-    if args is not None:
-        for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
-            if flag not in KINDS[s["task"]].flags and getattr(args, flag) is not None:
-                owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
-                raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
-        if s["data"] is not None and args.atlas is not None:
-            raise UsageError("--atlas chooses the built-in data; with --data, your --regions table describes "
-                             "the regions instead")
-    if s["task"] == "fmri" and (s["regions"] or s["parcellation"]) and not s["data"]:
-        raise UsageError("--regions and --parcellation describe --data; give --data too")
+    kind = KINDS[s["task"]]
+    given = {name for name, value in vars(args).items() if value is not None} if args is not None else set()
+    for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
+        if flag not in kind.flags and flag in given:
+            owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
+    if (problem := kind.check(s, given)) is not None:
+        raise UsageError(problem)
     if s["ray_address"] and s["executor"] != "ray":
         raise UsageError("--ray-address applies to --executor ray only")
     check_slurm_flags(s)
-    for path_flag in PATH_FLAGS:
-        if s.get(path_flag) is not None:
+    for setting in kind.settings:
+        if setting.files and s.get(setting.name) is not None:
             # absolute, so that a resume from elsewhere or a Ray worker finds them
-            s[path_flag] = resolve_paths(s[path_flag], path_flag)
+            s[setting.name] = resolve_paths(s[setting.name], setting)
     runtime.resolve(s)
     if packs is not None:
         s["packs"] = check_packs(packs, models)
-    return Settings(**s)
+    return Settings.from_flat(s)
 
 
 MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
@@ -89,12 +85,8 @@ RANGES = {
     "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
     "threads": (1, MAX_THREADS, "[]"), "warmup": (0, None, "[)"), "lr": (0, None, "()"),
     "weight_decay": (0, None, "[)"),
-    "momentum": (0, 1, "[)"), "pe_dropout": (0, 1, "[)"), "mask_fraction": (0, 1, "()"), "window": (1, None, "[)"),
-    "nodes": (2, None, "[)"), "modules": (1, None, "[)"), "timepoints": (2, None, "[)"), "runs": (1, None, "[)"),
-    "p_within": (0, 1, "[]"), "p_between": (0, 1, "[]"), "coupling": (0, None, "[)"),
-    "inhibition": (0, None, "[)"), "noise": (0, None, "[)"), "netsim_seed": (0, None, "[)"),
-    "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
-}
+    "momentum": (0, 1, "[)"), "pe_dropout": (0, 1, "[)"), "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
+}  # and each task's own settings' ranges (TaskSetting.range)
 # flag -> (the setting it depends on, the values under which it means something, or the setting that lists them)
 APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", "pe_dropout_on")}
 
@@ -104,7 +96,7 @@ def check_types(s: dict):
     anything. A setting missing from an older config.json takes its default; one without a default is refused."""
     hints = typing.get_type_hints(Settings)
     for field in dataclasses.fields(Settings):
-        if field.name == "packs":
+        if field.name in ("packs", "task_settings"):
             continue
         if field.name not in s:
             if field.default is dataclasses.MISSING:
@@ -112,6 +104,9 @@ def check_types(s: dict):
             s[field.name] = field.default
         if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
             s[field.name] = conform(field.name, s[field.name], hints[field.name])
+    check_task(s["task"])
+    for setting in KINDS[s["task"]].settings:  # the task's own: of their declared type, or None
+        s[setting.name] = conform(setting.name, s.get(setting.name, setting.default), setting.type | None)
 
 
 def conform(name: str, value, hint):
@@ -143,9 +138,9 @@ def check_choices(s: dict):
     kind = KINDS[s["task"]]
     from pe_fast.ops.backends import BACKENDS  # the ops load the compiled kernels: only when asked
     choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
-               "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "atlas": ATLASES,
-               "split": SPLITS, "until": UNTIL, "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES,
-               "backend": (None, *BACKENDS)}
+               "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "until": UNTIL,
+               "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES, "backend": (None, *BACKENDS),
+               **{setting.name: setting.choices for setting in kind.settings if setting.choices}}
     for name, allowed in choices.items():
         for value in s[name] if isinstance(s[name], tuple) else (s[name],):
             if value not in allowed:
@@ -201,7 +196,8 @@ def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
-    for name, (low, high, ends) in RANGES.items():
+    ranges = {**RANGES, **{setting.name: setting.range for setting in KINDS[s["task"]].settings if setting.range}}
+    for name, (low, high, ends) in ranges.items():
         values = s.get(name)
         for value in values if isinstance(values, (tuple, list)) else (values,):
             if value is None:
@@ -262,18 +258,19 @@ def check_slurm_flags(s: dict):
     s["slurm_option"] = tuple(options)
 
 
-def split_paths(value: str, flag: str) -> list[str]:
-    """The files a path flag names: --data may name several CIFTI runs, comma-separated; the others one file."""
-    return value.split(",") if flag == "data" else [value]
+def split_paths(value: str, setting: TaskSetting) -> list[str]:
+    """The files a setting names: one, or several comma-separated (TaskSetting.files)."""
+    return value.split(",") if setting.files == "several" else [value]
 
 
-def resolve_paths(value: str, flag: str) -> str:
-    """The files a path flag names, checked and made absolute, as config.json records them."""
-    paths = split_paths(value, flag)
+def resolve_paths(value: str, setting: TaskSetting) -> str:
+    """The files a setting names, checked and made absolute, as config.json records them."""
+    flag = f"--{setting.name.replace('_', '-')}"
+    paths = split_paths(value, setting)
     for path in paths:
         if not path:
-            raise UsageError(f"--{flag.replace('_', '-')} {value!r}: names no file")
+            raise UsageError(f"{flag} {value!r}: names no file")
         if not Path(path).exists():
-            raise UsageError(f"--{flag.replace('_', '-')}: {path} does not exist")
+            raise UsageError(f"{flag}: {path} does not exist")
     return ",".join(str(Path(path).resolve()) for path in paths)
 

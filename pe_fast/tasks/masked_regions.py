@@ -25,7 +25,7 @@ from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.seeds import EVAL_MASK_SEED, MASK_SEED_OFFSET
-from pe_fast.tasks.base import TaskView
+from pe_fast.tasks.base import TaskSetting, TaskView
 
 SPLITS = ("subject", "run")
 BASELINES = ("baseline:mean", "baseline:linear")
@@ -35,7 +35,11 @@ TRUE_COVARIANCE_BASELINE = "baseline:linear-true"
 # What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
 # sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
 REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
-REGION_FLAGS = ("mask_fraction", "window", "split")
+REGION_SETTINGS = (
+    TaskSetting("mask_fraction", float, "fraction of tokens masked (default 0.2)", default=0.2, range=(0, 1, "()")),
+    TaskSetting("window", int, "time points per token (default 1)", default=1, range=(1, None, "[)")),
+    TaskSetting("split", str, "train/test split (default subject)", default="subject", choices=SPLITS),
+)
 REGION_SUMMARY = ("train_mse", "test_mse", "test_r2", "pe_fc_corr", "pe_coupling_corr", "pe_modularity",
                   "pe_segregation", "pe_dist_spearman", "pe_gradient_corr", "pe_effective_rank", "pe_pc1_share")
 REGION_VIEW = TaskView(
