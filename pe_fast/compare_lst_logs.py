@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
-from pe_fast.results.reading import ReportError, read_run
-from pe_fast.results.settings import MAY_DIFFER, Settings, check_alike, pe_dropout_of, recorded_settings
+from pe_fast.results.reading import MAY_DIFFER, ReportError, check_alike, read_run, recorded_settings
+from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 from pe_fast.tasks.lst_puzzles import AUTHORS_LOGS_FILE, authors_file
@@ -87,7 +87,7 @@ def dropout_note(settings: Settings, pe: str) -> str:
     return "" if ours == theirs else f" (PE dropout {ours:g}, theirs {theirs:g})"
 
 
-# Folders compared as one run may differ as pooled ones may (pe_fast.results.settings.MAY_DIFFER), and also in how
+# Folders compared as one run may differ as pooled ones may (pe_fast.results.reading.MAY_DIFFER), and also in how
 # many items they evaluated and, at a constant learning rate, in their number of steps: the comparison is per logged
 # epoch.
 # Where a PE kind's dropout differs, the setting's label says so.

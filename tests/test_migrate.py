@@ -35,7 +35,7 @@ def test_migrate_leaves_todays_config_as_it_is():
 
 
 def test_the_report_reads_an_older_config_as_todays():
-    assert Settings.from_json(older(TODAY), packs=[[0]]) == Settings.from_json(TODAY, packs=[[0]])
+    assert Settings.from_json(migrate.settings(older(TODAY)), packs=[[0]]) == Settings.from_json(TODAY, packs=[[0]])
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 report figures it asks for) runs through the sweep's command line, the report and --resume, with no edit anywhere
 else in pe_fast: it only joins the registry, pe_fast.tasks.KINDS."""
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -91,16 +93,24 @@ TOY = TaskKind(
 FLAGS = ["--task", "toy", "--preset", "tiny", "--toy-items", "32", "--threads", "1"]
 
 
-@pytest.fixture
-def toy_registered(monkeypatch):
-    monkeypatch.setitem(KINDS, "toy", TOY)
+@pytest.fixture(scope="module")
+def toy_registered():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(KINDS, "toy", TOY)
+        yield
 
 
-@pytest.fixture
-def toy_run(toy_registered, tmp_path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def finished_toy_run(toy_registered, tmp_path_factory):
+    """One sweep of the toy task, for every test (each takes a copy: toy_run)."""
+    out = tmp_path_factory.mktemp("toy") / "run"
     assert sweep_main([*FLAGS, "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture
+def toy_run(finished_toy_run, tmp_path):
+    return Path(shutil.copytree(finished_toy_run, tmp_path / "run"))
 
 
 def test_the_toy_task_sweeps_with_its_own_setting_and_preset(toy_run):

@@ -2,9 +2,10 @@
 which reads them. Neither imports the other; both import this.
 
     run_folder.py   the folder's layout and its crash-safe writes (lock, atomic files, packs, checkpoints)
-    settings.py     the settings record (config.json's "settings"), migrate() for older files, what may differ
-                    between folders pooled as one run
-    reading.py      a folder, finished or running, as a Run (pe_fast.load_run)
+    settings.py     the settings record (config.json's "settings"), the task's own settings among them
+    migrate.py      every older format of config.json's settings and of checkpoints, read as today's
+    reading.py      a folder, finished or running, as a Run (pe_fast.load_run); its recorded settings; whether
+                    folders pooled as one run trained alike
     summary.py      what both sides sum up: the summary table, baselines, optimizer axes, attention-map alignment
 
 pe_fast's layers, lowest first. A module imports from its own unit (a package or module named here) and from units

@@ -12,6 +12,9 @@ import re
 import numpy as np
 import torch
 
+from pe_fast.results.settings import LIST_SETTINGS, Settings
+from pe_fast.tasks import KINDS
+
 # Block parameters' names from before a block held a PEAttention (2026-11), for checkpoints written then
 OLD_BLOCK_NAMES = {"w_qkv": "attention.w_qkv", "b_qkv": "attention.b_qkv", "attn_out.weight": "attention.out.weight",
                    "attn_out.bias": "attention.out.bias"}
@@ -22,8 +25,6 @@ def settings(recorded: dict) -> dict:
     """config.json's settings as this pe_fast writes them, from a file of any earlier version. Each rule names the
     change it undoes; a setting this version lacks is dropped, one it adds is left out (the field's default, or
     the sweep's check, fills it)."""
-    from pe_fast.results.settings import LIST_SETTINGS, Settings  # the record migrate serves
-    from pe_fast.tasks import KINDS
     task = recorded.get("task")
     kind = KINDS.get(task) if isinstance(task, str) else None  # any other value: the sweep's check names it
     known = {field.name for field in dataclasses.fields(Settings)} - {"packs", "task_settings"}

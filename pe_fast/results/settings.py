@@ -1,14 +1,11 @@
 """The settings record of a sweep: what config.json's "settings" hold, written by the sweep and read by --resume,
 the report and pooling. The sweep builds and validates it (pe_fast.sweep.settings); this module says what it is,
-and reads every older config.json through pe_fast.results.migrate."""
+and migrate.py reads every older config.json as today's."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
-from pe_fast.results import migrate
-from pe_fast.results.reading import ReportError, Run
 from pe_fast.tasks import KINDS
 
 # Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
@@ -105,40 +102,13 @@ class Settings:
 
     @classmethod
     def from_json(cls, settings: dict, packs) -> "Settings":
-        """config.json's settings, of this or an older pe_fast (migrate.settings), unvalidated: how the report reads
-        a folder. --resume validates them too."""
-        fields = migrate.settings(settings)
+        """config.json's settings as this pe_fast writes them (migrate.settings reads older ones so), unvalidated:
+        how the report reads a folder. --resume validates them too."""
+        fields = dict(settings)
         for name in LIST_SETTINGS:
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls.from_flat({**fields, "packs": tuple(tuple(pack) for pack in packs)})
-
-
-# What may differ between folders pooled as one run: which models they trained (seeds, PEs, σ, and the PE dropout,
-# which is checked per PE kind), how often they evaluated, the preset's name (its values are compared), and where
-# and how they ran.
-MAY_DIFFER = frozenset({"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every",
-                        "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS})
-
-
-def recorded_settings(directory: Path, run: Run) -> Settings:
-    """The Settings a folder's config.json records; files from before a setting get its default, as --resume
-    gives them."""
-    try:
-        return Settings.from_json(run.config["settings"], packs=())
-    except (KeyError, TypeError, ValueError) as error:
-        raise ReportError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
-
-
-def check_alike(settings: dict[Path, Settings], may_differ: frozenset[str] = MAY_DIFFER):
-    """Every folder trained like the first but in what may_differ names; ReportError names the first difference."""
-    (first_dir, first), *others = settings.items()
-    for directory, setting in others:
-        theirs, ours = setting.flat(), first.flat()
-        for name, value in theirs.items():
-            if name not in may_differ and value != ours.get(name):
-                raise ReportError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
-                                  f"{ours.get(name)!r}: not one run's models")
 
 
 def pe_dropout_of(s: Settings, kind: str) -> float:
