@@ -21,17 +21,11 @@ from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskSetting
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
-
+# the values of the settings that have a fixed set (the parser's choices too)
 EXECUTORS = ("local", "ray", "slurm")
-
 COMPILE_CHOICES = ("auto", *COMPILE_MODES)
-
 DEVICES = ("auto", "cpu", "cuda")
-
 PE_AT = ("every", "input")
-
-
-
 SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_account", "slurm_option", "slurm_local")
 
 
@@ -47,7 +41,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     if s["width"] % s["heads"]:
         raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
     kind = KINDS[s["task"]]
-    given = {name for name, value in vars(args).items() if value is not None} if args is not None else set()
+    given = {name for name, value in vars(args).items() if value not in (None, False)} if args else set()
     for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
         if flag not in kind.flags and flag in given:
             owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
@@ -67,16 +61,13 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     return Settings.from_flat(s)
 
 
+# ---- the ranges of the numeric settings ----
+
 MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
-
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
-
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
-
 MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
-
 MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
-
 # name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
 RANGES = {
     "seeds": (1, MAX_MODELS, "[]"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
@@ -154,12 +145,9 @@ def check_choices(s: dict):
 
 
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
-
 # what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
 SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+")
-
 SLURM_KEY = re.compile(r"[A-Za-z][\w-]*")
-
 SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
 
 
