@@ -271,10 +271,8 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
                 result.too_short = True
                 continue
             last, before = quarter_gains(curve.index, curve.to_numpy(), lower)
-            # the rate at each evaluation: lr_last; runs from before the per-model rates called it lr
-            rate = "lr_last" if "lr_last" in group else "lr" if "lr" in group else None
-            if rate is not None:
-                lr = group.groupby("step")[rate].mean().sort_index()
+            if "lr_last" in group:  # the rate at each evaluation
+                lr = group.groupby("step")["lr_last"].mean().sort_index()
                 fraction = _value_at(lr, 0.75 * end) / lr.max() if lr.max() > 0 else 1.0
                 if fraction < MOVING_LR and last <= PLATEAU_TOLERANCE:
                     result.decayed = min(fraction, result.decayed if result.decayed is not None else 1.0)

@@ -2,6 +2,7 @@
 change it undoes. Readers call these and never test for an older format themselves.
 
 * settings(): config.json's "settings" (the report, pooling and --resume read them through it)
+* table(): results.parquet and curves.parquet (reading.read_run)
 * checkpoint(): a pack's training state, packs/<i>.checkpoint.pt (run_folder.load_checkpoint)
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 import re
 
 import numpy as np
+import pandas as pd
 import torch
 
 from pe_fast.results.settings import LIST_SETTINGS, Settings
@@ -37,6 +39,14 @@ def settings(recorded: dict) -> dict:
     if "precision" in s and s["precision"] is None:  # files from before --precision resolved it: trained in float32
         s["precision"] = "fp32"
     return s
+
+
+def table(frame: pd.DataFrame) -> pd.DataFrame:
+    """results.parquet or curves.parquet as this pe_fast writes them. Before the optimizer axes, "lr" held the
+    learning rate at the evaluation's step, which is lr_last since (lr: each model's value of the --lr axis)."""
+    if "lr" in frame and "lr_last" not in frame:
+        return frame.rename(columns={"lr": "lr_last"})
+    return frame
 
 
 def renamed(key: str) -> str:

@@ -130,6 +130,7 @@ def read_run(directory: Path) -> Run:
         of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
         of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
         notes.append(f"partial: {of_packs} ({of_models}) finished; the sweep is still running or was stopped.")
+    results, curves = migrate.table(results), migrate.table(curves)
     missing = [c for c in ("pe", "sigma") if c not in results]
     if missing or results.empty:
         raise ReportError(f"{directory}: the results have no rows or lack the columns {missing}; not a pe_fast "

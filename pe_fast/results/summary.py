@@ -25,9 +25,7 @@ OPTIMIZER_AXES = ("optimizer", "lr", "weight_decay", "momentum")
 def varying_axes(results: pd.DataFrame) -> list[str]:
     """The optimizer axes whose trained models do not all share one value (none in a run without those axes)."""
     models = results[~is_baseline(results["pe"])]
-    axes = [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
-    # runs from before the optimizer axes have no lr_last: their lr was the rate at the step, not an axis
-    return [a for a in axes if a != "lr" or "lr_last" in models]
+    return [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
 
 
 def axis_label(axis: str, value) -> str:
