@@ -1,18 +1,21 @@
-"""Results files of earlier pe_fast versions read as today's, through pe_fast.results.migrate alone: config.json by the
-report's pooling (Settings.from_json) and by --resume alike, checkpoints by run_folder.load_checkpoint."""
+"""Results files of earlier pe_fast versions read as today's, through pe_fast.results.migrate alone: config.json by
+the report (reading.recorded_settings) and by --resume alike, checkpoints by run_folder.load_checkpoint."""
 import json
+import shutil
 
-import pytest
 import numpy as np
+import pandas as pd
 import torch
 
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.results import migrate, run_folder
 from pe_fast.results.settings import LIST_SETTINGS, Settings
-from sweep_harness import TINY_NETSIM, run_sweep, settings_of
+from pe_fast.sweep.cli import main as sweep_main
+from sweep_harness import TINY_NETSIM, settings_of
 
-TODAY = settings_of(*TINY_NETSIM, "--pe", "learned", "--sigmas", "0.5", "--seeds", "1", "--steps", "4",
-                    "--eval-every", "2", "--lr", "0.003", "--optimizer", "adam", "--threads", "1").to_json()
+FLAGS = [*TINY_NETSIM, "--pe", "learned", "--sigmas", "0.5", "--seeds", "1", "--steps", "4", "--eval-every", "2",
+         "--lr", "0.003", "--optimizer", "adam", "--threads", "1"]
+TODAY = settings_of(*FLAGS).to_json()
 
 
 def older(settings: dict) -> dict:
@@ -38,25 +41,21 @@ def test_the_report_reads_an_older_config_as_todays():
     assert Settings.from_json(migrate.settings(older(TODAY)), packs=[[0]]) == Settings.from_json(TODAY, packs=[[0]])
 
 
-@pytest.fixture(scope="module")
-def older_folder(tmp_path_factory):
-    """A sweep stopped after it wrote config.json, its settings rewritten in the older form."""
-    out = tmp_path_factory.mktemp("older") / "run"
-    done = run_sweep(*TINY_NETSIM, "--pe", "learned", "--sigmas", "0.5", "--seeds", "1", "--steps", "4",
-                     "--eval-every", "2", "--threads", "1", "--no-report", "--out", str(out))
-    assert done.returncode == 0, done.stderr
+def test_resume_continues_a_sweep_recorded_by_an_older_pe_fast(tmp_path):
+    """A sweep interrupted under an older pe_fast (its config.json rewritten in the older form) continues: the
+    pack trained again gives the results it gave before."""
+    out = tmp_path / "run"
+    assert sweep_main([*FLAGS, "--no-report", "--out", str(out)]) == 0
+    first = pd.read_parquet(out / "results.parquet").drop(columns="train_seconds")
     config = json.loads((out / "config.json").read_text())
     config["settings"] = older(config["settings"])
     (out / "config.json").write_text(json.dumps(config))
-    for name in ("results.parquet",):  # unfinished again: --resume has something to do
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"):
         (out / name).unlink()
-    return out
-
-
-def test_resume_reads_an_older_config(older_folder):
-    done = run_sweep("--resume", "--out", str(older_folder), "--no-report")
-    assert done.returncode == 0, done.stderr
-    assert (older_folder / "results.parquet").is_file()
+    shutil.rmtree(out / "packs" / "0")
+    assert sweep_main(["--resume", "--out", str(out), "--no-report"]) == 0
+    again = pd.read_parquet(out / "results.parquet").drop(columns="train_seconds")
+    pd.testing.assert_frame_equal(first, again)
 
 
 # ---- checkpoints ----
