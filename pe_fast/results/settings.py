@@ -93,8 +93,9 @@ class Settings:
         """The record of a dict of every setting by name (the task's own among them, else their defaults), as
         flat() gives it."""
         own = KINDS[s["task"]].settings
-        return cls(**{name: value for name, value in s.items() if name not in {o.name for o in own}},
-                   task_settings={o.name: s.get(o.name, o.default) for o in own})
+        names = {setting.name for setting in own}
+        return cls(**{name: value for name, value in s.items() if name not in names},
+                   task_settings={setting.name: s.get(setting.name, setting.default) for setting in own})
 
     def to_json(self) -> dict:
         """The settings as config.json holds them (the packs are written beside them)."""
