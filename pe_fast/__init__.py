@@ -8,6 +8,6 @@ def __getattr__(name: str):
     """pe_fast.load_run(DIR): a results folder as Python objects; imported when first used, so that code using
     the op alone does not load the report."""
     if name == "load_run":
-        from pe_fast.report.reading import load_run
+        from pe_fast.results.reading import load_run
         return load_run
     raise AttributeError(f"module 'pe_fast' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import sys
 import pe_fast
 
 # subcommand -> the module whose main(argv) runs it
-PROGRAMS = {"sweep": "pe_fast.sweep.cli", "report": "pe_fast.report.cli",
+PROGRAMS = {"sweep": "pe_fast.sweep.program", "report": "pe_fast.report.cli",
             "compare-lst-logs": "pe_fast.compare_lst_logs"}
 
 

@@ -31,10 +31,9 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
-from pe_fast.report import pooling
-from pe_fast.report.reading import ReportError, read_run
-from pe_fast.sweep.grid import pe_dropout_of
-from pe_fast.sweep.settings import OneLineParser, Settings
+from pe_fast.results.reading import MAY_DIFFER, ReportError, check_alike, read_run, recorded_settings
+from pe_fast.results.settings import Settings, pe_dropout_of
+from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 from pe_fast.tasks.lst_puzzles import AUTHORS_LOGS_FILE, authors_file
 
@@ -88,8 +87,9 @@ def dropout_note(settings: Settings, pe: str) -> str:
     return "" if ours == theirs else f" (PE dropout {ours:g}, theirs {theirs:g})"
 
 
-# Folders compared as one run may differ as pooled ones may (pe_fast.report.pooling), and also in how many items
-# they evaluated and, at a constant learning rate, in their number of steps: the comparison is per logged epoch.
+# Folders compared as one run may differ as pooled ones may (pe_fast.results.reading.MAY_DIFFER), and also in how
+# many items they evaluated and, at a constant learning rate, in their number of steps: the comparison is per logged
+# epoch.
 # Where a PE kind's dropout differs, the setting's label says so.
 ALSO_MAY_DIFFER = frozenset({"eval_items"})
 
@@ -104,7 +104,7 @@ def read_lst_run(directory: Path) -> tuple[pd.DataFrame, Settings]:
         raise CompareError(f"{directory} is not an LST run (its config.json names task "
                            f"{(run.config.get('settings') or {}).get('task')!r})")
     try:
-        settings = pooling.run_settings(directory, run)
+        settings = recorded_settings(directory, run)
     except ReportError as error:
         raise CompareError(str(error))
     curves = run.curves[run.curves["pe"].isin(["learned", "sin2d"])].copy()
@@ -123,7 +123,7 @@ def pooled_curves(directories: list[Path]) -> pd.DataFrame:
     settings = {directory: s for directory, (_, s) in zip(directories, runs)}
     constant = all(s.schedule == "constant" for s in settings.values())
     try:
-        pooling.check_alike(settings, pooling.MAY_DIFFER | ALSO_MAY_DIFFER | ({"steps"} if constant else set()))
+        check_alike(settings, MAY_DIFFER | ALSO_MAY_DIFFER | ({"steps"} if constant else set()))
     except ReportError as error:
         raise CompareError(str(error))
     curves = pd.concat([c for c, _ in runs], ignore_index=True)

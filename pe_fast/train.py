@@ -20,17 +20,17 @@ import torch
 from torch import Tensor
 
 from pe_fast import precision
+from pe_fast.host_to_device import upload
 from pe_fast.metrics import convergence, pe_geometry
 from pe_fast.metrics.attention_maps import AttentionMapSums, mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import PEDropout
 from pe_fast.ops import STAT_NAMES
+from pe_fast.seeds import DATA_SEED_OFFSET
 from pe_fast.stacked_optim import KINDS as OPTIMIZERS  # torch's fused optimizers (make_optimizer) cover them too
 from pe_fast.stacked_optim import StackedOptimizer
 
-# Batch order uses its own stream, apart from the weights' and the PE's.
-DATA_SEED_OFFSET = 2_000_003
 # Items of the attention split on which every evaluation measures how far features and attention moved (a small
 # batch: the first block's attention maps are held in full, [M, items, H, N, N])
 RICH_LAZY_ITEMS = 16
@@ -132,16 +132,6 @@ def lr_factor(step: int, config: TrainConfig) -> float:
         progress = (step - config.warmup) / max(1, config.steps - config.warmup)
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     return 1.0
-
-
-def upload(t: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on the device, without making the host wait. A plain copy to a GPU blocks until the GPU has
-    run everything queued before it: drawn every step, that serialises the host's launches with the GPU's work.
-    From pinned memory the copy runs in stream order while the host goes on (torch's pinned-memory allocator
-    does not reuse the block before the copy is done)."""
-    if torch.device(device).type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 class BatchSampler:
@@ -411,8 +401,7 @@ class PackTrainer:
         self.loss_buffer = state["loss_buffer"].to(self.device)
         self.stats_buffer = None if state["stats_buffer"] is None else state["stats_buffer"].to(self.device)
         self.step, self.filled, self.seconds = state["step"], state["filled"], state["seconds"]
-        # tensors; numpy arrays in checkpoints written before 2026-11-26
-        self.curves, self.initial_pe = list(state["curves"]), [torch.as_tensor(t) for t in state["initial_pe"]]
+        self.curves, self.initial_pe = list(state["curves"]), list(state["initial_pe"])
         torch.set_rng_state(state["torch_rng"])
         if "scaler" in state:  # not in checkpoints from before fp16, none of which scaled its loss
             self.scaler.load_state_dict(state["scaler"])

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_fast.sweep.settings import Settings, build_parser, from_flags
+from pe_fast.results.settings import Settings
+from pe_fast.sweep.settings import build_parser, from_flags
 
 # 12 nodes in 3 modules and a one-block width-16 model: a model-step takes about a millisecond
 TINY_NETSIM = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4",

@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_fast import run_folder
 from pe_fast.report.cli import main as report_main
+from pe_fast.results import run_folder
+from pe_fast.results.settings import Settings
 from pe_fast.sweep.cli import main as sweep_main
-from pe_fast.sweep.settings import Settings
+from pe_fast.tasks import KINDS
 from sweep_harness import TINY_NETSIM, run_sweep, start_sweep
 
 LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
@@ -305,13 +306,16 @@ def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monke
     assert not (tmp_path / "PWNED").exists()
 
 
-# Every setting of config.json, tampered: a value of the wrong type, and (for text) a line break. Not read on
-# --resume: the packs (config.json's own key, above), out (the folder itself) and compile (chosen anew).
-FIELDS = [f for f in dataclasses.fields(Settings) if f.name not in ("packs", "out", "compile")]
-TEXT_FIELDS = [f.name for f in FIELDS if "str" in str(f.type) and "tuple" not in str(f.type)]
+# Every setting of the netsim folder's config.json (the record's and the task's own), tampered: a value of the wrong
+# type, and (for text) a line break. Not read on --resume: the packs (config.json's own key, above), out (the folder
+# itself) and compile (chosen anew).
+FIELDS = [(f.name, str(f.type)) for f in dataclasses.fields(Settings)
+          if f.name not in ("packs", "out", "compile", "task_settings")]
+FIELDS += [(setting.name, setting.type.__name__) for setting in KINDS["netsim"].settings]
+TEXT_FIELDS = [name for name, kind in FIELDS if "str" in kind and "tuple" not in kind]
 
 
-@pytest.mark.parametrize("name", [f.name for f in FIELDS])
+@pytest.mark.parametrize("name", [name for name, _ in FIELDS])
 def test_resume_refuses_any_setting_of_a_wrong_type(name, unfinished, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(unfinished, folder)

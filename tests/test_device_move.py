@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from pe_fast.results.settings import Settings
 from pe_fast.sweep import grid, settings
 from pe_fast.tasks.masked_regions import REGION_PES
 from pe_fast.sweep.task_loading import load_task as load_sweep_task
@@ -132,7 +133,7 @@ SIGMAS = [0.5, 1.0]
 SEEDS = [1, 2]
 
 
-def task_settings(task: str, *extra: str) -> settings.Settings:
+def task_settings(task: str, *extra: str) -> Settings:
     flags = ["--task", task, *TINY_MODEL, *(SMALL_NETWORK if task == "netsim" else []), *extra]
     return settings.from_flags(settings.build_parser().parse_args(flags))
 

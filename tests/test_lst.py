@@ -342,7 +342,7 @@ def test_task_from_files(tmp_path):
 def test_task_without_its_package_data_says_so(tmp_path, monkeypatch):
     """The authors' puzzles ship with pe_fast: an install that lost them fails, naming the file, rather than
     training on something else."""
-    monkeypatch.setattr(lst_puzzles, "AUTHORS_DATA", tmp_path)
+    monkeypatch.setattr(lst_puzzles.puzzles, "AUTHORS_DATA", tmp_path)  # where authors_file reads it
     with pytest.raises(FileNotFoundError, match="generated_puzzle_data_binary_dist80.csv is missing.*reinstall"):
         lst.LSTTask()
 

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from pe_fast.models import ModelConfig, StackedTransformer
-from pe_fast.models.transformer import Block
 from pe_fast.train import TrainConfig, make_optimizer
 
 GRID = np.stack(np.divmod(np.arange(16), 4), axis=1).astype(float)
@@ -82,19 +81,3 @@ def test_readout_equals_full_computation_then_selecting_the_token():
     for index, block in enumerate(model.blocks):
         h, _ = block(h, model.pe_tables()[index], None, None, None)  # every token, no shortcut
     torch.testing.assert_close(outputs, model.head(h[:, :, 15]))
-
-
-def test_checkpoints_from_before_blocks_held_a_pe_attention_still_load():
-    """A sweep killed before the upgrade resumes: the old parameter names map onto the new ones."""
-    config = ModelConfig(num_tokens=5, token_dim=3, out_dim=2, width=8, depth=2, heads=2, mlp_width=16)
-    trained = StackedTransformer(config, [1, 2], [0.5, 1.0])
-    old_names = {new: old for old, new in Block.OLD_NAMES.items()}
-    old_state = {}
-    for key, value in trained.state_dict().items():
-        prefix, _, rest = key.partition(".attention.") if ".attention." in key else (key, "", "")
-        old_state[f"{prefix}.{old_names['attention.' + rest]}" if rest else key] = value
-    assert any(".attn_out.weight" in k for k in old_state) and not any(".attention." in k for k in old_state)
-    fresh = StackedTransformer(config, [3, 4], [0.5, 1.0])
-    fresh.load_state_dict(old_state)
-    for (name, a), b in zip(trained.state_dict().items(), fresh.state_dict().values()):
-        assert torch.equal(a, b), name

@@ -11,7 +11,7 @@ import torch
 
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES, PEDropout
-from pe_fast.sweep import grid, settings
+from pe_fast.sweep import grid, resume, settings
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import PackTrainer, TrainConfig
@@ -197,5 +197,5 @@ def test_a_sweep_recorded_before_pe_dropout_on_resumes_with_the_sinusoidal_pes(t
     del config["settings"]["pe_dropout_on"]
     (older / "config.json").write_text(json.dumps(config))
     args = settings.build_parser().parse_args(["--resume", "--out", str(older)])
-    resumed = settings.from_resume(args)
+    resumed = resume.from_resume(args)
     assert resumed.pe_dropout_on == SINUSOIDAL_PES and resumed.pe_dropout == 0.1

@@ -4,7 +4,7 @@ driver through the results folder and leave it with their finished pack."""
 import pandas as pd
 import pytest
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.sweep import executors, progress
 from pe_fast.sweep.progress import Progress
 

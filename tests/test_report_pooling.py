@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pe_fast import report, run_folder
+from pe_fast import report
+from pe_fast.results import run_folder
 from pe_fast.report.numbers import paired_difference
 from pe_fast.sweep import grid
 from sweep_harness import TINY_NETSIM, run_sweep, sweep_results

@@ -20,7 +20,7 @@ from scipy.stats import rankdata  # noqa: E402
 from pe_fast.metrics import modules, pe_geometry  # noqa: E402
 from pe_fast.metrics.pe_geometry import cosine_similarity_matrix, upper_triangle  # noqa: E402
 from pe_fast.report import rsa  # noqa: E402
-from pe_fast.report.reading import Run  # noqa: E402
+from pe_fast.results.reading import Run  # noqa: E402
 from pe_fast.tasks.lst import grid_coordinates  # noqa: E402
 
 

@@ -3,7 +3,7 @@ one. A model is its seed's model whichever way the seed was chosen."""
 import numpy as np
 
 from pe_fast.sweep import grid
-from pe_fast.sweep.settings import Settings
+from pe_fast.results.settings import Settings
 from sweep_harness import TINY_NETSIM, run_sweep, settings_of, sweep_results
 
 NETSIM = [*TINY_NETSIM, "--pe", "learned", "--sigmas", "0.1,1", "--steps", "12", "--eval-every", "6", "--warmup",

@@ -20,8 +20,9 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_fast import memory, run_folder
-from pe_fast.sweep import executors, grid, settings
+from pe_fast import memory
+from pe_fast.results import run_folder
+from pe_fast.sweep import executors, grid, runtime, settings
 from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
@@ -148,8 +149,8 @@ def test_lock_refuses_live_writer_and_takes_over_stale_one(tmp_path):
 
 
 def test_executor_ray_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
-    real = settings.importlib.util.find_spec
-    monkeypatch.setattr(settings.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    real = runtime.importlib.util.find_spec
+    monkeypatch.setattr(runtime.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     out = tmp_path / "run"
     assert main([*NETSIM, "--executor", "ray", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from pe_fast.nn import normal_per_model
+from pe_fast.seeds import PE_DROPOUT_SEED_OFFSET
 
 
 def sinusoidal_1d(positions: np.ndarray, width: int, base: float = 10000.0) -> np.ndarray:
@@ -44,7 +45,6 @@ def sinusoidal_nd(coordinates: np.ndarray, width: int, base: float = 10000.0) ->
 SIGMA_PES = ("learned", "random")  # the kinds drawn from N(0, σ²): the only ones a σ applies to
 SINUSOIDAL_PES = ("sin1d", "sin2d", "sinnd")
 ADDITIVE_PES = SIGMA_PES + SINUSOIDAL_PES  # the kinds that add a vector to x: those a PE dropout can apply to
-PE_DROPOUT_SEED_OFFSET = 2_000_003
 
 
 class AbsolutePE(nn.Module):

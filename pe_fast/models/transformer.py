@@ -20,13 +20,11 @@ from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.ops import sublayer_ends
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
+from pe_fast.seeds import PE_SEED_OFFSET
 
 ABSOLUTE_PES = ("learned", "random", "sin1d", "sin2d", "sinnd", "none")
 ROTARY_PES = ("rope", "rope2d")
 PE_KINDS = ABSOLUTE_PES + ROTARY_PES + ("relative",)
-# The PE's random draws use their own generator stream, so two models with the same seed and different PE
-# kinds or σ start from the same weights everywhere else: comparisons across PEs are paired.
-PE_SEED_OFFSET = 1_000_003
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +56,6 @@ class ModelConfig:
 
 
 class Block(nn.Module):
-    # Parameter names from before the block held a PEAttention, for checkpoints written then.
-    OLD_NAMES = {"w_qkv": "attention.w_qkv", "b_qkv": "attention.b_qkv", "attn_out.weight": "attention.out.weight",
-                 "attn_out.bias": "attention.out.bias"}
-
     def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
         super().__init__()
         M, D = len(generators), config.width
@@ -104,12 +98,6 @@ class Block(nn.Module):
             return self.norm_attn(projection(out, add_bias=False), residual=h, add=add), stats
         # CUDA, bf16, traced: torch's ops
         return self.norm_attn(projection(out) + (h if pe is None else h + pe[:, None])), stats
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        for old, new in self.OLD_NAMES.items():
-            if prefix + old in state_dict:
-                state_dict[prefix + new] = state_dict.pop(prefix + old)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class StackedTransformer(nn.Module):

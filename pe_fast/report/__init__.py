@@ -9,10 +9,10 @@ computed from those files; nothing is hard-coded. A missing or empty folder stop
 Several finished sweeps of one configuration that trained different models (PE kinds, σ, seeds) pool into the
 results folder --out, reported as one run and paired by seed; folders that trained otherwise are refused.
 
-The package: reading.py (the folder, through pe_fast.run_folder), numbers.py (statistics, alignment, summary,
-statement), figures.py, pooling.py (several folders as one), cli.py (report.md: write_report, and main).
+The package: numbers.py (statistics, alignment, the statement), figures.py, pooling.py (several folders as one),
+cli.py (report.md: write_report, and main). It reads folders through pe_fast.results, as the sweep writes them.
 """
 from pe_fast.report.cli import main, write_report
-from pe_fast.report.reading import load_run
+from pe_fast.results.reading import load_run  # pe_fast.report.load_run, as before the results layer
 
 __all__ = ["load_run", "main", "write_report"]

@@ -1,24 +1,24 @@
 """report.md from a results folder, and `python -m pe_fast.report DIR`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.report import pooling, rsa
 from pe_fast.report.figures import draw_figures
-from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt, is_baseline,
-                                    map_alignment, sigma_label, statement, stopping_lines, summary_markdown)
-from pe_fast.report.reading import ReportError, Run, read_run, task_name
+from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt,
+                                    map_alignment, statement, stopping_lines, summary_markdown)
+from pe_fast.results.reading import ReportError, Run, read_run, task_name
+from pe_fast.results.summary import is_baseline, sigma_label
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
-
-PAPER_RHO = 0.96  # the paper's attention-alignment vs generalisation correlation on the LST (unverified)
-
 
 def config_markdown(config: dict) -> str:
     if not config:
@@ -42,13 +42,90 @@ def config_markdown(config: dict) -> str:
     return "\n".join(lines)
 
 
-def rsa_markdown(run: Run, task: str, directory: Path) -> list[str]:
-    """The report's RSA section: rsatoolbox's ρ_a of the PE RDMs with the ground truth's, per (PE, σ)."""
+@dataclasses.dataclass
+class Report:
+    """What report.md is written from: the run, its task's view, the attention alignment, the convergence checks
+    and the figures drawn (name -> caption) or not (why)."""
+    name: str
+    directory: Path
+    run: Run
+    task: str
+    view: TaskView
+    align: Alignment | None
+    checks: list[Convergence]
+    drawn: dict[str, str]
+    skipped: list[str]
+
+    @property
+    def results(self) -> pd.DataFrame:
+        return self.run.results
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One part of report.md: its lines, where it applies, in the order of SECTIONS."""
+    name: str
+    applies: Callable[[Report], bool]
+    lines: Callable[[Report], list[str]]
+
+
+def always(report: Report) -> bool:
+    return True
+
+
+def title_lines(r: Report) -> list[str]:
+    lines = [f"# pe_fast report: {r.name}", ""]
+    lines += [f"> {note}" for note in r.run.notes] + ([""] if r.run.notes else [])
+    baselines = int(is_baseline(r.results["pe"]).sum())
+    kinds = r.results["data_kind"].dropna() if "data_kind" in r.results else pd.Series(dtype=str)
+    data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
+    return lines + [f"Task **{r.task}**" + (f" on data: **{data_kind}**" if data_kind else "")
+                    + f", {len(r.results) - baselines} trained models"
+                    + (f" and {baselines} baseline rows" if baselines else "") + ".", ""]
+
+
+def convergence_section(r: Report) -> list[str]:
+    stops = stopping_lines(r.results, r.run.settings.get("steps"))
+    return ["## Convergence", "", *(convergence_lines(r.checks, r.view)
+                                    or ["No curves.parquet: convergence cannot be judged."]), "",
+            *stops, *([""] if stops else [])]
+
+
+def statement_section(r: Report) -> list[str]:
+    return ["## What the numbers show", "", statement(r.run, r.view, r.checks), ""]
+
+
+def alignment_paragraph(r: Report) -> list[str]:
+    view, align = r.view, r.align
+    paper = f"; the paper reports {view.paper_rho[0]} {view.paper_rho[1]}." if view.paper_rho else "."
+    return [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} models "
+            f"(alignment = {align.source} averaged over layers and heads; generalisation = {view.score}){paper}", ""]
+
+
+def map_alignment_paragraph(r: Report) -> list[str]:
+    view, maps = r.view, map_alignment(r.results, r.view)
+    if not maps.n:
+        return [f"**Attention-map alignment** (the paper's measure) needs {view.reference_pe} models in the run (add "
+                f"`{view.reference_pe}` to `--pe`).", ""]
+    return [f"**Attention-map alignment with the {view.reference_pe} models vs generalisation** (the paper's "
+            f"measure): Spearman ρ = {fmt(maps.rho, 3)} over {maps.n} models (attn_map_alignment = Pearson r of a "
+            f"model's attention map, mean over heads and the {view.score.split('_')[0]} items, with the "
+            f"{view.reference_pe} models' mean map, averaged over layers; {view.reference_pe} models against their "
+            f"other seeds)" + (f"; the paper reports {view.paper_rho[0]}." if view.paper_rho else "."), ""]
+
+
+def summary_section(r: Report) -> list[str]:
+    return ["## Summary (mean ± sd over seeds)", "", summary_markdown(r.results, r.view), "",
+            "sd is the population standard deviation over seeds (as in summary.txt).", ""]
+
+
+def rsa_section(r: Report) -> list[str]:
+    """rsatoolbox's ρ_a of the PE RDMs with the ground truth's, per (PE, σ)."""
     lines = ["## RSA with rsatoolbox", ""]
     if not rsa.available():
         return lines + ["rsatoolbox is not installed (pip install \"pe_fast[rsa]\"); `python -m pe_fast.report DIR "
                         "--rdms` exports the RDMs once it is.", ""]
-    table = rsa.rank_table(run, task, directory)
+    table = rsa.rank_table(r.run, r.task, r.directory)
     if table.empty:
         return lines + ["No model with a PE table, or no ground truth to compare with.", ""]
     lines += ["Rank correlation ρ_a (rsatoolbox, `rho-a`) of each model's PE dissimilarities (1 − cosine similarity "
@@ -61,49 +138,33 @@ def rsa_markdown(run: Run, task: str, directory: Path) -> list[str]:
     return lines + [""]
 
 
-def report_markdown(name: str, run: Run, task: str, view: TaskView, align: Alignment | None,
-                    checks: list[Convergence], drawn: dict[str, str], skipped: list[str],
-                    rsa_lines: list[str] = ()) -> str:
-    results = run.results
-    stops = stopping_lines(results, run.settings.get("steps"))
-    stops += [""] if stops else []
-    lines = [f"# pe_fast report: {name}", ""]
-    lines += [f"> {note}" for note in run.notes] + ([""] if run.notes else [])
-    baselines = int(is_baseline(results["pe"]).sum())
-    kinds = results["data_kind"].dropna() if "data_kind" in results else pd.Series(dtype=str)
-    data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
-    lines += [f"Task **{task}**" + (f" on data: **{data_kind}**" if data_kind else "")
-              + f", {len(results) - baselines} trained models"
-              + (f" and {baselines} baseline rows" if baselines else "") + ".", "",
-              "## Convergence", "", *(convergence_lines(checks, view)
-                                       or ["No curves.parquet: convergence cannot be judged."]), "",
-              *stops,
-              "## What the numbers show", "", statement(run, view, checks), ""]
-    if align is not None:
-        lines += [f"**Attention alignment vs generalisation:** Spearman ρ = {fmt(align.rho, 3)} over {align.n} "
-                  f"models (alignment = {align.source} averaged over layers and heads; generalisation = "
-                  f"{view.score})" + (f"; the paper reports {PAPER_RHO} on the LST." if task == "lst" else "."), ""]
-    maps = map_alignment(results, view)  # None for runs from before the column
-    if maps is not None:
-        if maps.n:
-            lines += [f"**Attention-map alignment with the {view.reference_pe} models vs generalisation** (the "
-                      f"paper's measure): Spearman ρ = {fmt(maps.rho, 3)} over {maps.n} models (attn_map_alignment "
-                      f"= Pearson r of a model's attention map, mean over heads and the {view.score.split('_')[0]} "
-                      f"items, with the {view.reference_pe} models' mean map, averaged over layers; "
-                      f"{view.reference_pe} models against their other seeds)"
-                      + (f"; the paper reports {PAPER_RHO}." if task == "lst" else "."), ""]
-        else:
-            lines += [f"**Attention-map alignment** (the paper's measure) needs {view.reference_pe} models in the "
-                      f"run (add `{view.reference_pe}` to `--pe`).", ""]
-    lines += ["## Summary (mean ± sd over seeds)", "", summary_markdown(results, view), "",
-              "sd is the population standard deviation over seeds (as in summary.txt).", "", *rsa_lines,
-              "## Figures", ""]
-    for name, caption in drawn.items():
+def figures_section(r: Report) -> list[str]:
+    lines = ["## Figures", ""]
+    for name, caption in r.drawn.items():
         lines += [f"### {name.replace('_', ' ')}", "", caption, "", f"![{name}](figures/{name}.png)", ""]
-    if skipped:
-        lines += ["Not drawn:", ""] + [f"* {s}" for s in skipped] + [""]
-    lines += ["## Configuration", "", config_markdown(run.config), ""]
-    return "\n".join(lines)
+    if r.skipped:
+        lines += ["Not drawn:", ""] + [f"* {s}" for s in r.skipped] + [""]
+    return lines
+
+
+# report.md, top to bottom
+SECTIONS = (
+    Section("title", always, title_lines),
+    Section("convergence", always, convergence_section),
+    Section("what the numbers show", always, statement_section),
+    Section("attention alignment", lambda r: r.align is not None, alignment_paragraph),
+    # None for runs from before the attn_map_alignment column, or a task without a reference PE
+    Section("attention-map alignment", lambda r: map_alignment(r.results, r.view) is not None,
+            map_alignment_paragraph),
+    Section("summary", always, summary_section),
+    Section("RSA", always, rsa_section),
+    Section("figures", always, figures_section),
+    Section("configuration", always, lambda r: ["## Configuration", "", config_markdown(r.run.config), ""]),
+)
+
+
+def report_markdown(report: Report) -> str:
+    return "\n".join(line for section in SECTIONS if section.applies(report) for line in section.lines(report))
 
 
 def write_report(directory: str | os.PathLike) -> Path:
@@ -117,10 +178,9 @@ def write_report(directory: str | os.PathLike) -> Path:
     task = task_name(run)
     view = KINDS[task].view
     align = alignment(run.results, view)
-    checks = convergence(run.curves, view)
-    drawn, skipped = draw_figures(run, task, view, align, directory)
-    text = report_markdown(directory.resolve().name, run, task, view, align, checks, drawn, skipped,
-                           rsa_markdown(run, task, directory))
+    drawn, skipped = draw_figures(run, view, align, directory)
+    text = report_markdown(Report(directory.resolve().name, directory, run, task, view, align,
+                                  convergence(run.curves, view), drawn, skipped))
     report = directory / run_folder.REPORT
     run_folder.write_atomic(report, lambda tmp: tmp.write_text(text))
     return report

@@ -1,7 +1,9 @@
 """The report's figures (matplotlib, PNG files only)."""
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -14,19 +16,15 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.report import brain_maps
-from pe_fast.report.numbers import (Alignment, fmt, grouped, is_baseline, layer_head_mean, probe_names,
-                                    varying_axes)
-from pe_fast.report.reading import Run, read_npz
+from pe_fast.report.numbers import Alignment, fmt, grouped, layer_head_mean, probe_names
+from pe_fast.results.reading import Run, read_npz
+from pe_fast.results.summary import is_baseline, varying_axes
 from pe_fast.tasks.base import TaskView
 
-# Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
-FIGURES = ("generalisation_vs_sigma", "pe_similarity_vs_sigma", "alignment_vs_generalisation",
-           "attention_over_training", "pe_drift", "learned_pe", "pe_rank_vs_sigma", "pe_rank_over_training",
-           "pe_gradient", "rich_lazy_vs_sigma", "phase_diagram", *brain_maps.FIGURES)
 RICH_LAZY = ("pe_drift", "weight_drift_b0", "repr_change", "attn_change")
 
 
@@ -333,139 +331,241 @@ def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path) -> str 
     return None
 
 
-def draw_figures(run: Run, task: str, view: TaskView, align: Alignment | None, directory: Path
+# ---- the report's figures as a table: one row per figure, drawn in the table's order ----
+
+
+@dataclasses.dataclass
+class Page:
+    """What a figure is drawn from: the run, its task's view and the attention alignment; figures go to folder."""
+    run: Run
+    view: TaskView
+    align: Alignment | None
+    folder: Path
+    styles: Styles
+
+    @property
+    def results(self) -> pd.DataFrame:
+        return self.run.results
+
+    @property
+    def models(self) -> pd.DataFrame:
+        """The trained models' rows (no baselines)."""
+        return self.results[~is_baseline(self.results["pe"])]
+
+    @property
+    def curves(self) -> pd.DataFrame:
+        return self.run.curves
+
+    @property
+    def ground_truth(self) -> Path | None:
+        path = self.run.path / run_folder.GROUND_TRUTH
+        return path if path.is_file() else None
+
+    def present(self, metrics) -> list[str]:
+        """The metrics the results hold values of."""
+        return [m for m in metrics if m in self.results and self.results[m].notna().any()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One figure: figures/<name>.png under the heading name, drawn where it applies; draw returns why it could not
+    be drawn (a "Not drawn" line naming subject), or None."""
+    name: str
+    applies: Callable[[Page], bool]
+    draw: Callable[[Page, Path], str | None]
+    caption: Callable[[Page], str]
+    subject: str
+
+
+def always(page: Page) -> bool:
+    return True
+
+
+def in_view(name: str) -> Callable[[Page], bool]:
+    """For the figures a task's view names (TaskView.figures): those of its own ground truth."""
+    return lambda page: name in page.view.figures
+
+
+def draw_generalisation(page: Page, path: Path) -> str | None:
+    metrics = page.present(page.view.generalisation)
+    if not metrics:
+        return f"none of {', '.join(page.view.generalisation)} in the results."
+    metric_vs_sigma(page.results, metrics, page.styles, "Generalisation vs σ (mean ± sd over seeds)", path)
+
+
+def draw_similarity(page: Page, path: Path) -> str | None:
+    similarity = page.present(page.view.similarity)
+    if not similarity:
+        return f"none of {', '.join(page.view.similarity)} has values."
+    metric_vs_sigma(page.models, similarity, page.styles, "Learned PE vs ground truth, by σ (mean ± sd over seeds)",
+                    path)
+
+
+def draw_alignment(page: Page, path: Path) -> str | None:
+    if page.align is None or not page.align.n:
+        return f"no attention column for the {page.view.probe} probe, or no {page.view.score}."
+    alignment_figure(page.results, page.align, page.view, page.styles, path)
+
+
+def draw_attention(page: Page, path: Path) -> str | None:
+    panels = {}
+    if not page.curves.empty:
+        entropy = layer_head_mean(page.curves, "attn", "entropy")
+        if entropy is not None:
+            panels["attention entropy (nats)"] = entropy
+        for probe in probe_names(page.curves):
+            panels[f"attention mass on {probe}"] = layer_head_mean(page.curves, "attn", f"probe_{probe}")
+    if not panels:
+        return "no curves.parquet or no attn_* columns in it."
+    curves_by_sigma(page.curves, panels, page.styles, "Attention statistics over training, mean over layers and heads",
+                    path)
+
+
+def draw_pe_drift(page: Page, path: Path) -> str | None:
+    curves = page.curves
+    if curves.empty or "pe_drift" not in curves or not curves["pe_drift"].gt(0).any():
+        return "no pe_drift values in curves.parquet (learned PEs only)."
+    curves_by_sigma(curves, {"pe_drift = ‖P_t − P_0‖ / ‖P_0‖ (log scale)": curves["pe_drift"]}, page.styles,
+                    "How far the learned PE moved from its initial value", path, log_y=True)
+
+
+def draw_rank(page: Page, path: Path) -> str | None:
+    rank = page.present(("pe_effective_rank", "pe_pc1_share"))
+    if not rank:
+        return "no pe_effective_rank values in the results."
+    metric_vs_sigma(page.models, rank, page.styles, "Spectrum of the block-0 PE, by σ (mean ± sd over seeds)", path)
+
+
+def draw_rank_over_training(page: Page, path: Path) -> str | None:
+    curves = page.curves
+    if curves.empty or "pe_effective_rank" not in curves or not curves["pe_effective_rank"].notna().any():
+        return "no pe_effective_rank values in curves.parquet."
+    curves_by_sigma(curves, {"effective rank of the block-0 PE": curves["pe_effective_rank"]}, page.styles,
+                    "Effective rank of the PE over training", path)
+
+
+def draw_rich_lazy(page: Page, path: Path) -> str | None:
+    moved = page.present(RICH_LAZY)
+    if not moved:
+        return "none of the drift / change columns in the results."
+    metric_vs_sigma(page.models, moved, page.styles,
+                    "How far each model moved from its initialisation (mean ± sd over seeds)", path)
+
+
+def rich_lazy_caption(page: Page) -> str:
+    axes = varying_axes(page.results)
+    return ("Rich versus lazy against σ: relative drift of the PE and of block 0's weights, 1 − CKA of the last "
+            "block's features and the first block's attention change from step 0 (0 = lazy: nothing moved)."
+            + (f" Pooled over {', '.join(axes)}." if axes else ""))
+
+
+def draw_phase_diagram(page: Page, path: Path) -> str | None:
+    return phase_diagram(page.results, page.present((page.view.score, "pe_drift", "repr_change")), path)
+
+
+def draw_gradient(page: Page, path: Path) -> str | None:
+    return gradient_figure(page.results, page.run.pe_tables, page.ground_truth, path)
+
+
+def draw_learned_pe_grid(page: Page, path: Path) -> str | None:
+    return lst_pe_figure(page.results, page.run.pe_tables, path)
+
+
+def draw_learned_pe_fc(page: Page, path: Path) -> str | None:
+    if page.ground_truth is None:
+        return "no ground_truth.npz (fc, networks) in the folder."
+    return brain_pe_figure(page.results, page.run.pe_tables, page.ground_truth, path)
+
+
+FIGURE_TABLE = (
+    Figure("generalisation_vs_sigma", always, draw_generalisation,
+           lambda page: (f"Generalisation ({', '.join(page.present(page.view.generalisation))}) against σ for each "
+                         f"PE kind; PEs without σ as horizontal bands, baselines as dashed lines."),
+           "generalisation vs σ"),
+    Figure("pe_similarity_vs_sigma", always, draw_similarity,
+           lambda page: (f"PE vs ground-truth similarity ({', '.join(page.present(page.view.similarity))}) against "
+                         f"σ (pe_procrustes: lower = closer)."),
+           "PE similarity vs σ"),
+    Figure("alignment_vs_generalisation", always, draw_alignment,
+           lambda page: (f"Each point is one model: final attention mass on the {page.view.probe} probe "
+                         f"({page.align.source}, mean over layers and heads) against {page.view.score}; Spearman "
+                         f"ρ = {fmt(page.align.rho, 3)}."),
+           "attention alignment"),
+    Figure("attention_over_training", always, draw_attention,
+           lambda page: ("Per-step attention statistics of the training batches (averaged over each evaluation "
+                         "window, layers and heads) against the step, by σ."),
+           "attention over training"),
+    Figure("pe_drift", always, draw_pe_drift,
+           lambda page: ("Relative distance of the learned PE from its initial value over training, by σ: large = "
+                         "rich learning, small = lazy."),
+           "PE drift"),
+    Figure("pe_rank_vs_sigma", always, draw_rank,
+           lambda page: ("Effective rank (Σs)² / Σs² of the token-centred PE table and its first principal "
+                         "component's share of variance against σ: low rank = a PE organised along few axes."),
+           "PE rank vs σ"),
+    Figure("pe_rank_over_training", always, draw_rank_over_training,
+           lambda page: "Effective rank of the block-0 PE table against the training step, by σ.",
+           "PE rank over training"),
+    Figure("pe_gradient", lambda page: "pe_gradient" in page.view.figures and page.ground_truth is not None,
+           draw_gradient,
+           lambda page: ("One panel per σ (first seed): each token's score on the PE principal component that best "
+                         "follows connectivity gradient 1, against gradient 1."),
+           "PE vs connectivity gradient"),
+    Figure("rich_lazy_vs_sigma", always, draw_rich_lazy, rich_lazy_caption, "rich vs lazy"),
+    Figure("phase_diagram", always, draw_phase_diagram,
+           lambda page: (f"{page.view.score}, PE drift and representation change over σ × learning rate (mean over "
+                         f"seeds): where training turns from rich to lazy."),
+           "phase diagram"),
+    Figure("learned_pe", in_view("learned_pe_grid"), draw_learned_pe_grid,
+           lambda page: "2D PCA of the first block's 16 learned PE vectors (small and large σ) next to the true grid.",
+           "learned PE"),
+    Figure("learned_pe", in_view("learned_pe_fc"), draw_learned_pe_fc,
+           lambda page: "Learned PE cosine similarity (small and large σ) next to FC, tokens ordered by network.",
+           "learned PE"),
+)
+
+
+def draw_brain_maps(page: Page) -> tuple[dict[str, str], list[str]]:
+    """The cortical surface figures (brain_maps.py), several from one ground truth: (drawn name -> caption, notes
+    on what was not drawn)."""
+    if page.ground_truth is None:
+        return {}, []
+    regions, why = brain_maps.surface_regions(page.run.settings)
+    if why:
+        return {}, [f"brain maps: {why}"]
+    return brain_maps.brain_figures(page.results, page.run.pe_tables, read_npz(page.ground_truth), regions,
+                                    page.folder)
+
+
+# Every figure the report can write; stale ones from an earlier report are removed when not redrawn.
+FIGURES = (*dict.fromkeys(row.name for row in FIGURE_TABLE), *brain_maps.FIGURES)
+
+
+def draw_figures(run: Run, view: TaskView, align: Alignment | None, directory: Path
                  ) -> tuple[dict[str, str], list[str]]:
-    """Every figure the results allow, into DIR/figures/: (figure name -> caption, why each other one is not
-    drawn). A figure from an earlier report that this one cannot draw is removed: it would mislead."""
+    """Every figure of FIGURE_TABLE that applies, into DIR/figures/ (and the brain maps, where the task's view asks
+    for them): (figure name -> caption, why each other one is not drawn). A figure from an earlier report that this
+    one cannot draw is removed: it would mislead."""
     results, curves = run.results, run.curves
-    figures_dir = directory / run_folder.FIGURES
-    figures_dir.mkdir(exist_ok=True)
+    folder = directory / run_folder.FIGURES
+    folder.mkdir(exist_ok=True)
     styles = Styles(pd.concat([results[["pe", "sigma"]], curves[["pe", "sigma"]]] if not curves.empty
                               else [results[["pe", "sigma"]]]))
+    page = Page(run, view, align, folder, styles)
     drawn: dict[str, str] = {}   # figure name -> caption
     skipped: list[str] = []
-
-    metrics = [m for m in view.generalisation if m in results and results[m].notna().any()]
-    if metrics:
-        metric_vs_sigma(results, metrics, styles, "Generalisation vs σ (mean ± sd over seeds)",
-                        figures_dir / "generalisation_vs_sigma.png")
-        drawn["generalisation_vs_sigma"] = (f"Generalisation ({', '.join(metrics)}) against σ for each PE kind; "
-                                            "PEs without σ as horizontal bands, baselines as dashed lines.")
-    else:
-        skipped.append(f"generalisation vs σ: none of {', '.join(view.generalisation)} in the results.")
-    similarity = [m for m in view.similarity if m in results and results[m].notna().any()]
-    if similarity:
-        metric_vs_sigma(results[~is_baseline(results["pe"])], similarity, styles,
-                        "Learned PE vs ground truth, by σ (mean ± sd over seeds)",
-                        figures_dir / "pe_similarity_vs_sigma.png")
-        drawn["pe_similarity_vs_sigma"] = (f"PE vs ground-truth similarity ({', '.join(similarity)}) against σ "
-                                           "(pe_procrustes: lower = closer).")
-    else:
-        skipped.append(f"PE similarity vs σ: none of {', '.join(view.similarity)} has values.")
-
-    if align is not None and align.n:
-        alignment_figure(results, align, view, styles, figures_dir / "alignment_vs_generalisation.png")
-        drawn["alignment_vs_generalisation"] = (f"Each point is one model: final attention mass on the "
-                                                f"{view.probe} probe ({align.source}, mean over layers and heads) "
-                                                f"against {view.score}; Spearman ρ = {fmt(align.rho, 3)}.")
-    else:
-        skipped.append(f"attention alignment: no attention column for the {view.probe} probe, or no {view.score}.")
-
-    attn_panels = {}
-    if not curves.empty:
-        entropy = layer_head_mean(curves, "attn", "entropy")
-        if entropy is not None:
-            attn_panels["attention entropy (nats)"] = entropy
-        for probe in probe_names(curves):
-            series = layer_head_mean(curves, "attn", f"probe_{probe}")
-            attn_panels[f"attention mass on {probe}"] = series
-    if attn_panels:
-        curves_by_sigma(curves, attn_panels, styles, "Attention statistics over training, mean over layers and heads",
-                        figures_dir / "attention_over_training.png")
-        drawn["attention_over_training"] = ("Per-step attention statistics of the training batches (averaged over "
-                                            "each evaluation window, layers and heads) against the step, by σ.")
-    else:
-        skipped.append("attention over training: no curves.parquet or no attn_* columns in it.")
-    if not curves.empty and "pe_drift" in curves and curves["pe_drift"].gt(0).any():
-        curves_by_sigma(curves, {"pe_drift = ‖P_t − P_0‖ / ‖P_0‖ (log scale)": curves["pe_drift"]}, styles,
-                        "How far the learned PE moved from its initial value", figures_dir / "pe_drift.png",
-                        log_y=True)
-        drawn["pe_drift"] = ("Relative distance of the learned PE from its initial value over training, by σ: "
-                             "large = rich learning, small = lazy.")
-    else:
-        skipped.append("PE drift: no pe_drift values in curves.parquet (learned PEs only).")
-
-    rank = [m for m in ("pe_effective_rank", "pe_pc1_share") if m in results and results[m].notna().any()]
-    if rank:
-        metric_vs_sigma(results[~is_baseline(results["pe"])], rank, styles,
-                        "Spectrum of the block-0 PE, by σ (mean ± sd over seeds)",
-                        figures_dir / "pe_rank_vs_sigma.png")
-        drawn["pe_rank_vs_sigma"] = ("Effective rank (Σs)² / Σs² of the token-centred PE table and its first "
-                                     "principal component's share of variance against σ: low rank = a PE "
-                                     "organised along few axes.")
-    else:
-        skipped.append("PE rank vs σ: no pe_effective_rank values in the results.")
-    if not curves.empty and "pe_effective_rank" in curves and curves["pe_effective_rank"].notna().any():
-        curves_by_sigma(curves, {"effective rank of the block-0 PE": curves["pe_effective_rank"]}, styles,
-                        "Effective rank of the PE over training", figures_dir / "pe_rank_over_training.png")
-        drawn["pe_rank_over_training"] = "Effective rank of the block-0 PE table against the training step, by σ."
-    else:
-        skipped.append("PE rank over training: no pe_effective_rank values in curves.parquet.")
-    if task != "lst" and (directory / run_folder.GROUND_TRUTH).is_file():
-        not_drawn = gradient_figure(results, run.pe_tables, directory / run_folder.GROUND_TRUTH,
-                                    figures_dir / "pe_gradient.png")
-        if not_drawn:
-            skipped.append(f"PE vs connectivity gradient: {not_drawn}")
-        else:
-            drawn["pe_gradient"] = ("One panel per σ (first seed): each token's score on the PE principal "
-                                    "component that best follows connectivity gradient 1, against gradient 1.")
-
-    moved = [m for m in RICH_LAZY if m in results and results[m].notna().any()]
-    if moved:
-        metric_vs_sigma(results[~is_baseline(results["pe"])], moved, styles,
-                        "How far each model moved from its initialisation (mean ± sd over seeds)",
-                        figures_dir / "rich_lazy_vs_sigma.png")
-        drawn["rich_lazy_vs_sigma"] = ("Rich versus lazy against σ: relative drift of the PE and of block 0's "
-                                       "weights, 1 − CKA of the last block's features and the first block's "
-                                       "attention change from step 0 (0 = lazy: nothing moved)."
-                                       + (f" Pooled over {', '.join(varying_axes(results))}."
-                                          if varying_axes(results) else ""))
-    else:
-        skipped.append("rich vs lazy: none of the drift / change columns in the results.")
-    not_drawn = phase_diagram(results, [m for m in (view.score, "pe_drift", "repr_change")
-                                        if m in results and results[m].notna().any()],
-                              figures_dir / "phase_diagram.png")
-    if not_drawn:
-        skipped.append(f"phase diagram: {not_drawn}")
-    else:
-        drawn["phase_diagram"] = (f"{view.score}, PE drift and representation change over σ × learning rate "
-                                  "(mean over seeds): where training turns from rich to lazy.")
-
-    pe_path = figures_dir / "learned_pe.png"
-    if task == "lst":
-        not_drawn = lst_pe_figure(results, run.pe_tables, pe_path)
-        caption = "2D PCA of the first block's 16 learned PE vectors (small and large σ) next to the true grid."
-    elif (directory / run_folder.GROUND_TRUTH).is_file():
-        not_drawn = brain_pe_figure(results, run.pe_tables, directory / run_folder.GROUND_TRUTH, pe_path)
-        caption = "Learned PE cosine similarity (small and large σ) next to FC, tokens ordered by network."
-    else:
-        not_drawn, caption = "no ground_truth.npz (fc, networks) in the folder.", ""
-    if not_drawn:
-        skipped.append(f"learned PE: {not_drawn}")
-    else:
-        drawn["learned_pe"] = caption
-    if task == "fmri" and (directory / run_folder.GROUND_TRUTH).is_file():
-        settings = run.config.get("settings") or {}
-        regions, why = brain_maps.surface_regions(settings)
-        if why:
-            skipped.append(f"brain maps: {why}")
-        else:
-            brain_drawn, brain_skipped = brain_maps.brain_figures(
-                results, run.pe_tables, read_npz(directory / run_folder.GROUND_TRUTH), regions, figures_dir)
-            drawn.update(brain_drawn)
-            skipped += brain_skipped
-
+    for row in FIGURE_TABLE:
+        if row.applies(page):
+            why = row.draw(page, folder / f"{row.name}.png")
+            if why:
+                skipped.append(f"{row.subject}: {why}")
+            else:
+                drawn[row.name] = row.caption(page)
+    if "brain_maps" in view.figures:
+        brain_drawn, brain_skipped = draw_brain_maps(page)
+        drawn.update(brain_drawn)
+        skipped += brain_skipped
     for name in FIGURES:
-        if name not in drawn and (figures_dir / f"{name}.png").exists():
-            (figures_dir / f"{name}.png").unlink()
+        if name not in drawn and (folder / f"{name}.png").exists():
+            (folder / f"{name}.png").unlink()
     return drawn, skipped

@@ -10,31 +10,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from pe_fast import run_folder
-from pe_fast.metrics import attention_maps
 from pe_fast.metrics.convergence import (FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, lower_is_better,
                                          quarter_gains)
-from pe_fast.report.reading import Run
+from pe_fast.results.reading import Run
+from pe_fast.results.summary import axis_label, is_baseline, sigma_label, varying_axes
 from pe_fast.tasks.base import TaskView
 
-BASELINE_PREFIX = "baseline:"  # non-transformer reference rows (fMRI / netsim): test_mse / test_r2 only
 ATTN_COLUMN = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
-
-
-def is_baseline(pe: pd.Series) -> pd.Series:
-    return pe.astype(str).str.startswith(BASELINE_PREFIX)
-
-
-# Grid axes besides PE and σ: the summaries keep apart the models that differ in any of them
-OPTIMIZER_AXES = ("optimizer", "lr", "weight_decay", "momentum")
-
-
-def varying_axes(results: pd.DataFrame) -> list[str]:
-    """The optimizer axes whose trained models do not all share one value (none in a run without those axes)."""
-    models = results[~is_baseline(results["pe"])]
-    axes = [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
-    # runs from before the optimizer axes have no lr_last: their lr was the rate at the step, not an axis
-    return [a for a in axes if a != "lr" or "lr_last" in models]
 
 
 def grouped(frame: pd.DataFrame, metric: str, axes: list[str] = ()) -> pd.DataFrame:
@@ -48,12 +30,6 @@ def grouped(frame: pd.DataFrame, metric: str, axes: list[str] = ()) -> pd.DataFr
         rows.append(dict(zip(keys, key), mean=values.mean() if len(values) else np.nan,
                          sd=values.std() if len(values) else np.nan, n=len(values), models=len(group)))
     return pd.DataFrame(rows, columns=[*keys, "mean", "sd", "n", "models"])
-
-
-def axis_label(axis: str, value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return value if isinstance(value, str) else f"{value:g}"
 
 
 def layer_head_mean(frame: pd.DataFrame, prefix: str, stat: str) -> pd.Series | None:
@@ -116,10 +92,6 @@ def fmt(value: float, digits: int = 3) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
 
 
-def sigma_label(sigma: float) -> str:
-    return "" if not np.isfinite(sigma) else f"{sigma:g}"
-
-
 def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
     """Mean ± sd over seeds per (PE, σ, every optimizer axis that varies) of the task's main metrics, as a
     markdown table."""
@@ -137,36 +109,6 @@ def summary_markdown(results: pd.DataFrame, view: TaskView) -> str:
         lines.append(f"| {key.pe} | {sigma_label(key.sigma)} | " + "".join(f"{axis_label(a, key[a])} | " for a in axes)
                      + f"{int(key.models)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def summary_table(results: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Mean ± sd over seeds for each (PE, σ, every optimizer axis that varies), of the task's summary columns
-    that the results hold."""
-    metrics = [c for c in columns if c in results]
-    axes = varying_axes(results)
-    rows = []
-    for key, group in results.groupby(["pe", "sigma", *axes], dropna=False, sort=False):
-        pe, sigma, *values = key
-        row = {"pe": pe, "sigma": "" if math.isnan(sigma) else f"{sigma:g}",
-               **{a: axis_label(a, v) for a, v in zip(axes, values)}, "seeds": len(group)}
-        for metric in metrics:
-            values = group[metric].to_numpy(dtype=float)
-            scale = 100.0 if metric.endswith("acc") or "_acc_" in metric else 1.0
-            digits = 1 if scale == 100.0 else 3
-            row[metric] = f"{np.nanmean(values) * scale:.{digits}f} ± {np.nanstd(values) * scale:.{digits}f}" \
-                if np.isfinite(values).any() else "-"
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def attention_map_alignment(results: pd.DataFrame, pe_tables: dict, reference_pe: str | None) -> np.ndarray:
-    """Per results row, the alignment of the model's mean attention maps with those of the task's ground-truth
-    PE models (metrics.attention_maps.map_alignment); NaN where the task has none or the run trained none."""
-    maps = {i: pe_tables[f"{run_folder.ATTENTION_MAP}{i}"] for i in results["model_id"]
-            if f"{run_folder.ATTENTION_MAP}{i}" in pe_tables}
-    reference_ids = list(results.loc[results["pe"] == reference_pe, "model_id"]) if reference_pe else []
-    scores = attention_maps.map_alignment(maps, reference_ids)
-    return results["model_id"].map(scores).astype(float).to_numpy()
 
 
 def paired_difference(a: pd.Series, b: pd.Series | float) -> tuple[float, float, float, int] | None:
@@ -329,10 +271,8 @@ def convergence(curves: pd.DataFrame, view: TaskView) -> list[Convergence]:
                 result.too_short = True
                 continue
             last, before = quarter_gains(curve.index, curve.to_numpy(), lower)
-            # the rate at each evaluation: lr_last; runs from before the per-model rates called it lr
-            rate = "lr_last" if "lr_last" in group else "lr" if "lr" in group else None
-            if rate is not None:
-                lr = group.groupby("step")[rate].mean().sort_index()
+            if "lr_last" in group:  # the rate at each evaluation
+                lr = group.groupby("step")["lr_last"].mean().sort_index()
                 fraction = _value_at(lr, 0.75 * end) / lr.max() if lr.max() > 0 else 1.0
                 if fraction < MOVING_LR and last <= PLATEAU_TOLERANCE:
                     result.decayed = min(fraction, result.decayed if result.decayed is not None else 1.0)

@@ -15,42 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pe_fast import run_folder
-from pe_fast.report.numbers import (OPTIMIZER_AXES, attention_map_alignment, is_baseline, sigma_label,
-                                    summary_table)
-from pe_fast.report.reading import ReportError, Run, read_npz, read_run, task_name
-from pe_fast.sweep.grid import pe_dropout_of
-from pe_fast.sweep.settings import RUNTIME_FLAGS, Settings
+from pe_fast.results import run_folder
+from pe_fast.results.reading import ReportError, Run, check_alike, read_npz, read_run, recorded_settings, task_name
+from pe_fast.results.settings import Settings, pe_dropout_of
+from pe_fast.results.summary import OPTIMIZER_AXES, attention_map_alignment, is_baseline, sigma_label, summary_table
 from pe_fast.tasks import KINDS
-
-# What may differ between folders pooled as one run: which models they trained (seeds, PEs, σ, and the PE dropout,
-# which is checked per PE kind), how often they evaluated, the preset's name (its values are compared), and where
-# and how they ran.
-MAY_DIFFER = frozenset({"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every",
-                        "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS})
-
-
-def run_settings(directory: Path, run: Run) -> Settings:
-    """The Settings a folder's config.json records; files from before a setting get its default, as --resume
-    gives them."""
-    try:
-        settings = Settings.from_json(run.config["settings"], packs=())
-    except (KeyError, TypeError, ValueError) as error:
-        raise ReportError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
-    if settings.precision is None:  # sweeps from before --precision trained in float32
-        settings = dataclasses.replace(settings, precision="fp32")
-    return settings
-
-
-def check_alike(settings: dict[Path, Settings], may_differ: frozenset[str] = MAY_DIFFER):
-    """Every folder trained like the first but in what may_differ names; ReportError names the first difference."""
-    (first_dir, first), *others = settings.items()
-    for directory, setting in others:
-        for name, value in dataclasses.asdict(setting).items():
-            if name not in may_differ and value != getattr(first, name):
-                raise ReportError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
-                                  f"{getattr(first, name)!r}: not one run's models")
-
 
 def pooled_dropout(settings: dict[Path, Settings]) -> tuple[float, list[str]]:
     """(pe_dropout, pe_dropout_on) of the pooled run: each PE kind must have trained with one dropout in every
@@ -117,7 +86,7 @@ def pool(directories: list[Path], out: Path) -> Path:
     if len(tasks) > 1:
         raise ReportError(f"the folders ran different tasks ({', '.join(sorted(tasks))})")
     view = KINDS[tasks.pop()].view
-    settings = {d: run_settings(d, run) for d, run in runs.items()}
+    settings = {d: recorded_settings(d, run) for d, run in runs.items()}
     check_alike(settings)
     first_dir, first = directories[0], runs[directories[0]]
     for directory, run in runs.items():

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 from scipy.spatial.distance import pdist
 
-from pe_fast import run_folder
+from pe_fast.results import run_folder
 from pe_fast.metrics.pe_geometry import cosine_similarity_matrix, upper_triangle
-from pe_fast.report.reading import Run
+from pe_fast.results.reading import Run
+from pe_fast.tasks import KINDS
 
 RDMS_FILE = "rdms.hdf5"
 BOOTSTRAP_DRAWS = 2000
@@ -32,9 +33,9 @@ def available() -> bool:
 
 def ground_truth_dissimilarities(task: str, directory: Path) -> dict[str, np.ndarray]:
     """Name -> the ground truth's dissimilarities, upper triangle, in pdist's pair order."""
-    if task == "lst":
-        from pe_fast.tasks.lst import grid_coordinates
-        return {"grid distance": pdist(grid_coordinates())}
+    if (fixed := KINDS[task].view.fixed_geometry) is not None:
+        name, coordinates = fixed
+        return {name: pdist(coordinates())}
     path = directory / run_folder.GROUND_TRUTH
     if not path.is_file():
         return {}

@@ -1,5 +1,5 @@
 import sys
 
-from pe_fast.sweep.cli import main
+from pe_fast.sweep.program import main
 
 sys.exit(main())

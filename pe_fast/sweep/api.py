@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from pe_fast.report.reading import Run, load_run
-from pe_fast.sweep import cli, settings
-from pe_fast.sweep.settings import UsageError
+from pe_fast.results.reading import Run
+from pe_fast.sweep import UsageError, program, resume, settings
 
 
 def arguments(keywords: dict) -> argparse.Namespace:
@@ -39,5 +38,5 @@ def run(**keywords) -> Run:
     """Train the sweep these arguments describe (or continue one: resume=True, out=DIR) and return its results
     folder as a Run (pe_fast.load_run). Progress goes to stderr as on the command line."""
     namespace = arguments(keywords)
-    s = settings.from_resume(namespace) if namespace.resume else settings.from_flags(namespace)
-    return load_run(cli.run(s))
+    s = resume.from_resume(namespace) if namespace.resume else settings.from_flags(namespace)
+    return program.run(s)

@@ -6,16 +6,17 @@ import dataclasses
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from pe_fast import run_folder
 from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.sweep import executors, folder, grid, settings
+from pe_fast.results import run_folder
+from pe_fast.results.settings import Settings
+from pe_fast.sweep import UsageError, executors, folder, grid, resume, settings
 from pe_fast.sweep.progress import Progress
-from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import BatchSampler, PackTrainer
 
@@ -62,7 +63,9 @@ def check_folder(out: Path, resume: bool):
         raise UsageError(str(error))
 
 
-def run(s: Settings) -> Path:
+def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Path:
+    """Train the sweep and write its results folder; then write_report(DIR) unless --no-report. The sweep does not
+    import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
     resume = s.packs is not None
     out = Path(s.out) if s.out is not None else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not str(out).strip():
@@ -132,9 +135,8 @@ def run(s: Settings) -> Path:
     finally:
         run_folder.release_lock(out)
     print(table.to_string(index=False))
-    if not s.no_report:
+    if write_report is not None and not s.no_report:
         try:
-            from pe_fast.report import write_report
             write_report(out)
         except Exception as error:  # the results are safe; the report can be rerun with python -m pe_fast.report
             print(f"warning: the report failed ({type(error).__name__}: {error}); the results are complete; "
@@ -143,14 +145,14 @@ def run(s: Settings) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, write_report: Callable[[Path], object] | None = None) -> int:
     try:
         args = settings.build_parser().parse_args(argv)  # one line and 2 for an unknown flag; 0 after --help
     except SystemExit as exit_:
         return exit_.code
     out = args.out or "DIR"
     try:
-        run(settings.from_resume(args) if args.resume else settings.from_flags(args))
+        run(resume.from_resume(args) if args.resume else settings.from_flags(args), write_report)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

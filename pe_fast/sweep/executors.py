@@ -16,12 +16,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pe_fast import memory, precision, run_folder
-from pe_fast.sweep import live_curves
+from pe_fast import memory, precision
+from pe_fast.results import run_folder
+from pe_fast.results.settings import Settings
+from pe_fast.sweep import UsageError, live_curves
 from pe_fast.sweep.grid import model_config, train_config
 from pe_fast.sweep.live_curves import LiveCurves
 from pe_fast.sweep.progress import Progress
-from pe_fast.sweep.settings import Settings, UsageError
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import PackTrainer
 

@@ -1,5 +1,5 @@
 """What the sweep puts into its results folder at the start (config.json, the ground truth) and at the end
-(results with the task's baselines, curves, PE tables, the summary table); pe_fast.run_folder writes them."""
+(results with the task's baselines, curves, PE tables, the summary table); pe_fast.results.run_folder writes them."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pe_fast import run_folder
-from pe_fast.report.numbers import attention_map_alignment, summary_table
-from pe_fast.sweep.settings import Settings
+from pe_fast.results import run_folder
+from pe_fast.results.summary import attention_map_alignment, summary_table
+from pe_fast.results.settings import Settings
 from pe_fast.tasks import KINDS
 
 

@@ -10,7 +10,8 @@ from pe_fast import memory
 from pe_fast.metrics.convergence import lower_is_better
 from pe_fast.models import ModelConfig
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.sweep.settings import Settings, UsageError
+from pe_fast.results.settings import Settings, pe_dropout_of
+from pe_fast.sweep import UsageError
 from pe_fast.tasks import KINDS
 from pe_fast.train import TrainConfig
 
@@ -67,11 +68,6 @@ def pack_models(s: Settings, models: list[dict]) -> list[list[dict]]:
                                  f"({', '.join(sorted({m['pe'] for m in pack}))}); it cannot train as one pack")
         return packs
     return split_into_packs(models, s.max_pack)
-
-
-def pe_dropout_of(s: Settings, kind: str) -> float:
-    """The dropout on x + PE that the models of this PE kind train with."""
-    return s.pe_dropout if kind in s.pe_dropout_on else 0.0
 
 
 def model_config(s: Settings, task, kind: str) -> ModelConfig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pe_fast.report.numbers import OPTIMIZER_AXES
+from pe_fast.results.summary import OPTIMIZER_AXES
 
 FOLDER = "tensorboard"
 

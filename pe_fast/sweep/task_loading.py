@@ -3,7 +3,9 @@ data package becomes a UsageError (one line, exit 2) that names the flag of the 
 from __future__ import annotations
 
 from pe_fast.data import DataError
-from pe_fast.sweep.settings import PATH_FLAGS, Settings, UsageError, split_paths
+from pe_fast.results.settings import Settings
+from pe_fast.sweep import UsageError
+from pe_fast.sweep.validation import split_paths
 from pe_fast.tasks import KINDS
 
 
@@ -17,7 +19,8 @@ def load_task(s: Settings):
 def with_flag(message: str, s: Settings) -> str:
     """The message with the flag in front that named the file (or the folder of the file) it opens with: the data
     layer names files, as it is also a library, and the user typed flags."""
-    named = [(path, flag) for flag in PATH_FLAGS if getattr(s, flag) for path in split_paths(getattr(s, flag), flag)]
+    named = [(path, setting.name) for setting in KINDS[s.task].settings if setting.files and getattr(s, setting.name)
+             for path in split_paths(getattr(s, setting.name), setting)]
     for path, flag in sorted(named, key=lambda named_path: -len(named_path[0])):  # a file in a named folder: its own
         if message.startswith(path) and message[len(path):len(path) + 1] in (":", " ", "/"):
             return f"--{flag.replace('_', '-')} {message}"

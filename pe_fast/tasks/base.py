@@ -3,9 +3,9 @@
 * `Task`: the object training, the sweep and its results folder use (data splits, ground truth, loss, scores,
   PE metrics, baselines). Every task class implements all of it; nobody asks `hasattr`.
 * `TaskKind`: what the sweep and the report know of a task before any data is loaded: its defaults and
-  presets, the PE kinds it accepts, its own flags, the summary's columns, how the report reads its results,
-  and how to build the Task from the sweep's settings. Each task file defines one KIND; pe_fast.tasks
-  registers it.
+  presets, the PE kinds it accepts, its own settings and flags (TaskSetting: type, default, range, files), the
+  summary's columns, how the report reads its results and which figures it adds (TaskView), and how to build the
+  Task from the sweep's settings. Each task file defines one KIND; pe_fast.tasks registers it (KINDS).
 """
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ class TaskView:
     fit: str | None                     # the training-fit metric quoted in the statement
     reference_pe: str | None = None     # the ground-truth PE whose models' attention maps the others are compared
                                         # with (attn_map_alignment, the paper's measure), if the task has one
+    # The report's figures of the task's own ground truth, by name (report/figures.py: FIGURE_TABLE's rows that
+    # ask for them, and brain_maps): pe_gradient, learned_pe_grid, learned_pe_fc, brain_maps
+    figures: tuple[str, ...] = ()
+    paper_rho: tuple[float, str] | None = None  # the paper's alignment–generalisation ρ, and where ("on the LST")
+    # (name, token coordinates) where the ground truth is the same in every run: the RSA's reference distances
+    fixed_geometry: tuple[str, Callable[[], np.ndarray]] | None = None
 
 
 class Batches(Protocol):
@@ -72,12 +78,31 @@ class Task(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskSetting:
+    """A setting of one task's own, and its flag --NAME-WITH-DASHES: the sweep's parser, its validation, config.json
+    and --resume take it from here."""
+    name: str
+    type: type                  # int, float or str
+    help: str                   # the flag's help, after the names of the tasks that have it
+    default: object = None      # None: the task's loader chooses
+    choices: tuple | None = None
+    range: tuple | None = None  # (lowest, highest or None, which ends belong: "[]", "[)", "()")
+    files: str | None = None    # "one" or "several" (comma-separated): checked to exist, recorded absolute
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskKind:
     name: str
     defaults: dict              # what `--task NAME` runs with no other flag (flag name -> value)
     presets: dict[str, dict]    # --preset NAME -> flag values
     pe_kinds: tuple[str, ...]   # the PE kinds this task's tokens support
-    flags: tuple[str, ...]      # settings that apply to this task (and the others that list them) only
+    settings: tuple[TaskSetting, ...]  # this task's own settings (another task may share one)
     summary: tuple[str, ...]    # summary.txt's metric columns, in order (those present in the results)
     view: TaskView
     load: Callable[..., Task]   # the sweep's Settings -> the Task (ValueError / DataError for bad input)
+    # A rule across this task's settings: (the settings, the flags given) -> what is wrong, or None
+    check: Callable[[dict, set[str]], str | None] = lambda settings, given: None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return tuple(setting.name for setting in self.settings)

@@ -2,8 +2,10 @@
 (Schaefer-100, the default), a Glasser-360 surrogate, or the user's own parcellated data."""
 from __future__ import annotations
 
-from pe_fast.tasks.base import TaskKind
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_PRESETS,
+import dataclasses
+
+from pe_fast.tasks.base import TaskKind, TaskSetting
+from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
 ATLASES = ("schaefer100", "glasser360")
@@ -20,14 +22,31 @@ def region_data(s):
     return brain_atlas.load_schaefer100_hcp()
 
 
+def user_data_rules(s: dict, given: set[str]) -> str | None:
+    """--atlas chooses built-in data; --regions and --parcellation describe the user's --data."""
+    if s["data"] is not None and "atlas" in given:
+        return "--atlas chooses the built-in data; with --data, your --regions table describes the regions instead"
+    if (s["regions"] or s["parcellation"]) and not s["data"]:
+        return "--regions and --parcellation describe --data; give --data too"
+    return None
+
+
 KIND = TaskKind(
     name="fmri",
     defaults=REGION_DEFAULTS,
     # Every PE family of the paper's fMRI comparison, not only the σ grid.
     presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random,sinnd")},
     pe_kinds=REGION_PES,
-    flags=("atlas", "data", "regions", "parcellation") + REGION_FLAGS,
+    settings=(TaskSetting("atlas", str,
+                          "schaefer100 = real HCP BOLD (default); glasser360 = simulated from real HCP FC",
+                          default="schaefer100", choices=ATLASES),
+              TaskSetting("data", str, "your parcellated time series (.npy/.npz/.h5: subjects × time × regions) or "
+                                       "CIFTI .dtseries.nii runs, comma-separated, one subject each", files="several"),
+              TaskSetting("regions", str, "regions table for --data (CSV: label,x,y,z,network)", files="one"),
+              TaskSetting("parcellation", str, "the .dlabel.nii that parcellates a CIFTI --data", files="one"),
+              *REGION_SETTINGS),
+    check=user_data_rules,
     summary=REGION_SUMMARY,
-    view=REGION_VIEW,
+    view=dataclasses.replace(REGION_VIEW, figures=(*REGION_VIEW.figures, "brain_maps")),  # real cortex
     load=lambda s: MaskedRegionTask.from_settings(region_data(s), s),
 )

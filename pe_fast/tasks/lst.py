@@ -15,7 +15,7 @@ from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import sinusoidal_nd
-from pe_fast.tasks.base import TaskKind, TaskView
+from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView
 from pe_fast.tasks.lst_puzzles import (CONDITIONS, DEFAULT_OOD_MIN_DISTANCE, DEFAULT_OOD_PER_CONDITION, NUM_CELLS,
                                        NUM_SHAPES, NUM_SYMBOLS, Puzzles, authors_puzzles, encode,
                                        generalisation_set, nearest_jaccard_distance, read_puzzle_folder,
@@ -205,7 +205,9 @@ KIND = TaskKind(
         "paper-e200": {**PAPER, "pe": "learned,sin2d", "steps": 12_600, "eval_every": 3_150, "checkpoint_every": 500},
     },
     pe_kinds=PE_KINDS,
-    flags=("lst_train", "lst_ood"),
+    settings=(TaskSetting("lst_train", str, "training puzzles: a CSV file or a folder of them", files="one"),
+              TaskSetting("lst_ood", str, "generalisation puzzles (CSV); default: generated, unlike the training set",
+                          files="one")),
     summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
              "pe_rsa", "pe_dist_spearman", "pe_effective_rank", "pe_row_axis_r2", "pe_col_axis_r2"),
     view=TaskView(
@@ -214,6 +216,8 @@ KIND = TaskKind(
         similarity=("pe_rsa", "pe_dist_spearman", "pe_procrustes"),
         summary=("train_acc", "test_acc", "ood_acc", "ood_acc_binary", "ood_acc_ternary", "ood_acc_quaternary",
                  "pe_rsa"),
-        probe="same_row_or_col", fit="train_acc", reference_pe="sin2d"),
+        probe="same_row_or_col", fit="train_acc", reference_pe="sin2d", figures=("learned_pe_grid",),
+        paper_rho=(0.96, "on the LST"),  # unverified
+        fixed_geometry=("grid distance", grid_coordinates)),
     load=lambda s: LSTTask(train_path=s.lst_train, ood_path=s.lst_ood),
 )

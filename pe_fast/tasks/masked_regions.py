@@ -19,15 +19,14 @@ from scipy import stats
 from torch import Tensor
 
 from pe_fast.data.regions import median_centroid_distance
+from pe_fast.host_to_device import upload
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
-from pe_fast.tasks.base import TaskView
-from pe_fast.train import upload
+from pe_fast.seeds import EVAL_MASK_SEED, MASK_SEED_OFFSET
+from pe_fast.tasks.base import TaskSetting, TaskView
 
-MASK_SEED_OFFSET = 3_000_017  # training masks: a stream apart from the weights', the PE's and the batches'
-EVAL_MASK_SEED = 12_345
 SPLITS = ("subject", "run")
 BASELINES = ("baseline:mean", "baseline:linear")
 # only where the data carry the covariance that generated them (RegionData.covariance)
@@ -36,7 +35,11 @@ TRUE_COVARIANCE_BASELINE = "baseline:linear-true"
 # What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
 # sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
 REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
-REGION_FLAGS = ("mask_fraction", "window", "split")
+REGION_SETTINGS = (
+    TaskSetting("mask_fraction", float, "fraction of tokens masked (default 0.2)", default=0.2, range=(0, 1, "()")),
+    TaskSetting("window", int, "time points per token (default 1)", default=1, range=(1, None, "[)")),
+    TaskSetting("split", str, "train/test split (default subject)", default="subject", choices=SPLITS),
+)
 REGION_SUMMARY = ("train_mse", "test_mse", "test_r2", "pe_fc_corr", "pe_coupling_corr", "pe_modularity",
                   "pe_segregation", "pe_dist_spearman", "pe_gradient_corr", "pe_effective_rank", "pe_pc1_share")
 REGION_VIEW = TaskView(
@@ -45,7 +48,7 @@ REGION_VIEW = TaskView(
     similarity=("pe_fc_corr", "pe_coupling_corr", "pe_modularity", "pe_segregation", "pe_dist_spearman",
                 "pe_procrustes", "pe_gradient_corr"),
     summary=("test_mse", "test_r2", "pe_fc_corr", "pe_modularity", "pe_segregation"),
-    probe="same_network", fit=None)
+    probe="same_network", fit=None, figures=("pe_gradient", "learned_pe_fc"))
 # Sized to reach the plateau of the test loss within 10 minutes on 2 CPU cores (docs/reproduction-fmri.md):
 # four σ, and a constant rate, so that a flat last quarter is the models' plateau and not a schedule's end.
 REGION_DEFAULTS = dict(pe="learned", sigmas="0.01,0.1,0.5,2", seeds=3, steps=5000, width=32, depth=2, heads=1,

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import inspect
 
-from pe_fast.tasks.base import TaskKind
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_FLAGS, REGION_PES, REGION_PRESETS,
+from pe_fast.tasks.base import TaskKind, TaskSetting
+from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
-# The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one).
-NETWORK_SETTINGS = {"nodes": int, "modules": int, "p_within": float, "p_between": float, "coupling": float,
-                    "inhibition": float, "noise": float, "timepoints": int, "runs": int, "netsim_seed": int}
+# The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one); None: its
+# default.
+SEE = "see pe_fast.data.simulate_network"
+NETWORK_SETTINGS = (
+    TaskSetting("nodes", int, SEE, range=(2, None, "[)")), TaskSetting("modules", int, SEE, range=(1, None, "[)")),
+    TaskSetting("p_within", float, SEE, range=(0, 1, "[]")), TaskSetting("p_between", float, SEE, range=(0, 1, "[]")),
+    TaskSetting("coupling", float, SEE, range=(0, None, "[)")),
+    TaskSetting("inhibition", float, SEE, range=(0, None, "[)")),
+    TaskSetting("noise", float, SEE, range=(0, None, "[)")), TaskSetting("timepoints", int, SEE, range=(2, None, "[)")),
+    TaskSetting("runs", int, SEE, range=(1, None, "[)")), TaskSetting("netsim_seed", int, SEE, range=(0, None, "[)")),
+)
+NETWORK = tuple(setting.name for setting in NETWORK_SETTINGS)
 
 
 def simulated_network(s):
     from pe_fast.data.netsim import simulate_network
-    network = {k: getattr(s, k) for k in NETWORK_SETTINGS if getattr(s, k) is not None and k != "netsim_seed"}
+    network = {k: getattr(s, k) for k in NETWORK if getattr(s, k) is not None and k != "netsim_seed"}
     # Checked here to name the flags (simulate_network's own check names its arguments); a flag not given takes
     # simulate_network's default.
     defaults = inspect.signature(simulate_network).parameters
@@ -32,7 +41,7 @@ KIND = TaskKind(
     defaults={**REGION_DEFAULTS, "steps": 7000, "eval_every": 500},
     presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random")},
     pe_kinds=REGION_PES,
-    flags=tuple(NETWORK_SETTINGS) + REGION_FLAGS,
+    settings=REGION_SETTINGS + NETWORK_SETTINGS,
     summary=REGION_SUMMARY,
     view=REGION_VIEW,
     load=lambda s: MaskedRegionTask.from_settings(simulated_network(s), s),

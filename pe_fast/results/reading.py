@@ -1,4 +1,5 @@
-"""Reading a sweep's results folder, finished or still running, through pe_fast.run_folder."""
+"""Reading a sweep's results folder, finished or still running, through pe_fast.results.run_folder: its files as a
+Run, its settings as the record (of any pe_fast version), and whether folders pooled as one run trained alike."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pe_fast import run_folder
+from pe_fast.results import migrate, run_folder
+from pe_fast.results.settings import RUNTIME_FLAGS, Settings
 from pe_fast.tasks import KINDS
 
 
@@ -128,6 +130,7 @@ def read_run(directory: Path) -> Run:
         of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
         of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
         notes.append(f"partial: {of_packs} ({of_models}) finished; the sweep is still running or was stopped.")
+    results, curves = migrate.table(results), migrate.table(curves)
     missing = [c for c in ("pe", "sigma") if c not in results]
     if missing or results.empty:
         raise ReportError(f"{directory}: the results have no rows or lack the columns {missing}; not a pe_fast "
@@ -153,3 +156,30 @@ def task_name(run: Run) -> str:
     if name not in KINDS:
         raise ReportError(f"unknown task {name!r} in the results; the report knows {', '.join(KINDS)}")
     return name
+
+
+# What may differ between folders pooled as one run: which models they trained (seeds, PEs, σ, and the PE dropout,
+# which is checked per PE kind), how often they evaluated, the preset's name (its values are compared), and where
+# and how they ran.
+MAY_DIFFER = frozenset({"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every",
+                        "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS})
+
+
+def recorded_settings(directory: Path, run: Run) -> Settings:
+    """The Settings a folder's config.json records, of any pe_fast version (migrate.settings); files from before a
+    setting get its default, as --resume gives them."""
+    try:
+        return Settings.from_json(migrate.settings(run.config["settings"]), packs=())
+    except (KeyError, TypeError, ValueError) as error:
+        raise ReportError(f"{directory}/config.json has settings this pe_fast cannot read ({error})")
+
+
+def check_alike(settings: dict[Path, Settings], may_differ: frozenset[str] = MAY_DIFFER):
+    """Every folder trained like the first but in what may_differ names; ReportError names the first difference."""
+    (first_dir, first), *others = settings.items()
+    for directory, setting in others:
+        theirs, ours = setting.flat(), first.flat()
+        for name, value in theirs.items():
+            if name not in may_differ and value != ours.get(name):
+                raise ReportError(f"{directory} trained with {name} = {value!r}, {first_dir} with "
+                                  f"{ours.get(name)!r}: not one run's models")

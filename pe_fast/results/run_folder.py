@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pe_fast.results import migrate
+
 LOCK = ".lock"
 PARTIAL = ".partial-"  # the infix of temporary files and folders
 # The folder's files (and, but for the summary and the report, each finished pack's under packs/<i>/)
@@ -283,7 +285,7 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
     """The training state of pack `index`, or None. Loaded with weights_only=True: tensors and plain Python and
     numpy values only, so a crafted file (folders are shared) runs no code."""
     path = checkpoint_path(out, index)
-    return _load_checkpoint(path, index, mmap=False) if path.is_file() else None
+    return migrate.checkpoint(_load_checkpoint(path, index, mmap=False)) if path.is_file() else None
 
 
 def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -> None:

@@ -1,0 +1,69 @@
+"""--resume: the settings an interrupted sweep recorded in DIR/config.json, through the same rules as flags (a
+folder may come from anyone). Where and how it runs may change (RESUME_FLAGS); what it trains may not."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from pe_fast.results import migrate, run_folder
+from pe_fast.results.settings import LIST_SETTINGS, RUNTIME_FLAGS, Settings
+from pe_fast.sweep.settings import parse_list
+from pe_fast.sweep import UsageError
+from pe_fast.sweep.validation import SLURM_FLAGS, split_paths, validate
+from pe_fast.tasks import KINDS
+
+RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
+
+
+def as_recorded(name: str, value, task: str):
+    """A flag's value as config.json records it, to compare a flag given with --resume."""
+    if name in LIST_SETTINGS:
+        return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
+    files = {setting.name: setting for setting in KINDS[task].settings if setting.files} if task in KINDS else {}
+    if name in files:
+        return ",".join(str(Path(path).resolve()) for path in split_paths(value, files[name]))
+    return value
+
+
+def from_resume(args: argparse.Namespace) -> Settings:
+    """--resume: the settings of DIR/config.json, validated as flags are (a folder may come from anyone). The
+    flags of RESUME_FLAGS may change; any other flag may be repeated with its recorded value (rerunning the same
+    command with --resume works) but not changed."""
+    if not args.out:
+        raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
+    path = Path(args.out) / run_folder.CONFIG
+    try:
+        config = run_folder.read_config(Path(args.out))
+    except FileNotFoundError:
+        raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--resume: {path} cannot be read as a sweep's config "
+                         f"({type(error).__name__}: {getattr(error, 'strerror', None) or error})")
+    if isinstance(config, dict) and run_folder.POOLED_FROM in config:
+        raise UsageError(f"--resume: {args.out} pools finished sweeps (python -m pe_fast.report DIR ... --out); "
+                         f"it has nothing to continue")
+    if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
+            and isinstance(config.get("packs"), list)):
+        raise UsageError(f"--resume: {path} is not a sweep's config (it lacks its settings or packs)")
+    s = migrate.settings(config["settings"])
+    given = {name: value for name, value in vars(args).items()
+             if name not in RESUME_FLAGS and value is not None and value is not False}
+    for name, value in given.items():
+        if as_recorded(name, value, s.get("task")) != s.get(name):
+            raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
+                             f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor and its "
+                             f"flags, --checkpoint-every, --compile, --tensorboard)")
+    s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
+    if args.executor not in (None, s.get("executor")):  # the recorded executor's own flags go with it
+        defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+        for name in ("ray_address", *SLURM_FLAGS):
+            s[name] = defaults[name]
+    for name in RUNTIME_FLAGS:
+        if getattr(args, name) not in (None, False):
+            s[name] = getattr(args, name)
+    s["out"] = args.out
+    try:
+        return validate(s, packs=config["packs"])
+    except UsageError as error:
+        raise UsageError(f"--resume: {path}: {error}")

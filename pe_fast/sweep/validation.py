@@ -1,0 +1,264 @@
+"""The rules every sweep setting must satisfy, in one place, whatever the settings' source: the flags
+(settings.from_flags), a resumed config.json (resume.from_resume) or a Python caller. A broken rule is a
+UsageError naming the setting as its flag, before anything is read or written; what the machine offers is checked
+last, by runtime.resolve."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import re
+import types
+import typing
+from pathlib import Path
+
+from pe_fast import precision
+from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
+from pe_fast.results.settings import LIST_SETTINGS, Settings
+from pe_fast.sweep import UsageError, runtime
+from pe_fast.tasks import KINDS
+from pe_fast.tasks.base import TaskSetting
+from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
+
+# the values of the settings that have a fixed set (the parser's choices too)
+EXECUTORS = ("local", "ray", "slurm")
+COMPILE_CHOICES = ("auto", *COMPILE_MODES)
+DEVICES = ("auto", "cpu", "cuda")
+PE_AT = ("every", "input")
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_account", "slurm_option", "slurm_local")
+
+
+def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Settings:
+    """Every rule of a sweep's settings, the same whatever their source: the flags (args, to tell what the user
+    gave), a resumed config.json (with its packs) or a Python caller. Nothing has been read or written yet; a
+    broken rule is a UsageError naming the setting as its flag."""
+    check_types(s)
+    check_choices(s)
+    check_text(s)
+    check_ranges(s, args)
+    models = check_grid(s)
+    if s["width"] % s["heads"]:
+        raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
+    kind = KINDS[s["task"]]
+    given = {name for name, value in vars(args).items() if value not in (None, False)} if args else set()
+    for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
+        if flag not in kind.flags and flag in given:
+            owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
+    if (problem := kind.check(s, given)) is not None:
+        raise UsageError(problem)
+    if s["ray_address"] and s["executor"] != "ray":
+        raise UsageError("--ray-address applies to --executor ray only")
+    check_slurm_flags(s)
+    for setting in kind.settings:
+        if setting.files and s.get(setting.name) is not None:
+            # absolute, so that a resume from elsewhere or a Ray worker finds them
+            s[setting.name] = resolve_paths(s[setting.name], setting)
+    runtime.resolve(s)
+    if packs is not None:
+        s["packs"] = check_packs(packs, models)
+    return Settings.from_flat(s)
+
+
+# ---- the ranges of the numeric settings ----
+
+MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
+MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
+MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
+MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
+MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
+# name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
+RANGES = {
+    "seeds": (1, MAX_MODELS, "[]"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
+    "steps": (1, MAX_STEPS, "[]"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
+    "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
+    "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
+    "threads": (1, MAX_THREADS, "[]"), "warmup": (0, None, "[)"), "lr": (0, None, "()"),
+    "weight_decay": (0, None, "[)"),
+    "momentum": (0, 1, "[)"), "pe_dropout": (0, 1, "[)"), "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
+}  # and each task's own settings' ranges (TaskSetting.range)
+# flag -> (the setting it depends on, the values under which it means something, or the setting that lists them)
+APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", "pe_dropout_on")}
+
+
+def check_types(s: dict):
+    """Each setting of the type Settings declares (a list for a tuple): config.json and Python callers can hold
+    anything. A setting missing from an older config.json takes its default; one without a default is refused."""
+    hints = typing.get_type_hints(Settings)
+    for field in dataclasses.fields(Settings):
+        if field.name in ("packs", "task_settings"):
+            continue
+        if field.name not in s:
+            if field.default is dataclasses.MISSING:
+                raise UsageError(f"--{field.name.replace('_', '-')} is missing")
+            s[field.name] = field.default
+        if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
+            s[field.name] = conform(field.name, s[field.name], hints[field.name])
+    check_task(s["task"])
+    for setting in KINDS[s["task"]].settings:  # the task's own: of their declared type, or None
+        s[setting.name] = conform(setting.name, s.get(setting.name, setting.default), setting.type | None)
+
+
+def conform(name: str, value, hint):
+    """value as the type hint says (ints as floats where floats are asked for, lists as tuples), or UsageError."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        if value is None:
+            return None
+        hint = next(option for option in typing.get_args(hint) if option is not type(None))
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+        return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is float and number:
+        return float(value)
+    if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
+        return value
+    raise UsageError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+
+
+def check_task(task):
+    if task not in KINDS:
+        raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+
+
+def check_choices(s: dict):
+    """Each setting with a fixed set of values holds one of them (the task first: the others depend on it)."""
+    check_task(s["task"])
+    kind = KINDS[s["task"]]
+    from pe_fast.ops.backends import BACKENDS  # the ops load the compiled kernels: only when asked
+    choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
+               "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "until": UNTIL,
+               "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES, "backend": (None, *BACKENDS),
+               **{setting.name: setting.choices for setting in kind.settings if setting.choices}}
+    for name, allowed in choices.items():
+        for value in s[name] if isinstance(s[name], tuple) else (s[name],):
+            if value not in allowed:
+                what = {"pe": f"a PE of --task {s['task']}", "preset": f"a preset of --task {s['task']}"}
+                raise UsageError(f"--{name.replace('_', '-')} {value!r} is not {what.get(name, 'one of them')}; "
+                                 f"choose from {', '.join(str(a) for a in allowed if a is not None)}")
+    for name in LIST_SETTINGS:
+        values = s[name]
+        if values is not None and len(set(values)) < len(values):
+            raise UsageError(f"--{name.replace('_', '-')}: {','.join(map(str, values))} names a value twice")
+
+
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+# what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
+SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+")
+SLURM_KEY = re.compile(r"[A-Za-z][\w-]*")
+SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
+
+
+def check_text(s: dict):
+    """No setting's text holds a line break or another control character: the values reach job scripts, file
+    names and one-line messages."""
+    for name, value in s.items():
+        for text in value if isinstance(value, tuple) else (value,):
+            if isinstance(text, str) and CONTROL_CHARACTER.search(text):
+                raise UsageError(f"--{name.replace('_', '-')} {text!r}: holds a control character (a line break?)")
+
+
+def check_grid(s: dict) -> int:
+    """The grid's size, within MAX_MODELS; --seeds counts --seed-values where those are given."""
+    if s["seed_values"] is not None and s["seeds"] != len(s["seed_values"]):
+        raise UsageError(f"--seeds {s['seeds']} does not count --seed-values {','.join(map(str, s['seed_values']))}")
+    optimizer_points = sum(len(s["momentum"]) if name == "sgd" else 1 for name in s["optimizer"])
+    models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
+              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points)
+    if models > MAX_MODELS:
+        raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
+    return models
+
+
+def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
+    """config.json's packs hold every model id of the grid exactly once."""
+    packs = conform("packs", packs, tuple[tuple[int, ...], ...])
+    ids = sorted(i for pack in packs for i in pack)
+    if ids != list(range(models)) or not all(packs):
+        raise UsageError(f"packs: {[list(p) for p in packs][:4]}... do not hold the grid's {models} models "
+                         f"once each")
+    return packs
+
+
+def check_ranges(s: dict, args: argparse.Namespace | None = None):
+    """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
+    ranges = {**RANGES, **{setting.name: setting.range for setting in KINDS[s["task"]].settings if setting.range}}
+    for name, (low, high, ends) in ranges.items():
+        values = s.get(name)
+        for value in values if isinstance(values, (tuple, list)) else (values,):
+            if value is None:
+                continue
+            check_range(name, value, low, high, ends)
+    if any(not (math.isfinite(v) and MIN_SIGMA <= v <= MAX_SIGMA) for v in s["sigmas"]):
+        raise UsageError(f"--sigmas: every σ must be a number in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (the PE is "
+                         f"float32), got {list(s['sigmas'])}")
+    cores = len(os.sched_getaffinity(0))
+    if s["executor"] == "local" and s["threads"] is not None and s["threads"] > cores:
+        raise UsageError(f"--threads {s['threads']}: this machine has {cores} cores")
+    check_pe_dropout_on(s, args)
+    for flag, (setting, values) in APPLIES_ONLY_WITH.items():
+        values = s[values] if isinstance(values, str) else values
+        chosen = s[setting] if isinstance(s[setting], (tuple, list)) else (s[setting],)
+        if args is not None and getattr(args, flag, None) is not None and not set(chosen) & set(values):
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --{setting} {' or '.join(values)} only "
+                             f"(here --{setting} {','.join(chosen)}), where it would be ignored")
+
+
+def check_pe_dropout_on(s: dict, args: argparse.Namespace | None):
+    """--pe-dropout-on names PEs added to x, and means something only with a dropout above 0."""
+    for kind in s["pe_dropout_on"]:
+        if kind not in ADDITIVE_PES:
+            raise UsageError(f"--pe-dropout-on: {kind!r} is not a PE added to x; choose from "
+                             f"{', '.join(ADDITIVE_PES)}")
+    if args is not None and args.pe_dropout_on is not None and not s["pe_dropout"]:
+        raise UsageError("--pe-dropout-on applies with a --pe-dropout above 0 only")
+
+
+def check_range(name: str, value: float, low: float, high: float | None, ends: str):
+    above = value >= low if ends[0] == "[" else value > low
+    below = high is None or (value <= high if ends[1] == "]" else value < high)
+    if not (math.isfinite(value) and above and below):
+        allowed = f"{'≥' if ends[0] == '[' else '>'} {low:,}"
+        allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:,}"
+        raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
+
+
+def check_slurm_flags(s: dict):
+    """The SLURM flags belong to --executor slurm, and their values become lines of a job script."""
+    given = [name for name in SLURM_FLAGS if s.get(name) not in (None, False, (), [])
+             and not (name == "slurm_time" and s[name] == Settings.slurm_time)]
+    if s["executor"] != "slurm":
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} applies to --executor slurm only")
+        return
+    options = s.get("slurm_option") or ()
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
+        if not (SLURM_KEY.fullmatch(key) and SLURM_VALUE.fullmatch(value)):
+            raise UsageError(f"--slurm-option {option!r}: KEY=VALUE of {SLURM_ALLOWED}")
+    for name in ("slurm_partition", "slurm_account"):
+        if s.get(name) is not None and not SLURM_VALUE.fullmatch(s[name]):
+            raise UsageError(f"--{name.replace('_', '-')} {s[name]!r}: {SLURM_ALLOWED}")
+    s["slurm_option"] = tuple(options)
+
+
+def split_paths(value: str, setting: TaskSetting) -> list[str]:
+    """The files a setting names: one, or several comma-separated (TaskSetting.files)."""
+    return value.split(",") if setting.files == "several" else [value]
+
+
+def resolve_paths(value: str, setting: TaskSetting) -> str:
+    """The files a setting names, checked and made absolute, as config.json records them."""
+    flag = f"--{setting.name.replace('_', '-')}"
+    paths = split_paths(value, setting)
+    for path in paths:
+        if not path:
+            raise UsageError(f"{flag} {value!r}: names no file")
+        if not Path(path).exists():
+            raise UsageError(f"{flag}: {path} does not exist")
+    return ",".join(str(Path(path).resolve()) for path in paths)
+

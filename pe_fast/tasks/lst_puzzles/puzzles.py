@@ -1,0 +1,237 @@
+"""LST puzzles as data: the grid's constants, a set of puzzles (Puzzles), their CSV files, the one-hot encoding the
+models read, the train/test split, and the authors' puzzles that ship with pe_fast."""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+CONDITIONS = ("binary", "ternary", "quaternary")
+
+BLANK = 0
+QUERY = 5
+NUM_CELLS = 16
+NUM_SHAPES = 4
+# Channels of the one-hot encoding: shapes 1-4, then the query marker.
+NUM_SYMBOLS = 5
+
+CSV_HEADER = ("ID", "LST_num", "condition", "puzzles", "solutions")
+_REQUIRED_COLUMNS = ("condition", "puzzles", "solutions")
+# File spelling of each condition, in condition-id order.
+_FILE_CONDITION_NAMES = ("Binary", "Ternary", "Quaternary")
+
+
+class PuzzleFileError(ValueError):
+    """A puzzle file that cannot be used; the message reads ``"{path}:{line}: {problem}"``.
+
+    ``line`` counts physical lines with the header as line 1; line 0 means the file as a whole
+    (missing, unreadable, a folder without CSV files).
+    """
+
+    def __init__(self, path: str | os.PathLike, line: int, problem: str):
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{self.path}:{line}: {problem}")
+
+
+@dataclass
+class Puzzles:
+    """A set of puzzles: ``grids`` [P,16] int8, ``answers`` [P] int64 (1..4), ``conditions`` [P] int64
+    (index into CONDITIONS) and a human-readable ``source``."""
+
+    grids: np.ndarray
+    answers: np.ndarray
+    conditions: np.ndarray
+    source: str = ""
+
+    def __post_init__(self):
+        self.grids = np.asarray(self.grids, dtype=np.int8).reshape(-1, NUM_CELLS)
+        self.answers = np.asarray(self.answers, dtype=np.int64).reshape(-1)
+        self.conditions = np.asarray(self.conditions, dtype=np.int64).reshape(-1)
+        if not len(self.grids) == len(self.answers) == len(self.conditions):
+            raise ValueError(
+                f"Puzzles: {len(self.grids)} grids, {len(self.answers)} answers and "
+                f"{len(self.conditions)} conditions must have the same length"
+            )
+
+    def __len__(self) -> int:
+        return len(self.grids)
+
+    def subset(self, index) -> "Puzzles":
+        """The puzzles selected by ``index`` (integer array, boolean mask or slice)."""
+        if isinstance(index, slice):
+            index = np.arange(len(self))[index]
+        index = np.asarray(index)
+        return Puzzles(self.grids[index], self.answers[index], self.conditions[index], self.source)
+
+    @classmethod
+    def concat(cls, parts: Sequence["Puzzles"], source: str | None = None) -> "Puzzles":
+        """All puzzles of ``parts`` in order; the source defaults to the parts' sources joined by '+'."""
+        parts = list(parts)
+        if not parts:
+            raise ValueError("Puzzles.concat needs at least one set of puzzles")
+        if source is None:
+            source = "+".join(dict.fromkeys(p.source for p in parts))
+        return cls(
+            np.concatenate([p.grids for p in parts]),
+            np.concatenate([p.answers for p in parts]),
+            np.concatenate([p.conditions for p in parts]),
+            source,
+        )
+
+    def condition_counts(self) -> dict[str, int]:
+        return {name: int((self.conditions == k).sum()) for k, name in enumerate(CONDITIONS)}
+
+
+def _check_puzzle_field(text: str) -> tuple[list[int] | None, str | None]:
+    """Parse the 16-digit grid; returns (grid, None) or (None, problem)."""
+    if len(text) != NUM_CELLS or not text.isdigit():
+        problem = f"puzzle must be {NUM_CELLS} digits, got {text!r} ({len(text)} characters)"
+        if text.isdigit() and len(text) < NUM_CELLS:
+            problem += "; leading zeros lost by a spreadsheet or pandas?"
+        return None, problem
+    grid = [int(ch) for ch in text]
+    for cell, digit in enumerate(grid):
+        if digit > QUERY:
+            return None, f"puzzle {text!r}: digit {digit} in cell {cell} is outside 0-5"
+    n_query = grid.count(QUERY)
+    if n_query != 1:
+        return None, f"puzzle {text!r} must have exactly one query cell (5), found {n_query}"
+    return grid, None
+
+
+def read_puzzles(path: str | os.PathLike) -> Puzzles:
+    """Read one puzzle CSV file; raises PuzzleFileError on the first problem found."""
+    path = Path(path)
+    try:
+        # utf-8-sig: tolerate the byte-order mark some spreadsheet programs write.
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            # The csv module keeps every field a string, so grids keep their leading zeros.
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise PuzzleFileError(path, 1, "file is empty (expected the header " + ",".join(CSV_HEADER) + ")")
+            header = [name.strip() for name in header]
+            missing = [name for name in _REQUIRED_COLUMNS if name not in header]
+            if missing:
+                raise PuzzleFileError(path, 1, f"missing column(s) {', '.join(missing)} in header {header}")
+            column = {name: header.index(name) for name in _REQUIRED_COLUMNS}
+            conditions_by_name = {name.lower(): k for k, name in enumerate(CONDITIONS)}
+
+            grids, answers, conditions = [], [], []
+            for row in reader:
+                line = reader.line_num
+                if not row or all(not field.strip() for field in row):
+                    continue  # blank line, e.g. at the end of the file
+                if len(row) != len(header):
+                    raise PuzzleFileError(path, line, f"expected {len(header)} fields, found {len(row)}")
+                grid, problem = _check_puzzle_field(row[column["puzzles"]].strip())
+                if problem:
+                    raise PuzzleFileError(path, line, problem)
+                solution = row[column["solutions"]].strip()
+                if solution not in ("1", "2", "3", "4"):
+                    raise PuzzleFileError(path, line, f"solution must be 1-4, got {solution!r}")
+                condition = row[column["condition"]].strip()
+                if condition.lower() not in conditions_by_name:
+                    raise PuzzleFileError(
+                        path, line,
+                        f"unknown condition {condition!r} (expected one of {', '.join(_FILE_CONDITION_NAMES)})"
+                    )
+                grids.append(grid)
+                answers.append(int(solution))
+                conditions.append(conditions_by_name[condition.lower()])
+    except PuzzleFileError:
+        raise
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise PuzzleFileError(path, 0, f"cannot read file: {exc}") from exc
+    if not grids:
+        raise PuzzleFileError(path, 2, "no puzzles after the header")
+    return Puzzles(np.array(grids), np.array(answers), np.array(conditions), str(path))
+
+
+def read_puzzle_folder(path: str | os.PathLike) -> Puzzles:
+    """Read every ``*.csv`` in a folder (sorted by name) into one set, or a single file."""
+    path = Path(path)
+    if path.is_file():
+        return read_puzzles(path)
+    if not path.is_dir():
+        raise PuzzleFileError(path, 0, "no such file or folder")
+    files = sorted(path.glob("*.csv"))
+    if not files:
+        raise PuzzleFileError(path, 0, "folder has no *.csv puzzle files: give a puzzle CSV file or a folder of them")
+    return Puzzles.concat([read_puzzles(f) for f in files], source=str(path))
+
+
+def write_puzzles(puzzles: Puzzles, path: str | os.PathLike) -> None:
+    """Write puzzles in the authors' CSV format (readable by read_puzzles)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(CSV_HEADER)
+        for k in range(len(puzzles)):
+            writer.writerow(
+                [
+                    k,
+                    "",
+                    _FILE_CONDITION_NAMES[int(puzzles.conditions[k])],
+                    "".join(str(int(v)) for v in puzzles.grids[k]),
+                    int(puzzles.answers[k]),
+                ]
+            )
+
+
+def grid_array(grids) -> np.ndarray:
+    if isinstance(grids, Puzzles):
+        grids = grids.grids
+    g = np.asarray(grids).astype(np.int64).reshape(-1, NUM_CELLS)
+    if g.size and (g.min() < 0 or g.max() > QUERY):
+        raise ValueError("grid values must be in 0..5")
+    return g
+
+
+def encode(grids) -> torch.Tensor:
+    """One-hot tokens [P,16,5] float32: channels 0-3 = shapes 1-4, channel 4 = query, blank = zeros."""
+    g = torch.as_tensor(grid_array(grids))
+    return torch.nn.functional.one_hot(g, NUM_SYMBOLS + 1)[..., 1:].to(torch.float32)
+
+
+
+def stratified_split(puzzles: Puzzles, test_fraction: float = 0.1, seed: int = 42) -> tuple[Puzzles, Puzzles]:
+    """Split into (train, test) with ``round(test_fraction * count)`` test puzzles of each condition,
+    drawn at random (deterministic for a seed); both keep the original order."""
+    if not 0.0 <= test_fraction <= 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1], got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    is_test = np.zeros(len(puzzles), dtype=bool)
+    for c in np.unique(puzzles.conditions):
+        members = np.flatnonzero(puzzles.conditions == c)
+        n_test = int(round(test_fraction * len(members)))
+        is_test[rng.permutation(members)[:n_test]] = True
+    train, test = puzzles.subset(np.flatnonzero(~is_test)), puzzles.subset(np.flatnonzero(is_test))
+    train.source, test.source = f"{puzzles.source}[train]", f"{puzzles.source}[test]"
+    return train, test
+
+
+# Their 9,000 puzzles and their training logs (data/lst_authors/SOURCE.md says where from and what each file is).
+AUTHORS_DATA = Path(__file__).resolve().parents[2] / "data" / "lst_authors"
+# In name order, as a folder of them reads: the pool's order, and so which puzzle each training batch indexes.
+AUTHORS_PUZZLE_FILES = tuple(f"generated_puzzle_data_{name}_dist80.csv" for name in sorted(CONDITIONS))
+AUTHORS_LOGS_FILE = "training_logs.parquet"
+
+
+def authors_file(name: str) -> Path:
+    """One file of the authors' data that ships with pe_fast; FileNotFoundError where this install lacks it."""
+    path = AUTHORS_DATA / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: it ships with pe_fast (package data); reinstall pe_fast")
+    return path
+
+
+def authors_puzzles() -> Puzzles:
+    """The authors' 9,000 puzzles, 3,000 per condition: the LST task's default training pool."""
+    return Puzzles.concat([read_puzzles(authors_file(name)) for name in AUTHORS_PUZZLE_FILES], source=str(AUTHORS_DATA))
