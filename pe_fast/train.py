@@ -166,14 +166,22 @@ class BatchSampler:
             self.epoch = state["epoch"].to(self.device)
 
 
+# On the CPU, evaluation chunks whose activations [M, chunk, N, width] hold about this many floats (4 MiB) stay in
+# the cache from one layer to the next: 12-25 % faster than chunks bounded by memory alone, at the fMRI default and
+# at LST shapes of 6 and 30 models (2 cores, 2026-12-01); twice or half as many floats are within 5 % of it.
+CPU_CHUNK_FLOATS = 2 ** 20
+
+
 @torch.no_grad()
 def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, max_scores: int = 2 ** 25):
     """Outputs of every model on the same items [P, N, token_dim] -> ([M, P, out], stats [L,M,H,S]).
     Items go through in chunks of at most max_scores attention scores (M·chunk·N²), to bound the memory of
-    backends that materialise the map."""
+    backends that materialise the map, and on the CPU of about CPU_CHUNK_FLOATS activations."""
     outputs, stats_sum = [], 0.0
     M, N = model.num_models, tokens.shape[1]
     chunk = max(1, max_scores // (M * N * N))
+    if tokens.device.type == "cpu":
+        chunk = min(chunk, max(1, CPU_CHUNK_FLOATS // (M * N * model.config.width)))
     for start in range(0, len(tokens), chunk):
         part = tokens[start:start + chunk]
         out, stats = model(part.unsqueeze(0).expand(M, *part.shape), probes)
