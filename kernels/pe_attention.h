@@ -22,7 +22,8 @@
 
 namespace pe_fast {
 
-constexpr int kRowBlock = 16;   // query rows that share one pass over a key tile (the tile stays in L1/L2)
+constexpr int kRowBlock = 24;   // query rows that share one pass over a key tile (the tile stays in L1/L2); a multiple
+                                // of the GEMMs' row blocks (12 with AVX-512, 6 without): 16 left a 4-row block
 constexpr int kKeyTile = 128;   // keys per tile
 
 // Transposed keys and values are stored with their rows padded with zeros to a whole number of vectors
