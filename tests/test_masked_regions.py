@@ -163,3 +163,18 @@ def test_pe_metrics_of_a_pe_that_is_the_geometry():
     assert metrics["pe_procrustes"] == pytest.approx(0.0, abs=1e-9)
     modular = np.eye(2)[data.networks] + 1e-3 * np.random.default_rng(0).normal(size=(12, 2))
     assert task.pe_metrics(modular)["pe_segregation"] > 0.9
+
+
+def test_training_masks_are_each_model_s_own_random_masks():
+    """MaskedBatches orders every model's draws in one call: the masks random_masks gives from each model's own
+    generator, step after step (a model's batches do not depend on its pack)."""
+    from pe_fast.seeds import MASK_SEED_OFFSET
+    from pe_fast.tasks.masked_regions import MaskedBatches
+
+    values, seeds, count = torch.randn(40, 30, 2), [3, 11, 7], 6
+    batches = MaskedBatches(values, count, seeds, torch.device("cpu"))
+    own = [torch.Generator().manual_seed(s + MASK_SEED_OFFSET) for s in seeds]
+    for _ in range(50):
+        index = torch.randint(0, 40, (3, 8))
+        _, (_, mask) = batches(index)
+        assert torch.equal(mask, torch.stack([random_masks((8, 30), count, g) for g in own]))
