@@ -184,6 +184,15 @@ def _layer_norm_rows(z, d_ok, eps, D: tl.constexpr):
 
 
 @triton.jit
+def _store_layer_norm(z, lnw_ptr, lnb_ptr, y_ptr, row, m, dcol, d_ok, io_mask, eps, D: tl.constexpr, ACC: tl.constexpr):
+    """y = LN(z)·w + b of model m, stored at rows `row` of y [R, D]: the end of both forward kernels."""
+    zhat, _ = _layer_norm_rows(z, d_ok, eps, D)
+    y = zhat * tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    y += tl.load(lnb_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
+    tl.store(y_ptr + row[:, None] * D + dcol[None, :], y.to(y_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
 def _store_part(part_ptr, index, rows, m, tile, num_tiles, dcol, d_ok, D: tl.constexpr):
     """The tile's column sums of rows [BLOCK_T, DP] (its invalid rows are 0) into part[index, m, tile]: parts
     [3, M, tiles, D] of a bias or layer-norm gradient, which torch adds up over the tiles."""
@@ -273,10 +282,7 @@ def _attention_sublayer_fwd_kernel(
                                     B, qk_scale, dcol, d_ok, D, DP, H, N, BLOCK_T, CHUNK, HAS_ADD, NUM_PROBES, False,
                                     True, ACC, PRECISION)
     z = _attention_residual(acc, x_ptr, pe_ptr, bo_ptr, row, tok, m, dcol, d_ok, io_mask, D, N, HAS_PE, ACC)
-    zhat, _ = _layer_norm_rows(z, d_ok, eps, D)
-    y = zhat * tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
-    y += tl.load(lnb_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
-    tl.store(y_ptr + row[:, None] * D + dcol[None, :], y.to(y_ptr.dtype.element_ty), mask=io_mask)
+    _store_layer_norm(z, lnw_ptr, lnb_ptr, y_ptr, row, m, dcol, d_ok, io_mask, eps, D, ACC)
 
 
 @triton.jit(do_not_specialize=["B", "num_tiles"])
@@ -397,10 +403,7 @@ def _mlp_sublayer_fwd_kernel(
     io_mask = ok[:, None] & d_ok[None, :]
     _, z = _mlp_pre_norm(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, row, ok, m, dcol, d_ok, io_mask, D, F, DP, BLOCK_T,
                          CHUNK, HIDDEN_CHUNK, ACC, PRECISION)
-    zhat, _ = _layer_norm_rows(z, d_ok, eps, D)
-    y = zhat * tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
-    y += tl.load(lnb_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)[None, :]
-    tl.store(y_ptr + row[:, None] * D + dcol[None, :], y.to(y_ptr.dtype.element_ty), mask=io_mask)
+    _store_layer_norm(z, lnw_ptr, lnb_ptr, y_ptr, row, m, dcol, d_ok, io_mask, eps, D, ACC)
 
 
 @triton.jit(do_not_specialize=["R", "num_tiles"])
