@@ -19,11 +19,12 @@ import os
 
 import torch
 
+from pe_fast.stacked_optim import STATES
+
 BYTES = 4  # float32
 ACTIVATIONS_PER_BLOCK = 14  # [B, N, width] tensors saved per block
 MLP_ACTIVATIONS_PER_BLOCK = 2  # [B, N, mlp_width]
 ATTENTION_MAP_COPIES = 5  # [B, H, N, N] tensors alive at once in the reference backend's forward or backward
-OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
 DEFAULT_FRACTION = 0.5  # a pack may use this fraction of the free memory
 
 
@@ -39,7 +40,7 @@ def bytes_per_model(model_config, batch_size: int, optimizer: str = "adam", back
     """Estimated peak bytes one model of the pack adds during a training step."""
     c = model_config
     params = parameter_count(c, coordinates)
-    weights = params * BYTES * (2 + OPTIMIZER_STATES.get(optimizer, 2))  # weight + gradient + optimizer state
+    weights = params * BYTES * (2 + STATES[optimizer])  # weight + gradient + optimizer state
     B, N, D = batch_size, c.num_tokens, c.width
     per_block = (ACTIVATIONS_PER_BLOCK * B * N * D + MLP_ACTIVATIONS_PER_BLOCK * B * N * c.mlp_width
                  + B * c.heads * N) * BYTES

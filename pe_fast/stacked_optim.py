@@ -31,7 +31,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-KINDS = ("adamw", "adam", "sgd")
+STATES = {"adamw": 2, "adam": 2, "sgd": 1}  # the optimizer kinds and the state tensors each keeps per parameter
+KINDS = tuple(STATES)
 PER_MODEL = ("model_lr", "model_weight_decay", "model_momentum")
 
 PerModel = float | Sequence[float] | Tensor
