@@ -18,14 +18,14 @@
 
 namespace pe_fast {
 
-// erfc(|t|)·(the sign's side): GELU needs Φ(x) = ½·erfc(−x/√2) and φ(x) = exp(−x²/2)/√(2π) at once; both come
-// from one exp(−t²). float: |t| ≤ 0.9 by erf(t) = t·P(t²), beyond by erfc(t) = exp(−t²)·Q(1/(1+t)), P and Q
-// least-squares fits of the relative error (fitted for pe_fast in float64 against mpmath, 2026-12, Q on
-// 0.9 ≤ t ≤ 9.4, beyond which exp(−t²) is 0 in float): erf within 2e-7 relatively, erfc within 4e-6 (the rounding
-// of t² in exp(−t²), at the far tail), so GELU and its derivative within about 4e-7 of their exact values. Both
-// branches are computed and one selected, so that the loop vectorises. double: the C library (the float64 path is
-// the tests' reference, not a fast path). Always inlined: a call per element keeps the loops that use it scalar,
-// and with several such loops in one file gcc stops inlining it on its own (measured: a loop 7× slower).
+// GELU needs Φ(x) = ½·erfc(−x/√2) and φ(x) = exp(−x²/2)/√(2π) at once; both come from one exp(−t²), t = x/√2.
+// float: erfc(|t|) = exp(−t²)·Q(1/(1 + |t|/2)), Q a degree-9 least-squares fit of the relative error on
+// 0 ≤ t ≤ 9.4 (beyond, exp(−t²) is 0 in float), fitted for pe_fast in float64 against mpmath, 2026-12: erfc within
+// 4e-6 relatively (the rounding of t² in exp(−t²), at the far tail), GELU and its derivative within about 1e-7 of
+// their exact values. One branch: an earlier fit switched to erf's Taylor-like form below |t| = 0.9, which cost
+// both forms for every element. double: the C library (the float64 path is the tests' reference, not a fast
+// path). Always inlined: a call per element keeps the loops that use it scalar, and with several such loops in one
+// file gcc stops inlining it on its own (measured: a loop 7× slower).
 template <typename T>
 struct GeluParts {
   T cdf;  // Φ(x)
@@ -33,15 +33,13 @@ struct GeluParts {
 };
 
 [[gnu::always_inline]] inline GeluParts<float> gelu_parts(float x) {
-  const float t = x * 0.70710678118654752f, a = std::abs(t), s = t * t;
-  const float e = fast_exp(-s);
-  const float p = 1.1283791065216064f + s * (-0.3761252164840698f + s * (0.11282122135162354f + s * (
-      -0.02677828259766102f + s * (0.005011087749153376f + s * -0.0006086071371100843f))));
-  const float w = 1.0f / (1.0f + a);
-  const float q = 7.613081834279001e-06f + w * (0.5638526082038879f + w * (0.5705382227897644f + w * (
-      0.21550126373767853f + w * (0.14369435608386993f + w * (-2.39646053314209f + w * (3.817683458328247f + w * (
-      -2.6053357124328613f + w * 0.6883435845375061f)))))));
-  const float tail = a <= 0.9f ? 1.0f - a * p : e * q;  // erfc(|t|)
+  const float t = x * 0.70710678118654752f, a = std::abs(t);
+  const float e = fast_exp(-t * t);
+  const float w = 1.0f / (1.0f + 0.5f * a);
+  const float q = -4.333993274485692e-06f + w * (0.2821796238422394f + w * (0.2815324366092682f + w * (
+      0.24731780588626862f + w * (0.18981429934501648f + w * (-0.0016214264323934913f + w * (0.24706174433231354f +
+      w * (-0.46344059705734253f + w * (0.2743276059627533f + w * -0.05716719850897789f))))))));
+  const float tail = e * q;  // erfc(|t|)
   return {t >= 0.0f ? 1.0f - 0.5f * tail : 0.5f * tail, e * 0.3989422804014327f};
 }
 
