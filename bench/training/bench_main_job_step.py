@@ -26,9 +26,8 @@ import measure
 from pe_fast.ops import sublayer_ends
 from pe_fast.sweep import settings as sweep_settings
 from pe_fast.sweep.executors import apply_runtime
-from pe_fast.sweep.grid import choose_pack_size, expand_grid, model_config, pack_models, train_config
+from pe_fast.sweep.grid import choose_pack_size, expand_grid, pack_models, pack_trainer
 from pe_fast.sweep.task_loading import load_task
-from pe_fast.train import PackTrainer
 
 
 def step_flops(config, batch: int) -> float:
@@ -52,9 +51,8 @@ def main() -> None:
     task = load_task(s)
     s = dataclasses.replace(s, max_pack=choose_pack_size(s, task))
     pack = pack_models(s, expand_grid(s))[0]
-    config = model_config(s, task, pack[0]["pe"])
-    trainer = PackTrainer(task, config, train_config(s, pack), [m["seed"] for m in pack],
-                          [m["sigma"] for m in pack], torch.device("cpu"))
+    trainer = pack_trainer(s, task, pack)
+    config = trainer.model_config
     size = 2048
     a, b = torch.randn(size, size), torch.randn(size, size)
     built = sublayer_ends.BUILT  # False without the C++ extension: then both variants run torch's ops

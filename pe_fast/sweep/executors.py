@@ -20,11 +20,10 @@ from pe_fast import memory, precision
 from pe_fast.results import run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, live_curves
-from pe_fast.sweep.grid import model_config, train_config
+from pe_fast.sweep.grid import pack_trainer
 from pe_fast.sweep.live_curves import LiveCurves
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.task_loading import load_task
-from pe_fast.train import PackTrainer
 
 
 def apply_runtime(s: Settings):
@@ -40,8 +39,7 @@ def apply_runtime(s: Settings):
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:
     """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
     DIR/packs/<index>/. Returns {trained_steps}: the steps trained here, after the checkpoint it started from."""
-    trainer = PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s, pack),
-                          [m["seed"] for m in pack], [m["sigma"] for m in pack], torch.device(s.device))
+    trainer = pack_trainer(s, task, pack)
     state = run_folder.load_checkpoint(out, index)
     if state is not None:
         trainer.load_state_dict(state)

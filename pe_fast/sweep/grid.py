@@ -13,7 +13,7 @@ from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep import UsageError
 from pe_fast.tasks import KINDS
-from pe_fast.train import TrainConfig
+from pe_fast.train import PackTrainer, TrainConfig
 
 # The authors' 15 LST seeds (their code and training logs); --seeds N takes the first N, further ones count on from 1.
 AUTHOR_SEEDS = (2235, 6312, 6068, 9742, 8880, 2197, 669, 6256, 3309, 2541, 8643, 7785, 195, 6914, 29)
@@ -89,6 +89,12 @@ def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
                        eval_every=s.eval_every, eval_items=s.eval_items, precision=s.precision,
                        compile=s.compile, until=s.until, plateau_score=view.score,
                        lower_is_better=lower_is_better(view.score), fit_score=view.fit)
+
+
+def pack_trainer(s: Settings, task, pack: list[dict]) -> PackTrainer:
+    """The trainer of one pack of models, as the sweep builds it (on --device)."""
+    return PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s, pack), [m["seed"] for m in pack],
+                       [m["sigma"] for m in pack], torch.device(s.device))
 
 
 def choose_pack_size(s: Settings, task) -> int:
