@@ -202,8 +202,13 @@ def _store_part(part_ptr, index, rows, m, tile, num_tiles, dcol, d_ok, D: tl.con
 
 
 @triton.jit
-def _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D: tl.constexpr):
-    """dz of y = ẑ·γ + β, and this tile's partial sums of dγ = Σ dy·ẑ and dβ = Σ dy (parts 0 and 1)."""
+def _layer_norm_backward(z, dy_ptr, lnw_ptr, part_ptr, row, m, tile, num_tiles, dcol, d_ok, io_mask, eps,
+                         D: tl.constexpr, ACC: tl.constexpr):
+    """dz of y = LN(z)·γ + β (ẑ recomputed from z; dy read at rows `row` of dy [R, D]), and this tile's partial
+    sums of dγ = Σ dy·ẑ and dβ = Σ dy (parts 0 and 1): the layer norm of both backward kernels."""
+    zhat, rstd = _layer_norm_rows(z, d_ok, eps, D)
+    dy = tl.load(dy_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
+    lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
     g = dy * lnw[None, :]
     dz = rstd[:, None] * (g - (tl.sum(g, 1) / D)[:, None] - zhat * (tl.sum(g * zhat, 1) / D)[:, None])
     dz = tl.where(io_mask, dz, 0.0)
@@ -305,10 +310,7 @@ def _attention_sublayer_bwd_kernel(
                                     sm_scale * _LOG2E, dcol, d_ok, D, DP, H, N, BLOCK_T, CHUNK, HAS_ADD, 0, True,
                                     False, ACC, PRECISION)
     z = _attention_residual(acc, x_ptr, pe_ptr, bo_ptr, row, tok, m, dcol, d_ok, io_mask, D, N, HAS_PE, ACC)
-    zhat, rstd = _layer_norm_rows(z, d_ok, eps, D)
-    dy = tl.load(dy_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
-    lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
-    dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
+    dz = _layer_norm_backward(z, dy_ptr, lnw_ptr, part_ptr, row, m, tile, num_tiles, dcol, d_ok, io_mask, eps, D, ACC)
     tl.store(dz_ptr + row[:, None] * D + dcol[None, :], dz.to(dz_ptr.dtype.element_ty), mask=io_mask)
     tl.debug_barrier()  # dz is read back below, by other threads of the program
     dx = tl.zeros([BLOCK_T, DP], ACC)
@@ -423,10 +425,7 @@ def _mlp_sublayer_bwd_kernel(
     io_mask = ok[:, None] & d_ok[None, :]
     a2, z = _mlp_pre_norm(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, row, ok, m, dcol, d_ok, io_mask, D, F, DP, BLOCK_T,
                           CHUNK, HIDDEN_CHUNK, ACC, PRECISION)
-    zhat, rstd = _layer_norm_rows(z, d_ok, eps, D)
-    dy = tl.load(dy_ptr + row[:, None] * D + dcol[None, :], mask=io_mask, other=0.0).to(ACC)
-    lnw = tl.load(lnw_ptr + m * D + dcol, mask=d_ok, other=0.0).to(ACC)
-    dz = _layer_norm_backward(dy, zhat, rstd, lnw, part_ptr, m, tile, num_tiles, dcol, d_ok, io_mask, D)
+    dz = _layer_norm_backward(z, dy_ptr, lnw_ptr, part_ptr, row, m, tile, num_tiles, dcol, d_ok, io_mask, eps, D, ACC)
     da2 = (dz * _gelu_grad(a2)).to(x_ptr.dtype.element_ty)
     tl.store(da2_ptr + row[:, None] * D + dcol[None, :], da2, mask=io_mask)
     _store_part(part_ptr, 2, da2.to(ACC), m, tile, num_tiles, dcol, d_ok, D)  # d b_2
