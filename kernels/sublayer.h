@@ -108,6 +108,11 @@ struct NormRows {
   const T* beta;
   int64_t rows;
   int width;
+
+  // row r's x = a + b + add, into x[width]
+  void input(int64_t r, T* __restrict__ x) const {
+    residual_row(a + r * width, b + r * width, add ? add + ((first_row + r) % add_rows) * width : nullptr, width, x);
+  }
 };
 
 // Forward: y = (x − mean)·rstd·w + β per row, x = a + b + add; mean and rstd [rows] kept for the backward.
@@ -117,7 +122,7 @@ void residual_layer_norm_forward(const NormRows<T>& n, T eps, T* __restrict__ y,
                                  T* __restrict__ rstd, T* __restrict__ x) {
   const int D = n.width;
   for (int64_t r = 0; r < n.rows; ++r) {
-    residual_row(n.a + r * D, n.b + r * D, n.add ? n.add + ((n.first_row + r) % n.add_rows) * D : nullptr, D, x);
+    n.input(r, x);
     T sum = T(0);
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < D; ++j) sum += x[j];
@@ -143,7 +148,7 @@ void residual_layer_norm_backward(const NormRows<T>& n, const T* __restrict__ me
                                   T* __restrict__ dbeta, T* __restrict__ x) {
   const int D = n.width;
   for (int64_t r = 0; r < n.rows; ++r) {
-    residual_row(n.a + r * D, n.b + r * D, n.add ? n.add + ((n.first_row + r) % n.add_rows) * D : nullptr, D, x);
+    n.input(r, x);
     const T mu = mean[r], inv = rstd[r];
     const T* dyr = dy + r * D;
     T sum_g = T(0), sum_gx = T(0);
