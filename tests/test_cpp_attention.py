@@ -131,10 +131,10 @@ def test_same_result_with_one_and_two_threads():
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter puts triton first on CPU")
 def test_cpp_is_the_cpu_default_and_can_be_overridden(monkeypatch):
-    monkeypatch.delenv("PE_FAST_BACKEND", raising=False)
-    assert resolve_backend(None, torch.device("cpu")) == "cpp"
+    """backend= alone chooses: no environment variable is read (the compute path is chosen once, by its caller)."""
     monkeypatch.setenv("PE_FAST_BACKEND", "reference")
-    assert resolve_backend(None, torch.device("cpu")) == "reference"
+    assert resolve_backend(None, torch.device("cpu")) == "cpp"
+    assert resolve_backend("reference", torch.device("cpu")) == "reference"
     assert resolve_backend("cpp", torch.device("cpu")) == "cpp"
 
 

@@ -7,6 +7,7 @@ tests/test_triton_compile.py does) without register spills; PE_FAST_FUSED_AOT_RE
 spills and shared memory as JSON (bench/results/fused-sublayers-20261201-cpu-aot.json).
 """
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import math
@@ -116,13 +117,13 @@ def test_interpreter_mlp_sublayer_matches_reference_float64(rows):
 
 # ---- the switch: a stacked transformer trains the same with and without fusion ----
 
-def train(config: ModelConfig, backend: str, steps: int, monkeypatch, device: str = "cpu",
+def train(config: ModelConfig, backend: str, steps: int, device: str = "cpu",
           dtype: torch.dtype = torch.float64) -> dict:
     """Outputs, statistics and parameters of a tiny pack after `steps` SGD steps, in float64 (SGD, not Adam:
     Adam divides by √v, which blows the rounding noise of gradients that are 0 in exact arithmetic, the key
     bias's, up to ~1e-11)."""
-    monkeypatch.setenv("PE_FAST_BACKEND", backend)
-    model = StackedTransformer(config, seeds=[3, 4], sigmas=[0.5, 2.0]).to(device, dtype)
+    model = StackedTransformer(dataclasses.replace(config, backend=backend), seeds=[3, 4],
+                               sigmas=[0.5, 2.0]).to(device, dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
     g = torch.Generator().manual_seed(5)
     tokens = random(2, 2, config.num_tokens, config.token_dim, g=g).to(device, dtype)
@@ -143,15 +144,15 @@ TINY = dict(num_tokens=8, token_dim=3, out_dim=2, width=24, depth=2, heads=2, ml
 
 
 @interpreter
-def test_interpreter_transformer_trains_the_same_fused(monkeypatch, caplog):
+def test_interpreter_transformer_trains_the_same_fused(caplog):
     """Two blocks: the first fused whole, the last (reading out one token, as the LST's models do) computing the
     MLP sublayer at that token alone."""
     config = ModelConfig(**TINY, readout_token=5)
     with caplog.at_level(logging.WARNING, logger="pe_fast"):
-        fused = train(config, "fused", 2, monkeypatch)
+        fused = train(config, "fused", 2)
     assert not [r for r in caplog.records if "unfused" in r.getMessage()]  # it did take the fused path
-    reference = train(config, "reference", 2, monkeypatch)
-    assert (fused["blocks.0.mlp_in.weight"] - train(config, "reference", 0, monkeypatch)[
+    reference = train(config, "reference", 2)
+    assert (fused["blocks.0.mlp_in.weight"] - train(config, "reference", 0)[
         "blocks.0.mlp_in.weight"]).abs().max() > 1e-3  # the steps moved the weights
     assert_close(fused, reference)
 
@@ -171,42 +172,39 @@ def test_interpreter_refused_attention_runs_unfused_with_one_warning_and_the_mlp
     mlp_calls, mlp_forward = [], fs.mlp_forward
     with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, logger="pe_fast"):
         patched.setattr(fs, "mlp_forward", lambda *args: mlp_calls.append(1) or mlp_forward(*args))
-        fused = train(config, "fused", 1, monkeypatch)
+        fused = train(config, "fused", 1)
     refusals = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
     assert refusals == [f"backend 'fused' runs {warning}"]
     assert len(mlp_calls) == 2 * 2  # 2 blocks, a training step's forward and the final one
-    assert_close(fused, train(config, "reference", 1, monkeypatch))
+    assert_close(fused, train(config, "reference", 1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU, compiled Triton")
-def test_cuda_transformer_trains_as_the_unfused_triton_path_in_float32(monkeypatch):
+def test_cuda_transformer_trains_as_the_unfused_triton_path_in_float32():
     """On the GPU (bench/gpu/gpu_check.sh's tests step), at the LST width: fused and unfused float32 IEEE agree to
     float32 rounding after two steps."""
     config = ModelConfig(**dict(TINY, num_tokens=16, width=160, heads=1, mlp_width=640), readout_token=15)
-    fused = train(config, "fused", 2, monkeypatch, "cuda", torch.float32)
-    assert_close(fused, train(config, "triton", 2, monkeypatch, "cuda", torch.float32), 1e-4)
+    fused = train(config, "fused", 2, "cuda", torch.float32)
+    assert_close(fused, train(config, "triton", 2, "cuda", torch.float32), 1e-4)
 
 
 # ---- what the fused path refuses (no kernel runs) ----
 
 def test_refusal_names_each_unsupported_input():
-    config = ModelConfig(**TINY)
-    block = StackedTransformer(config, seeds=[0], sigmas=[1.0]).blocks[0]
     x = torch.zeros(1, 2, 8, 24)
-    assert fs.attention_refusal(x, None, None, None, block) is None
-    assert fs.attention_refusal(x.double(), None, None, None, block) is None
+    assert fs.attention_refusal(x, None, None, None) is None
+    assert fs.attention_refusal(x.double(), None, None, None) is None
     cos = torch.ones(8, 6)
-    assert "RoPE" in fs.attention_refusal(x, (cos, cos), None, None, block)
-    assert "relative-position bias" in fs.attention_refusal(x, None, torch.zeros(1, 2, 8, 8), None, block)
-    assert "PE dropout" in fs.attention_refusal(x, None, None, torch.ones_like(x), block)
+    assert "RoPE" in fs.attention_refusal(x, (cos, cos), None, None)
+    assert "relative-position bias" in fs.attention_refusal(x, None, torch.zeros(1, 2, 8, 8), None)
+    assert "PE dropout" in fs.attention_refusal(x, None, None, torch.ones_like(x))
     long = torch.zeros(1, 2, 360, 24)
-    assert "N = 360 > 16" in fs.attention_refusal(long, None, None, None, block)
+    assert "N = 360 > 16" in fs.attention_refusal(long, None, None, None)
     assert fs.mlp_refusal(long) is None  # kernel B takes any N: the fMRI shapes
-    assert "float16" in fs.mlp_refusal(x.half()) and "float16" in fs.attention_refusal(x.half(), None, None, None,
-                                                                                        block)
+    assert "float16" in fs.mlp_refusal(x.half()) and "float16" in fs.attention_refusal(x.half(), None, None, None)
     assert "width 512 > 256" in fs.mlp_refusal(torch.zeros(1, 2, 8, 512))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert fs.attention_refusal(x, None, None, None, block) is None  # bf16 activations, float32 parameters
+        assert fs.attention_refusal(x, None, None, None) is None  # bf16 activations, float32 parameters
 
 
 # ---- ahead-of-time compiles for sm_90 ----
@@ -330,7 +328,7 @@ def test_sublayer_traffic_against_a_hand_count():
     assert fs.sublayer_traffic("mlp_wgrad", **shape) == (2 * act + w1 + w2 + b1, w1 + w2 + b1, 32 * 8 * 8 * 32)
 
 
-def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
+def test_the_ledger_counts_each_fused_kernel_once_per_block():
     """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's six kernel calls as
     sublayer_traffic counts them, and fewer bytes than the unfused step."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -341,8 +339,8 @@ def test_the_ledger_counts_each_fused_kernel_once_per_block(monkeypatch):
     _, task, model, train_config, seeds, sigmas = traffic.sweep_pack(flags, None, None)
     ledgers = {}
     for backend in ("fused", "reference"):
-        monkeypatch.setenv("PE_FAST_BACKEND", backend)
-        ledgers[backend] = traffic.step_ledger(task, model, train_config, seeds, sigmas)
+        ledgers[backend] = traffic.step_ledger(task, dataclasses.replace(model, backend=backend), train_config,
+                                               seeds, sigmas)
     fused = {e.op: e for e in ledgers["fused"].entries.values() if e.kind == "fused op"}
     kernels = ("attention_bwd", "attention_fwd", "attention_wgrad", "mlp_bwd", "mlp_fwd", "mlp_wgrad")
     assert sorted(fused) == [f"pe_fast::fused {k}" for k in kernels]

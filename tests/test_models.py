@@ -81,3 +81,24 @@ def test_readout_equals_full_computation_then_selecting_the_token():
     for index, block in enumerate(model.blocks):
         h, _ = block(h, model.pe_tables()[index], None, None, None)  # every token, no shortcut
     torch.testing.assert_close(outputs, model.head(h[:, :, 15]))
+
+
+def test_the_compute_path_is_chosen_once_from_the_config(monkeypatch):
+    """ModelConfig.backend reaches every block's attention when the model is built; no environment variable is read
+    on a forward (a leftover PE_FAST_BACKEND changes nothing), and an unknown path is refused by name."""
+    from pe_fast.ops import backends
+    config = ModelConfig(num_tokens=5, token_dim=3, out_dim=2, width=8, depth=2, mlp_width=16, backend="reference")
+    model = StackedTransformer(config, seeds=[1, 2], sigmas=[0.1, 1.0]).double()
+    assert all(block.attention.backend == "reference" and block.fused is None for block in model.blocks)
+    ran = []
+    reference = backends.BACKENDS["reference"]
+    monkeypatch.setitem(backends.BACKENDS, "reference", backends.Backend(
+        lambda *a, **k: ran.append(1) or reference.forward(*a, **k), reference.backward, reference.devices))
+    monkeypatch.setenv("PE_FAST_BACKEND", "no-such-backend")
+    tokens = torch.randn(2, 3, 5, 3, dtype=torch.float64)
+    outputs, _ = model(tokens)
+    assert len(ran) == config.depth  # every block's attention ran the configured backend
+    default = StackedTransformer(ModelConfig(**{**config.__dict__, "backend": None}), [1, 2], [0.1, 1.0]).double()
+    torch.testing.assert_close(default(tokens)[0], outputs)  # the same model on the device's default backend
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ModelConfig(num_tokens=5, token_dim=3, out_dim=2, backend="no-such-backend")

@@ -22,7 +22,7 @@
 #                                 byte ledger's bytes_per_model_step; 18 and 90 in fp32 with CUDA
 #                                 graphs against compiled alone (tf32 also with the kernels' TF32
 #                                 dots), 315 compiled tf32, then 90 eager
-#   fused.log, sweep_gpu_{fused,unfused}{,_tf32}.json   issue 45: the fused sublayers (PE_FAST_BACKEND=fused,
+#   fused.log, sweep_gpu_{fused,unfused}{,_tf32}.json   issue 45: the fused sublayers (--backend fused,
 #                                 eager) against the unfused step (eager and compiled), 90 models, bf16, fp32, tf32
 #   profile_sweep*.txt            bench/training/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
 #   stacked_optimizer_gpu.json    bench/training/bench_stacked_optimizer.py on cuda (issue 14's per-model learning
@@ -33,7 +33,7 @@
 #   op_overhead.log/.json         bench/op/bench_op_overhead.py: host µs per call, direct eager path vs the custom op
 #   bench_ops.log, ops_gpu.json   bench/op/bench_ops.py: fused op vs reference, SDPA+stats, FlexAttention+stats
 #   training_gpu.log/.json        bench/training/bench_training.py on cuda (default backend: triton)
-#   training_gpu_reference.log/.json   the same with PE_FAST_BACKEND=reference
+#   training_gpu_reference.log/.json   the same with --backend reference
 #   tune.log, tune_gpu.json       bench/op/tune_triton.py: the kernels' tiles varied against kernel_config's choice
 #   steps.tsv                     step, exit code (124 = hit its time limit), seconds
 # Every step runs whatever the previous ones did, under its own time limit (never past the overall budget);
@@ -159,10 +159,10 @@ fi
 wanted fused && step fused 300 fused.log bash -c "set -e
         run() { python3 bench/training/bench_sweep_gpu.py --models 90 --steps 10 --warmup 3 --baseline-steps 5 \
             --eval-items 256 \"\$@\"; }
-        PE_FAST_BACKEND=fused run --precisions bf16,fp32 --compile off --out $OUT/sweep_gpu_fused.json
-        PE_FAST_BACKEND=fused PE_FAST_TF32=1 run --precisions tf32 --compile off --out $OUT/sweep_gpu_fused_tf32.json
-        PE_FAST_BACKEND=triton run --precisions bf16,fp32 --compile off,on --out $OUT/sweep_gpu_unfused.json
-        PE_FAST_BACKEND=triton PE_FAST_TF32=1 run --precisions tf32 --compile off,on \
+        run --backend fused --precisions bf16,fp32 --compile off --out $OUT/sweep_gpu_fused.json
+        PE_FAST_TF32=1 run --backend fused --precisions tf32 --compile off --out $OUT/sweep_gpu_fused_tf32.json
+        run --backend triton --precisions bf16,fp32 --compile off,on --out $OUT/sweep_gpu_unfused.json
+        PE_FAST_TF32=1 run --backend triton --precisions tf32 --compile off,on \
             --out $OUT/sweep_gpu_unfused_tf32.json"
 
 # Where the compiled TF32 step spends GPU time now.
@@ -192,8 +192,8 @@ wanted bench_ops && step bench_ops 150 bench_ops.log python3 bench/op/bench_ops.
 wanted training && step training 60 training_gpu.log python3 bench/training/bench_training.py --device cuda \
     --models 64 --depth 4 --repeats 5 --shapes 160x128,64x32 --out "$OUT/training_gpu.json"
 
-wanted training_reference && step training_reference 50 training_gpu_reference.log env PE_FAST_BACKEND=reference \
-    python3 bench/training/bench_training.py --device cuda --models 64 --depth 4 --repeats 3 --shapes 160x128 \
+wanted training_reference && step training_reference 50 training_gpu_reference.log \
+    python3 bench/training/bench_training.py --backend reference --device cuda --models 64 --depth 4 --repeats 3 --shapes 160x128 \
     --out "$OUT/training_gpu_reference.json"
 
 wanted tune && step tune 140 tune.log python3 bench/op/tune_triton.py --out "$OUT/tune_gpu.json" --budget-s 110

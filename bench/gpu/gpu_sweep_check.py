@@ -7,6 +7,7 @@ with an uninterrupted one. Writes a JSON summary to $OUT/gpu_sweep_check.json (d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -33,10 +34,10 @@ CONFIGS = {  # name: (model config, batch size)
 
 
 def measured_per_model(config: ModelConfig, batch: int, models: int, backend: str) -> float:
-    os.environ["PE_FAST_BACKEND"] = backend
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
-    model = StackedTransformer(config, list(range(models)), [0.5] * models).cuda()
+    model = StackedTransformer(dataclasses.replace(config, backend=backend), list(range(models)),
+                               [0.5] * models).cuda()
     optimizer = make_optimizer(model.parameters(), TrainConfig(steps=1, optimizer="adam"))
     tokens = torch.randn(models, batch, config.num_tokens, config.token_dim, device="cuda")
     for step in range(2):  # the second step has the optimizer's state
@@ -67,7 +68,6 @@ def memory_check() -> list[dict]:
             rows.append(dict(config=name, backend=backend, estimate_mb=estimate / 2**20,
                              measured_mb=measured / 2**20, ratio=estimate / measured))
             print(rows[-1], flush=True)
-    os.environ.pop("PE_FAST_BACKEND", None)
     return rows
 
 

@@ -125,7 +125,7 @@ def main() -> None:
               f"{row['per_model_lr_model_steps_per_s']:7.1f} ({100 * row['ratio']:.1f} %); optimizer step alone "
               f"{row['one_lr_optimizer_ms']:.2f} ms vs {row['per_model_lr_optimizer_ms']:.2f} ms", flush=True)
     result = {"benchmark": "stacked_optimizer", "environment": measure.environment(device),
-              "backend": os.environ.get("PE_FAST_BACKEND", "default"), "keep_freed_memory": kept,
+              "keep_freed_memory": kept,
               "repeats": args.repeats, "rows": rows}
     measure.write_result(args.out, result)
     print(f"written to {args.out}")

@@ -110,10 +110,10 @@ def pack_size_for(models: int, config: ModelConfig, device: torch.device, task: 
 
 
 def time_sweep_path(task: LSTTask, models: int, precision_name: str, compile_mode: str, device: torch.device,
-                    steps: int, warmup: int, repeats: int, eval_items: int) -> dict:
+                    steps: int, warmup: int, repeats: int, eval_items: int, backend: str | None = None) -> dict:
     precision.apply(precision_name)
     config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=WIDTH, depth=DEPTH, heads=1, mlp_width=MLP,
-                         pe="learned", readout_token=task.readout_token)
+                         pe="learned", readout_token=task.readout_token, backend=backend)
     pack = pack_size_for(models, config, device, task)
     train = TrainConfig(steps=PAPER_STEPS, batch_size=BATCH, lr=LR, optimizer="adamw",
                         eval_every=warmup + steps * repeats, eval_items=eval_items, precision=precision_name,
@@ -150,7 +150,8 @@ def time_sweep_path(task: LSTTask, models: int, precision_name: str, compile_mod
     del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return dict(models=models, pack_size=pack, packs=packs, compile=compile_mode, bytes_per_model_step=moved,
+    return dict(models=models, pack_size=pack, packs=packs, compile=compile_mode, backend=backend or "default",
+                bytes_per_model_step=moved,
                 step_ms=step_s * 1e3, step_ms_rounds=[r * 1e3 for r in rounds], warmup_s=warmup_s,
                 train_model_steps_per_s=pack / step_s, model_steps_per_s=with_evals,
                 eval_intermediate_s=evals[0], eval_full_s=evals[1],
@@ -170,6 +171,8 @@ def main() -> int:
     p.add_argument("--eval-items", type=int, default=2048, help="items per split of an intermediate evaluation")
     p.add_argument("--baseline-steps", type=int, default=50)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--backend", help="the models' compute path (pe_fast.models.transformer.compute_paths), e.g. "
+                                     "fused; default: the fastest on the device")
     p.add_argument("--out", default="bench/results/sweep_gpu.json")
     p.add_argument("--science-check", type=Path,
                    help="the verdicts JSON of bench/science/precision_check.py --verdicts on this kind of device: "
@@ -210,7 +213,7 @@ def main() -> int:
             for count in models:
                 try:
                     row = time_sweep_path(task, count, precision_name, compile_mode, device, args.steps, args.warmup,
-                                          args.repeats, args.eval_items)
+                                          args.repeats, args.eval_items, args.backend)
                 except Exception as error:  # an out-of-memory or compile failure is a result too
                     row = dict(models=count, compile=compile_mode, error=f"{type(error).__name__}: {error}"[:300])
                     if device.type == "cuda":

@@ -68,10 +68,12 @@ def training_step(model: StackedTransformer, optimizer, tokens, targets):
 SWEEP_OPTIMIZER = TrainConfig(steps=1, lr=1e-4, optimizer="adamw")  # make_optimizer: the sweep's (fused) AdamW
 
 
-def lst_model(width: int, depth: int, seeds: list[int], device: torch.device) -> StackedTransformer:
+def lst_model(width: int, depth: int, seeds: list[int], device: torch.device,
+              backend: str | None = None) -> StackedTransformer:
     """The LST-shaped pack every benchmark here times: 1 head, MLP 4·d, learned PE, readout at the last token."""
     config = ModelConfig(num_tokens=N_TOKENS, token_dim=TOKEN_DIM, out_dim=CLASSES, width=width, depth=depth,
-                         heads=1, mlp_width=4 * width, pe="learned", readout_token=N_TOKENS - 1)
+                         heads=1, mlp_width=4 * width, pe="learned", readout_token=N_TOKENS - 1,
+                         backend=backend)
     return StackedTransformer(config, seeds, [0.2] * len(seeds)).to(device)
 
 
@@ -81,12 +83,13 @@ def random_batch(models: int, batch: int, device: torch.device):
             torch.randint(0, CLASSES, (models, batch), device=device))
 
 
-def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, device: torch.device) -> dict:
+def bench_shape(width: int, batch: int, models: int, depth: int, repeats: int, device: torch.device,
+                backend: str | None = None) -> dict:
     seeds = list(range(models))
     tokens, targets = random_batch(models, batch, device)
-    pack = lst_model(width, depth, seeds, device)
+    pack = lst_model(width, depth, seeds, device, backend)
     pack_opt = make_optimizer(pack.parameters(), SWEEP_OPTIMIZER)
-    alone = [lst_model(width, depth, [s], device) for s in seeds]
+    alone = [lst_model(width, depth, [s], device, backend) for s in seeds]
     alone_opts = [make_optimizer(m.parameters(), SWEEP_OPTIMIZER) for m in alone]
 
     def one_by_one():
@@ -137,6 +140,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", help="the models' compute path (pe_fast.models.transformer.compute_paths); "
+                                     "default: the fastest on the device")
     p.add_argument("--shapes", default="64x32,64x32x64,64x128,160x32,160x128",
                    help="WIDTHxBATCH or WIDTHxBATCHxMODELS, comma-separated")
     p.add_argument("--default-malloc", action="store_true",
@@ -149,7 +154,7 @@ def main() -> None:
     device = torch.device(args.device)
     rows = []
     for width, batch, models in parse_shapes(args.shapes, args.models):
-        row = bench_shape(width, batch, models, args.depth, args.repeats, device)
+        row = bench_shape(width, batch, models, args.depth, args.repeats, device, args.backend)
         rows.append(row)
         print(f"d={width:4d} batch={batch:4d} M={models:3d}: stacked {row['stacked_model_steps_per_s']:8.1f} "
               f"model-steps/s, one by one {row['one_by_one_model_steps_per_s']:8.1f} ({row['speedup']:.2f}×); "
@@ -158,7 +163,7 @@ def main() -> None:
     result = {"benchmark": "training_step", "machine": measure.cpu_name(),
               "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
               "device": measure.device_name(device),
-              "backend": os.environ.get("PE_FAST_BACKEND", "default"), "keep_freed_memory": kept,
+              "backend": args.backend or "default", "keep_freed_memory": kept,
               "load_average_at_start": os.getloadavg(), "repeats": args.repeats, "rows": rows}
     measure.write_result(args.out, result)
     print(f"written to {args.out}")

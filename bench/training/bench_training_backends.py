@@ -8,14 +8,13 @@ Shapes (name: tokens N, token width, outputs; 4 post-LN blocks, MLP 4·d; M mode
   fmri-N100:  N = 100, 17-dim tokens (a 16-point window + mask flag), 16 outputs per token (MSE); d = 64, H = 4,
               M = 8, B = 32
   fmri-N360:  the same at N = 360 (the Glasser atlas' regions)
-Every repeat times one step per backend back to back (the backend is switched with PE_FAST_BACKEND, which the
-op reads at each call), so a change in the machine's load hits all of them; medians and ratios vs the first
+Every repeat times one step per backend back to back (one model, its attention layers' backend switched before
+each step), so a change in the machine's load hits all of them; medians and ratios vs the first
 backend are reported. Everything else in the step (embedding, MLPs, layer norms, AdamW) is the same code.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import measure
 
 from pe_fast.memory import keep_freed_memory
 from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.nn import PEAttention
 from pe_fast.train import TrainConfig, make_optimizer
 
 SHAPES = {  # name: (N, token_dim, out_dim, readout_token, width, heads, models, batch)
@@ -57,13 +57,15 @@ def make_step(name: str, depth: int):
         optimizer.zero_grad(set_to_none=True)
         loss.reshape(M, -1).mean(1).sum().backward()
         optimizer.step()
-    return step
+    return step, model
 
 
-def on_backend(backend: str, step):
-    """The step with pe_attention on this backend (the op reads PE_FAST_BACKEND at each call)."""
+def on_backend(backend: str, step, model):
+    """The step with every attention layer of the model on this backend."""
     def run():
-        os.environ["PE_FAST_BACKEND"] = backend
+        for layer in model.modules():
+            if isinstance(layer, PEAttention):
+                layer.backend = backend
         step()
     return run
 
@@ -83,9 +85,8 @@ def main() -> None:
     backends = args.backends.split(",")
     rows = []
     for name in args.shapes.split(","):
-        step = make_step(name, args.depth)
-        times = measure.in_turn({b: on_backend(b, step) for b in backends}, args.repeats)
-        os.environ.pop("PE_FAST_BACKEND")
+        step, model = make_step(name, args.depth)
+        times = measure.in_turn({b: on_backend(b, step, model) for b in backends}, args.repeats)
         N, token_dim, out_dim, readout, width, heads, M, B = SHAPES[name]
         median = {b: statistics.median(t) for b, t in times.items()}
         row = {"shape": name, "N": N, "width": width, "heads": heads, "depth": args.depth, "models": M, "batch": B,

@@ -39,7 +39,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -57,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure.
 from op.bench_ops import BACKWARD_KERNELS, FORWARD_KERNELS, fused_kernel_bytes, fused_kernel_flops  # the op's own
 
 from pe_fast import precision
+from pe_fast.models.transformer import FUSED
 from pe_fast.ops.backends import BACKENDS
 from pe_fast.ops.pe_attention import OpInputs
 from pe_fast.sweep import grid
@@ -333,9 +333,9 @@ def step_ledger(task, model_config, train_config, seeds: list[int], sigmas: list
     """The ledger of PackTrainer.train_step for this pack (PackTrainer's own arguments), eager, on fake tensors."""
     # eval_every ≥ 2: the counted step is the second of the window it fills
     train_config = dataclasses.replace(train_config, compile="off", eval_every=max(2, train_config.eval_every))
-    # $PE_FAST_BACKEND (--backend) may name a CUDA backend: pe_attention counts as its Triton kernels whichever runs,
+    # the model's backend (--backend) may name a CUDA one: pe_attention counts as its Triton kernels whichever runs,
     # and the fake tensors, on the CPU, never reach a backend; so the named one is let take them
-    name = os.environ.get("PE_FAST_BACKEND", "")
+    name = "triton" if model_config.backend == FUSED else model_config.backend
     on_fake = {}
     if name in BACKENDS:
         on_fake[name] = dataclasses.replace(BACKENDS[name], devices=(*BACKENDS[name].devices, "cpu"))
@@ -431,8 +431,7 @@ def main(argv=None) -> int:
     name = train_config.precision
     peak = (args.peak_tflops or peak_tflops("H200", name)) * 1e12
     # --backend fused: the blocks take the fused sublayers (pe_fast.ops.fused_sublayers), as the sweep's workers do
-    with mock.patch.dict(os.environ, {"PE_FAST_BACKEND": s.backend} if s.backend else {}):
-        ledger = step_ledger(task, model_config, train_config, seeds, sigmas)
+    ledger = step_ledger(task, model_config, train_config, seeds, sigmas)
     described = {"task": s.task, "preset": s.preset, "pe": model_config.pe, "models": len(seeds), "precision": name,
                  "batch_size": train_config.batch_size, "tokens": model_config.num_tokens, "width": model_config.width,
                  "depth": model_config.depth, "heads": model_config.heads, "mlp_width": model_config.mlp_width,

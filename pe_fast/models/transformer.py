@@ -7,7 +7,7 @@ block (a separate learned PE per block) or of the first block only.
 from __future__ import annotations
 
 import dataclasses
-import os
+import importlib.util
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
-from pe_fast.ops.backends import FUSED_BACKEND
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
 from pe_fast.ops import sublayer_ends
+from pe_fast.ops.backends import BACKENDS
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
 from pe_fast.seeds import PE_SEED_OFFSET
@@ -25,6 +25,14 @@ from pe_fast.seeds import PE_SEED_OFFSET
 ABSOLUTE_PES = ("learned", "random", "sin1d", "sin2d", "sinnd", "none")
 ROTARY_PES = ("rope", "rope2d")
 PE_KINDS = ABSOLUTE_PES + ROTARY_PES + ("relative",)
+# The compute path "fused": each block's attention and MLP sublayer one Triton kernel where it can
+# (pe_fast.ops.fused_sublayers), the attention op's "triton" backend where it cannot
+FUSED = "fused"
+
+
+def compute_paths() -> tuple[str, ...]:
+    """The compute paths a model can take here: the pe_attention backends registered, and "fused" with Triton."""
+    return (*BACKENDS, *((FUSED,) if importlib.util.find_spec("triton") is not None else ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +48,9 @@ class ModelConfig:
     pe_at: str = "every"  # "every" block or the "input" of the first block only
     readout_token: int | None = None  # classify from this token; None: predict at every token
     pe_dropout: float = 0.0  # dropout on x + PE at each block while training (the authors' sinusoidal PEs')
+    # the compute path (compute_paths): a pe_attention backend for every block, or FUSED; None: the op's default
+    # for the device the model runs on (cpp on the CPU once built, triton on CUDA)
+    backend: str | None = None
 
     def __post_init__(self):
         if self.pe not in PE_KINDS:
@@ -53,13 +64,20 @@ class ModelConfig:
         if self.pe_dropout and self.pe not in ADDITIVE_PES:
             raise ValueError(f"pe_dropout applies to the PEs added to x ({', '.join(ADDITIVE_PES)}), "
                              f"not to {self.pe!r}")
+        if self.backend is not None and self.backend not in compute_paths():
+            raise ValueError(f"backend must be one of {', '.join(compute_paths())} or None, got {self.backend!r}")
 
 
 class Block(nn.Module):
     def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
         super().__init__()
         M, D = len(generators), config.width
-        self.attention = PEAttention(D, config.heads, M, generators=generators)
+        self.fused = None  # pe_fast.ops.fused_sublayers on the compute path FUSED, chosen here once
+        if config.backend == FUSED:
+            from pe_fast.ops import fused_sublayers  # needs triton (compute_paths)
+            self.fused = fused_sublayers
+        self.attention = PEAttention(D, config.heads, M, generators=generators,
+                                     backend="triton" if self.fused is not None else config.backend)
         self.norm_attn = StackedLayerNorm(M, D)
         self.mlp_in = StackedLinear(generators, D, config.mlp_width)
         self.mlp_out = StackedLinear(generators, config.mlp_width, D)
@@ -70,15 +88,16 @@ class Block(nn.Module):
         out one token: every token still serves as a key, but the other tokens' outputs are never used).
         pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
         (it then goes through the attention as one input, without the op's separate PE path)."""
-        fused = None  # backend "fused": each sublayer one Triton kernel where it can (pe_fast.ops.fused_sublayers)
-        if (self.attention.backend or os.environ.get("PE_FAST_BACKEND")) == FUSED_BACKEND:
-            from pe_fast.ops import fused_sublayers as fused  # needs triton
-        if fused is not None and fused.takes_attention(self, h, rope, bias, pe_dropout_mask):
-            h, stats = fused.attention_forward(self, h, pe, probes, only_token)
+        fused, attention, norm_attn, norm_mlp = self.fused, self.attention, self.norm_attn, self.norm_mlp
+        if fused is not None and fused.takes_attention(h, rope, bias, pe_dropout_mask):
+            h, stats = fused.attention_forward(
+                h, pe, probes, only_token, attention.w_qkv, attention.b_qkv, attention.out.weight,
+                attention.out.bias, norm_attn.weight, norm_attn.bias, attention.num_heads, norm_attn.eps)
         else:
             h, stats = self.attention_sublayer(h, pe, probes, rope, bias, only_token, pe_dropout_mask)
         if fused is not None and fused.takes_mlp(h):
-            return fused.mlp_forward(self, h), stats
+            return fused.mlp_forward(h, self.mlp_in.weight, self.mlp_in.bias, self.mlp_out.weight,
+                                     self.mlp_out.bias, norm_mlp.weight, norm_mlp.bias, norm_mlp.eps), stats
         h = self.norm_mlp(self.mlp_out(self.mlp_in(h, gelu=True), gelu=True), residual=h)
         return h, stats
 

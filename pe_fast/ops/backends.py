@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Callable
 
 import torch
@@ -21,9 +20,8 @@ from pe_fast.ops import reference
 
 log = logging.getLogger("pe_fast")
 
-FUSED_BACKEND = "fused"  # the Triton op, and whole sublayers fused in models.transformer's blocks (fused_sublayers)
-# BACKENDS keeps this order: the default is the first that runs there (never "fused": the reference runs first)
-PREFERENCE = ("triton", "cpp", "reference", FUSED_BACKEND)
+# BACKENDS keeps this order: the default is the first that runs there
+PREFERENCE = ("triton", "cpp", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +65,11 @@ def implementation(backend: str, x: Tensor, num_heads: int, bias: Tensor | None)
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """backend= argument, else $PE_FAST_BACKEND, else the preferred registered backend for the device."""
-    chosen = backend or os.environ.get("PE_FAST_BACKEND")
-    if chosen is None:
+    """backend= argument, else the preferred registered backend for the device."""
+    if backend is None:
         return next(name for name, b in BACKENDS.items() if device.type in b.devices)
-    if chosen not in BACKENDS:
-        raise ValueError(f"unknown pe_attention backend {chosen!r}; available: {', '.join(BACKENDS)}")
-    if device.type not in BACKENDS[chosen].devices:
-        raise ValueError(f"pe_attention backend {chosen!r} does not run on {device.type} tensors")
-    return chosen
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown pe_attention backend {backend!r}; available: {', '.join(BACKENDS)}")
+    if device.type not in BACKENDS[backend].devices:
+        raise ValueError(f"pe_attention backend {backend!r} does not run on {device.type} tensors")
+    return backend

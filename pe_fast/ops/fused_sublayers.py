@@ -40,7 +40,6 @@ import triton.language as tl
 from torch import Tensor
 
 from pe_fast.ops import projection, triton_attention
-from pe_fast.ops.backends import BACKENDS, FUSED_BACKEND, register_backend
 from pe_fast.ops.pe_attention import autocast_on
 
 log = logging.getLogger("pe_fast")
@@ -850,7 +849,7 @@ def _dtype_refusal(x: Tensor) -> str | None:
     return None
 
 
-def attention_refusal(x: Tensor, rope, bias, pe_dropout_mask, block) -> str | None:
+def attention_refusal(x: Tensor, rope, bias, pe_dropout_mask) -> str | None:
     """Why this block call's attention sublayer cannot take kernel A (it runs unfused), or None."""
     if rope is not None:
         return "RoPE is not fused (q and k are turned outside the kernels)"
@@ -860,8 +859,6 @@ def attention_refusal(x: Tensor, rope, bias, pe_dropout_mask, block) -> str | No
         return "PE dropout is not fused"
     if x.shape[2] > FUSED_MAX_N:
         return f"N = {x.shape[2]} > {FUSED_MAX_N}: a sequence does not fit kernel A's tile"
-    if block.attention.out is None:
-        return "the attention has no output projection"
     return _dtype_refusal(x)
 
 
@@ -872,11 +869,11 @@ def mlp_refusal(x: Tensor) -> str | None:
 
 @functools.cache
 def warn_unfused(sublayer: str, reason: str) -> None:
-    log.warning("backend '%s' runs the %s sublayer unfused: %s", FUSED_BACKEND, sublayer, reason)
+    log.warning("backend 'fused' runs the %s sublayer unfused: %s", sublayer, reason)
 
 
-def takes_attention(block, h: Tensor, rope, bias, pe_dropout_mask) -> bool:
-    reason = attention_refusal(h, rope, bias, pe_dropout_mask, block)
+def takes_attention(h: Tensor, rope, bias, pe_dropout_mask) -> bool:
+    reason = attention_refusal(h, rope, bias, pe_dropout_mask)
     if reason is not None:
         warn_unfused("attention", reason)  # once per reason; the attention op itself runs as "triton"
     return reason is None
@@ -894,24 +891,20 @@ def _activations(h: Tensor) -> Tensor:
     return h.to(torch.get_autocast_dtype(h.device.type)) if autocast_on(h.device) else h
 
 
-def attention_forward(block, h: Tensor, pe: Tensor | None, probes: Tensor | None, only_token: int | None):
-    """models.transformer.Block's attention sublayer through kernel A: (LN0(Attn(h + pe) + h + pe), stats), at
+def attention_forward(h: Tensor, pe: Tensor | None, probes: Tensor | None, only_token: int | None, w_qkv: Tensor,
+                      b_qkv: Tensor | None, w_o: Tensor, b_o: Tensor, ln_w: Tensor, ln_b: Tensor, num_heads: int,
+                      eps: float):
+    """A Post-LN block's attention sublayer through kernel A: (LN0(Attn(h + pe) W_o + b_o + h + pe), stats), at
     only_token alone if given."""
-    attention = block.attention
     probes = None if probes is None else probes.to(h.device)
-    h, stats = AttentionSublayer.apply(_activations(h), pe, attention.w_qkv, attention.b_qkv, attention.out.weight,
-                                       attention.out.bias, block.norm_attn.weight, block.norm_attn.bias, probes,
-                                       attention.num_heads, block.norm_attn.eps)
+    h, stats = AttentionSublayer.apply(_activations(h), pe, w_qkv, b_qkv, w_o, b_o, ln_w, ln_b, probes, num_heads,
+                                       eps)
     if only_token is not None:
         h = h[:, :, only_token:only_token + 1].contiguous()
     return h, stats
 
 
-def mlp_forward(block, h: Tensor) -> Tensor:
-    """models.transformer.Block's MLP sublayer through kernel B: LN1(GELU(GELU(h W_1 + b_1) W_2 + b_2) + h)."""
-    return MLPSublayer.apply(_activations(h), block.mlp_in.weight, block.mlp_in.bias, block.mlp_out.weight,
-                             block.mlp_out.bias, block.norm_mlp.weight, block.norm_mlp.bias, block.norm_mlp.eps)
-
-
-# As a pe_attention backend, "fused" is the Triton op (PEAttention outside a Block, and the blocks it refuses).
-register_backend(FUSED_BACKEND, BACKENDS["triton"])
+def mlp_forward(h: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, ln_w: Tensor, ln_b: Tensor,
+                eps: float) -> Tensor:
+    """A Post-LN block's MLP sublayer through kernel B: LN1(GELU(GELU(h W_1 + b_1) W_2 + b_2) + h)."""
+    return MLPSublayer.apply(_activations(h), w1, b1, w2, b2, ln_w, ln_b, eps)

@@ -27,13 +27,11 @@ from pe_fast.sweep.task_loading import load_task
 
 
 def apply_runtime(s: Settings):
-    """Process-wide settings, in the sweep's process and in every Ray worker: threads, backend, malloc, TF32."""
+    """Process-wide settings, in the sweep's process and in every Ray worker: threads, malloc, TF32."""
     memory.keep_freed_memory()
     precision.apply(s.precision)
     if s.threads:  # a Ray or SLURM driver may have fewer cores than the workers its --threads is for
         torch.set_num_threads(min(s.threads, len(os.sched_getaffinity(0))))
-    if s.backend is not None:
-        os.environ["PE_FAST_BACKEND"] = s.backend
 
 
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:

@@ -9,6 +9,7 @@ import torch
 from pe_fast import memory
 from pe_fast.metrics.convergence import lower_is_better
 from pe_fast.models import ModelConfig
+from pe_fast.models.transformer import FUSED
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep import UsageError
@@ -74,7 +75,7 @@ def model_config(s: Settings, task, kind: str) -> ModelConfig:
     return ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
                        width=s.width, depth=s.depth, heads=s.heads, mlp_width=s.mlp_width, pe=kind,
                        pe_at=s.pe_at, readout_token=task.readout_token,
-                       pe_dropout=pe_dropout_of(s, kind))
+                       pe_dropout=pe_dropout_of(s, kind), backend=s.backend)
 
 
 def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
@@ -107,6 +108,7 @@ def choose_pack_size(s: Settings, task) -> int:
     from pe_fast.ops.backends import resolve_backend
     # the largest optimizer state of the grid: Adam's two moments, else SGD's one buffer
     largest = next((name for name in s.optimizer if name != "sgd"), "sgd")
-    per_model = memory.bytes_per_model(model_config(s, task, s.pe[0]), s.batch_size, largest,
-                                       resolve_backend(s.backend, device), task.coordinates)
+    attention = "triton" if s.backend == FUSED else resolve_backend(s.backend, device)
+    per_model = memory.bytes_per_model(model_config(s, task, s.pe[0]), s.batch_size, largest, attention,
+                                       task.coordinates)
     return memory.pack_size(per_model, memory.free_bytes(device))

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", choices=COMPILE_CHOICES,
                    help="torch.compile the training step (about 20 s per pack on a GPU); graphs: compiled and "
                         "replayed as CUDA graphs (CUDA only); auto (default): on on CUDA, off elsewhere")
-    p.add_argument("--backend", help="pe_attention backend (default: the fastest available)")
+    p.add_argument("--backend", help="the models' compute path: a pe_attention backend (reference, cpp, triton) or fused "
+                                     "(Triton sublayers); default: the fastest on the device")
     p.add_argument("--max-pack", type=int,
                    help="models trained together (default: as many as fit in half the free memory)")
     p.add_argument("--checkpoint-every", type=int,

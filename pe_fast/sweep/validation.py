@@ -127,10 +127,10 @@ def check_choices(s: dict):
     """Each setting with a fixed set of values holds one of them (the task first: the others depend on it)."""
     check_task(s["task"])
     kind = KINDS[s["task"]]
-    from pe_fast.ops.backends import BACKENDS  # the ops load the compiled kernels: only when asked
+    from pe_fast.models.transformer import compute_paths  # the ops load the compiled kernels: only when asked
     choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
                "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "until": UNTIL,
-               "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES, "backend": (None, *BACKENDS),
+               "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES, "backend": (None, *compute_paths()),
                **{setting.name: setting.choices for setting in kind.settings if setting.choices}}
     for name, allowed in choices.items():
         for value in s[name] if isinstance(s[name], tuple) else (s[name],):
