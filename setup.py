@@ -3,11 +3,12 @@
     pip install torch==2.13.0 "setuptools>=70.1" ninja && pip install --no-build-isolation -e .
 
 builds kernels/ + csrc/ with torch.utils.cpp_extension (ninja when installed), optimised for the building machine
-(-O3 -march=native). torch must be importable at build time, hence --no-build-isolation: an isolated build
+(-O3 -march=native; PE_FAST_MARCH=x86-64-v3 targets AVX2 machines instead, as bench/cpu/isa.sh does to measure one). torch must be importable at build time, hence --no-build-isolation: an isolated build
 environment would have no torch (and must not pull an unpinned, multi-GB one). Without torch at build time,
 without a working C++ compiler, or if the build fails for any other reason, pe_fast installs as pure Python and
 runs the reference backend on CPU; `import pe_fast` then warns once and says how to get the fast path.
 """
+import os
 from pathlib import Path
 
 from setuptools import setup
@@ -29,13 +30,14 @@ else:
             except Exception as error:  # noqa: BLE001
                 print(f"pe_fast: building the C++ CPU kernels failed ({error}); installing without them")
 
+    march = os.environ.get("PE_FAST_MARCH", "native")  # or another gcc -march (x86-64-v3: AVX2 + FMA, no AVX-512)
     setup(
         ext_modules=[CppExtension(
             "pe_fast._C", ["csrc/pe_attention_cpu.cpp", "csrc/sublayer_cpu.cpp"], include_dirs=[str(Path(__file__).resolve().parent / "kernels")],
             # -fopenmp: at::parallel_for and the kernels' `omp simd` loops (torch ships the OpenMP runtime);
             # -fno-trapping-math: lets fast_exp vectorise (kernels/pe_attention.h); -mprefer-vector-width=512: on a
             # machine with AVX-512, its 64-byte vectors (gcc's default stays at 32 bytes)
-            extra_compile_args=["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-trapping-math"],
+            extra_compile_args=["-O3", f"-march={march}", "-mprefer-vector-width=512", "-fopenmp", "-fno-trapping-math"],
             extra_link_args=["-fopenmp"])],
         cmdclass={"build_ext": OptionalBuildExtension},
     )

@@ -31,12 +31,38 @@ def device_name(device: torch.device | str) -> str:
     return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name()
 
 
+def instruction_sets() -> dict:
+    """The CPU's vector instructions and those each library was held to (bench/cpu/isa.sh): a figure is the machine's
+    only when every library ran the widest the machine has."""
+    from pe_fast.ops import extension
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    machine = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "unknown"
+    return {"machine": machine, "torch_kernels": torch.backends.cpu.get_cpu_capability().lower(),
+            "pe_fast_kernels": extension.ISA, "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")}
+
+
+def instruction_set_line() -> str:
+    """One line naming the instruction set the figures are on, e.g. "AVX2 (emulated on an AVX-512 machine)"."""
+    isa = instruction_sets()
+    ran = isa["pe_fast_kernels"] or isa["torch_kernels"]
+    name = {"avx512": "AVX-512", "avx2": "AVX2"}.get(ran, ran)
+    if ran == isa["machine"] or isa["machine"] == "unknown":
+        return f"instruction set: {name}"
+    return (f"instruction set: {name} (emulated on an {isa['machine'].upper().replace('AVX512', 'AVX-512')} "
+            f"machine, bench/cpu/isa.sh)")
+
+
 def environment(device: torch.device | str) -> dict:
     """The machine and software a result was measured with (GPU clocks and driver through NVML where present)."""
     info = {"device": device_name(device), "cpu": cpu_name(), "logical_cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
-            "load_average_1_5_15": list(os.getloadavg())}
+            "load_average_1_5_15": list(os.getloadavg()), "instruction_sets": instruction_sets()}
     if torch.device(device).type != "cuda":
         return info
     info["cuda"] = torch.version.cuda

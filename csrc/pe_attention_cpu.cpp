@@ -126,9 +126,23 @@ TORCH_LIBRARY_IMPL(pe_fast_cpp, CPU, m) {
   m.impl("attention_backward", &attention_backward);
 }
 
-// Importing pe_fast._C loads the library, which registers the ops above; the module itself is empty
+// The widest vector instructions the kernels were compiled for (setup.py's -march): pe_fast._C.isa
+#if defined(__AVX512F__)
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX2__)
+constexpr const char* kIsa = "avx2";
+#else
+constexpr const char* kIsa = "baseline";
+#endif
+
+// Importing pe_fast._C loads the library, which registers the ops above; the module holds only `isa`
 // (plain CPython API instead of pybind11 / torch/extension.h: a build several times faster).
 PyMODINIT_FUNC PyInit__C() {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+  if (m != nullptr && PyModule_AddStringConstant(m, "isa", kIsa) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

@@ -175,3 +175,23 @@ def test_the_extension_imports_on_its_own():
     """import pe_fast._C first thing in a process: pe_fast imports torch, whose libraries the extension needs."""
     proc = subprocess.run([sys.executable, "-c", "import pe_fast._C"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_kernels_load_once_from_pe_fast_kernels_and_a_bad_path_is_named(tmp_path):
+    """PE_FAST_KERNELS (bench/cpu/isa.sh) loads that build in place of the installed one, its ISA read from the build
+    itself; a path that is no build leaves the reference running, with one warning naming the path."""
+    from pe_fast.ops import extension
+    probe = ("import torch, pe_fast.ops, pe_fast._C; from pe_fast.ops import extension, backends; "
+             "print(extension.ISA, 'cpp' in backends.BACKENDS, extension.MODULE is pe_fast._C)")
+    env = {k: v for k, v in os.environ.items() if k != "PE_FAST_KERNELS"}
+
+    def run(path):
+        return subprocess.run([sys.executable, "-c", probe], env={**env, "PE_FAST_KERNELS": path},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    installed = run(extension.MODULE.__file__)
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout.split() == [extension.ISA, "True", "True"]
+    missing = run(str(tmp_path / "no_such_C.so"))
+    assert missing.returncode == 0, missing.stderr
+    assert missing.stdout.split() == ["None", "False", "False"]
+    assert "no_such_C.so" in missing.stderr and "not built" in missing.stderr

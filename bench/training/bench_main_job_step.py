@@ -58,7 +58,8 @@ def main() -> None:
     built = sublayer_ends.BUILT  # False without the C++ extension: then both variants run torch's ops
     variants = {"sublayer ends fused": True, "torch's ops": False}
     times = {name: [] for name in (*variants, "large matmul")}
-    print(f"{len(pack)} models, {torch.get_num_threads()} threads; {args.repeats} rounds", flush=True)
+    print(f"{len(pack)} models, {torch.get_num_threads()} threads; {args.repeats} rounds; "
+          f"{measure.instruction_set_line()}", flush=True)
     for round_ in range(args.repeats + 2):  # two warm-up rounds
         for name, fused in variants.items():
             sublayer_ends.BUILT = fused and built
@@ -90,7 +91,7 @@ def main() -> None:
                                     "gflop_per_model_step": step_flops(config, s.batch_size) / 1e9,
                                     "large_matmul_gflops": large_gflops, "speedup": speedup,
                                     "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-                                    "rows": rows})
+                                    "environment": measure.environment("cpu"), "rows": rows})
     print(f"written to {args.out}")
 
 

@@ -261,6 +261,7 @@ def main() -> int:
                   "warmup": args.warmup, "repeats": args.repeats, "records": records}
         measure.write_result(args.out, result)  # after each shape: a time limit keeps what ran
     print(table(records))
+    print(measure.instruction_set_line())
     print(f"written to {args.out}")
     return 0
 

@@ -15,6 +15,7 @@ backend are reported. Everything else in the step (embedding, MLPs, layer norms,
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path

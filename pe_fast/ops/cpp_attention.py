@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from pe_fast.ops import projection, reference
+from pe_fast.ops import extension, projection, reference
 from pe_fast.ops.backends import Backend, register_backend
 from pe_fast.ops.transforms import fold_into_model_axis
 
@@ -51,12 +51,10 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
                                         b_qkv, qkv, lse, out, num_heads, rope_cos, rope_sin), None)
 
 
-try:
-    import pe_fast._C  # noqa: F401  (loading it registers torch.ops.pe_fast_cpp.*)
-except ImportError as error:
+if extension.MODULE is None:
     log.warning("pe_fast's C++ CPU kernels are not built (%s), so pe_attention runs the slower PyTorch reference "
                 "on CPU. For the fast path, reinstall with a C++ compiler present: pip install torch==2.13.0 "
-                "\"setuptools>=70.1\" ninja && pip install --no-build-isolation -e .", error)
+                "\"setuptools>=70.1\" ninja && pip install --no-build-isolation -e .", extension.ERROR)
 else:
     @torch.library.register_fake("pe_fast_cpp::attention_forward")
     def _(qkv, addend, num_heads, probes):

@@ -14,15 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pe_fast.ops import extension
 from pe_fast.ops.transforms import is_traced
 
 FUSED_DTYPES = (torch.float32, torch.float64)
 
-try:
-    import pe_fast._C  # noqa: F401  (registers torch.ops.pe_fast_cpp.*; cpp_attention.py warns when it is missing)
-    BUILT = hasattr(torch.ops.pe_fast_cpp, "residual_layer_norm_forward")
-except ImportError:
-    BUILT = False
+# cpp_attention.py warns when the extension is missing
+BUILT = extension.MODULE is not None and hasattr(torch.ops.pe_fast_cpp, "residual_layer_norm_forward")
 
 
 def fusable(*tensors: Tensor | None) -> bool:

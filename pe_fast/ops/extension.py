@@ -1,0 +1,37 @@
+"""The compiled C++ kernels, pe_fast._C, loaded once: the build `pip install` put beside this package or, where
+$PE_FAST_KERNELS names one, that file (a _C built for another instruction set: bench/cpu/isa.sh measures an AVX2 machine
+on an AVX-512 one with it). Loading it registers torch.ops.pe_fast_cpp.*.
+
+MODULE is the loaded extension or None; ISA the widest vector instructions it was compiled for ("avx512", "avx2",
+"baseline") or None; ERROR why it did not load.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+NAME = "pe_fast._C"
+
+
+def _load():
+    path = os.environ.get("PE_FAST_KERNELS")
+    if not path:
+        return importlib.import_module(NAME)
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    if spec is None or not os.path.isfile(path):
+        raise ImportError(f"PE_FAST_KERNELS={path!r} is not a compiled pe_fast._C")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # a later `import pe_fast._C` finds it instead of loading the installed one too
+    sys.modules[NAME] = module
+    setattr(sys.modules["pe_fast"], "_C", module)
+    return module
+
+
+try:
+    MODULE, ERROR = _load(), None
+except ImportError as error:
+    MODULE, ERROR = None, error
+ISA = getattr(MODULE, "isa", None)
