@@ -61,6 +61,14 @@ def test_bad_arguments_raise_naming_them_and_write_nothing(arguments, names, tmp
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bad_argument_is_a_value_error(tmp_path, monkeypatch):
+    """A caller's `except ValueError` catches a bad argument, as from any Python function given a bad value."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--steps"):
+        pe_fast.sweep.run(**TINY, steps=0, out=str(tmp_path / "run"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_from_python(tmp_path, keep_threads):
     out = tmp_path / "run"
     first = pe_fast.sweep.run(**TINY, seeds=1, sigmas=[0.5], steps=4, eval_every=2, no_report=True, out=str(out))

@@ -6,8 +6,8 @@ same results folder.
     run.results          # one row per model (pandas), as results.parquet holds it
 
 A keyword is a flag's name with underscores (--seed-values: seed_values); a comma-separated flag takes a list;
-an on/off flag (--no-report, --resume) takes True. A bad argument raises UsageError with the message the command
-line prints, naming the argument by its flag, before anything is written.
+an on/off flag (--no-report, --resume) takes True. A bad argument raises UsageError (a ValueError) with the
+message the command line prints, naming the argument by its flag, before anything is written.
 """
 from __future__ import annotations
 
