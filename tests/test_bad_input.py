@@ -174,6 +174,15 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
 
 
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_writes_nothing_where_the_sweep_runs(out, tmp_path):
+    """An empty --out is refused, also from an empty folder, where no other rule would stop the sweep."""
+    done = run_sweep(*LST, "--out", out, cwd=tmp_path, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--out" in lines[0], done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory):
     """A sweep folder whose pack 0 is not finished yet: config.json and nothing else."""

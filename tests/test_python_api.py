@@ -69,6 +69,14 @@ def test_a_bad_argument_is_a_value_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_out_writes_nothing(out, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="--out"):
+        pe_fast.sweep.run(**TINY, steps=2, eval_every=1, out=out)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_from_python(tmp_path, keep_threads):
     out = tmp_path / "run"
     first = pe_fast.sweep.run(**TINY, seeds=1, sigmas=[0.5], steps=4, eval_every=2, no_report=True, out=str(out))

@@ -36,6 +36,8 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     check_types(s)
     check_choices(s)
     check_text(s)
+    if s["out"] is not None and not s["out"].strip():  # Path("") is ".": the sweep would write where it runs
+        raise UsageError(f"--out {s['out']!r} names no folder")
     check_ranges(s, args)
     models = check_grid(s)
     if s["width"] % s["heads"]:
