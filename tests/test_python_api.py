@@ -53,6 +53,9 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     (dict(no_report="yes"), "--no-report"),
     (dict(pe=["learned", "sin2d"]), "--pe"),
     (dict(slurm_option=["qos=short\ntouch PWNED"], executor="slurm", slurm_local=True), "--slurm-option"),
+    (dict(width=10**9), "--width"),
+    (dict(nodes=10**9), "--nodes"),
+    (dict(timepoints=10**12), "--timepoints"),
 ])
 def test_bad_arguments_raise_naming_them_and_write_nothing(arguments, names, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
