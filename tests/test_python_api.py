@@ -53,6 +53,9 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     (dict(no_report="yes"), "--no-report"),
     (dict(pe=["learned", "sin2d"]), "--pe"),
     (dict(slurm_option=["qos=short\ntouch PWNED"], executor="slurm", slurm_local=True), "--slurm-option"),
+    (dict(slurm_option=123, executor="slurm", slurm_local=True), "--slurm-option"),
+    (dict(task=["lst"]), "--task"),
+    (dict(preset=["cpu"]), "--preset"),
     (dict(width=10**9), "--width"),
     (dict(nodes=10**9), "--nodes"),
     (dict(timepoints=10**12), "--timepoints"),
@@ -77,6 +80,15 @@ def test_an_empty_out_writes_nothing(out, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match="--out"):
         pe_fast.sweep.run(**TINY, steps=2, eval_every=1, out=out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_arguments_of_a_wrong_type_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match="load_run: directory must be a path"):
+        pe_fast.load_run(123)
+    with pytest.raises(UsageError, match="--out: expected str, got 123"):
+        pe_fast.sweep.run(resume=True, out=123)
     assert list(tmp_path.iterdir()) == []
 
 

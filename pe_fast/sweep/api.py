@@ -28,8 +28,8 @@ def arguments(keywords: dict) -> argparse.Namespace:
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
         if name in on_off and not isinstance(value, bool):
             raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
-        if name == "slurm_option" and value is not None:  # repeatable on the command line: a list here
-            value = [value] if isinstance(value, str) else list(value)
+        if name == "slurm_option" and isinstance(value, str):  # repeatable on the command line: a list here
+            value = [value]
         setattr(namespace, name, None if value is False else value)
     return namespace
 

@@ -127,7 +127,7 @@ def conform(name: str, value, hint):
 
 
 def check_task(task):
-    if task not in KINDS:
+    if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
         raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
 
 
