@@ -47,14 +47,14 @@ def instruction_sets() -> dict:
 
 
 def instruction_set_line() -> str:
-    """One line naming the instruction set the figures are on, e.g. "AVX2 (emulated on an AVX-512 machine)"."""
+    """One line naming the instruction sets the figures are on, and whether they are the machine's."""
     isa = instruction_sets()
-    ran = isa["pe_fast_kernels"] or isa["torch_kernels"]
-    name = {"avx512": "AVX-512", "avx2": "AVX2"}.get(ran, ran)
-    if ran == isa["machine"] or isa["machine"] == "unknown":
-        return f"instruction set: {name}"
-    return (f"instruction set: {name} (emulated on an {isa['machine'].upper().replace('AVX512', 'AVX-512')} "
-            f"machine, bench/cpu/isa.sh)")
+    name = {"avx512": "AVX-512", "avx2": "AVX2"}
+    held = isa["torch_kernels"] != isa["machine"] and isa["machine"] != "unknown"
+    return (f"instruction sets: machine {name.get(isa['machine'], isa['machine'])}, torch's kernels "
+            f"{name.get(isa['torch_kernels'], isa['torch_kernels'])}, pe_fast's C++ kernels "
+            f"{name.get(isa['pe_fast_kernels'], isa['pe_fast_kernels'])}" +
+            (" (held to AVX2 by bench/cpu/isa.sh: an AVX2 machine emulated)" if held else ""))
 
 
 def environment(device: torch.device | str) -> dict:
