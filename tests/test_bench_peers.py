@@ -14,7 +14,7 @@ def test_peers_benchmark_reports_the_pack_and_its_peers_at_a_tiny_shape(tmp_path
     out = tmp_path / "peers.json"
     done = subprocess.run([sys.executable, "bench/training/bench_peers.py", "--shapes", "lst", "--sweep-flags",
                            "--width 8 --depth 1 --mlp-width 16 --batch-size 4 --seeds 1", "--steps", "2",
-                           "--warmup", "1", "--repeats", "1", "--ensemble-compile", "off", "--out", str(out)],
+                           "--warmup", "1", "--repeats", "1", "--ensemble-compile", "off", "--pack-compile", "off", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())["records"][0]

@@ -1,7 +1,8 @@
 """Model-steps/s of pe_fast's pack against its peers: a torch.func ensemble and a one-model loop, same models.
 
     python bench/training/bench_peers.py [--shapes lst,fmri] [--steps 10] [--warmup 3] [--repeats 5]
-                                         [--ensemble-compile on|off] [--sweep-flags "--width 8 ..."]
+                                         [--ensemble-compile on|off] [--pack-compile on|off]
+                                         [--sweep-flags "--width 8 ..."]
                                          [--out bench/results/peers_cpu.json]
 
 Each shape is a pack of the sweep's own settings (pe_fast.sweep.settings.from_flags, the grid's first pack, the
@@ -14,7 +15,9 @@ input; pe_fast's default adds a PE at every block, which nn.TransformerEncoder h
 The three ways to train those M models, each on the task's own batches (the sweep's BatchSampler and the task's
 batch builder, so every way does the same data work) and the task's own loss:
   * pack: pe_fast.train.PackTrainer.train_step, the sweep's step (stacked model, fused op with its attention
-    statistics, fused Adam(W), the LR schedule, the loss and statistics buffers);
+    statistics, fused Adam(W), the LR schedule, the loss and statistics buffers); eager, as the sweep trains on the
+    CPU, and (pack_compiled, unless --pack-compile off) with the sweep's --compile on: torch.compile of the forward
+    and loss, the C++ attention op opaque inside;
   * ensemble: M copies of a standard model as a new user writes it (torch.nn.TransformerEncoder: post-LN, GELU,
     batch_first, no dropout, plus a linear input projection, a learned PE [N, d] and a linear readout),
     stacked with torch.func.stack_module_state, gradients by vmap(grad(functional_call)), then one
@@ -62,7 +65,6 @@ SHAPES = {"lst": ["--task", "lst", "--preset", "cpu"], "fmri": ["--task", "fmri"
 SAME_PLACE = ["--pe", "learned", "--pe-at", "input"]  # where nn.TransformerEncoder can take a PE: the input
 LOSSES = {"lst": "cross-entropy on 4 classes from the last token (the task's loss)",
           "fmri": "MSE on the masked tokens (the task's loss)"}
-PEERS = ("ensemble_eager", "ensemble_compiled", "loop")
 
 
 class UserModel(nn.Module):
@@ -177,11 +179,16 @@ def compiled_ensemble(task, config, train, seeds, sigmas, device) -> tuple:
 def time_shape(name: str, sweep_flags: list[str], args, device: torch.device) -> dict:
     s, task, config, train, seeds, sigmas = sweep_pack([*SHAPES[name], *SAME_PLACE, *sweep_flags], None, "fp32")
     M = len(seeds)
-    calls = args.warmup + 1 + args.repeats * args.steps  # in_turn warms up with one more call
+    calls = args.warmup + 2 + args.repeats * args.steps  # in_turn warms up with one more call, the compile one more
     train = dataclasses.replace(train, eval_every=calls)  # no evaluation, and room in the statistics buffer
     trainer = PackTrainer(task, config, train, seeds, sigmas, device)
-    steps = {"pack": trainer.train_step,
-             "ensemble_eager": ensemble_step(task, config, train, seeds, sigmas, device, False, False)}
+    steps = {"pack": trainer.train_step}
+    compile_s = {}
+    if args.pack_compile == "on":
+        compiled = PackTrainer(task, config, dataclasses.replace(train, compile="on"), seeds, sigmas, device)
+        compile_s["pack_compiled"] = first_call_seconds(compiled.train_step)
+        steps["pack_compiled"] = compiled.train_step
+    steps["ensemble_eager"] = ensemble_step(task, config, train, seeds, sigmas, device, False, False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         steps["ensemble_eager"]()
@@ -195,7 +202,8 @@ def time_shape(name: str, sweep_flags: list[str], args, device: torch.device) ->
               "weight_decay": train.weight_decay[0], "precision": "fp32", "loss": LOSSES.get(name, "the task's"),
               "params_per_model": {"pack": sum(p.numel() for p in trainer.model.parameters()) // M,
                                    "peers": sum(p.numel() for p in UserModel(config, 0, 1.0).parameters())},
-              "ensemble_eager_vmap_fallbacks": fallbacks, "ensemble_compiled": {}}
+              "ensemble_eager_vmap_fallbacks": fallbacks, "ensemble_compiled": {},
+              "pack_compiled_compile_s": compile_s.get("pack_compiled")}
     if args.ensemble_compile == "on":
         step, record["ensemble_compiled"] = compiled_ensemble(task, config, train, seeds, sigmas, device)
         if step is not None:
@@ -243,6 +251,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds")
     p.add_argument("--ensemble-compile", choices=("on", "off"), default="on",
                    help="also time the torch.func ensemble torch.compile'd")
+    p.add_argument("--pack-compile", choices=("on", "off"), default="on",
+                   help="also time the pack's step torch.compile'd (the sweep's --compile on)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="bench/results/peers_cpu.json")
     args = p.parse_args()
