@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_fast import precision
+from pe_fast import columns, precision
 from pe_fast.host_to_device import upload
 from pe_fast.metrics import convergence, pe_geometry
 from pe_fast.metrics.attention_maps import AttentionMapSums, mean_attention_maps
@@ -191,10 +191,10 @@ def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, ma
 
 
 def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
-    """[L,M,H,S] -> per model, {prefix_l{l}_h{h}_{stat}: value}."""
-    names = list(STAT_NAMES) + [f"probe_{p}" for p in probe_names]
+    """[L,M,H,S] -> per model, {columns.attention_column(prefix, l, h, stat): value}."""
+    names = list(STAT_NAMES) + [columns.probe_stat(p) for p in probe_names]
     L, M, H, S = stats.shape
-    return [{f"{prefix}_l{l}_h{h}_{names[s]}": float(stats[l, m, h, s])
+    return [{columns.attention_column(prefix, l, h, names[s]): float(stats[l, m, h, s])
              for l in range(L) for h in range(H) for s in range(S)} for m in range(M)]
 
 
@@ -347,7 +347,7 @@ class PackTrainer:
         if filled:
             window_loss = self.loss_buffer[:filled].mean(0).cpu().numpy()
             window_stats = self.stats_buffer[:filled].mean(0).cpu().numpy()
-            for m, extra in enumerate(stat_columns(window_stats, task.probe_names, "attn")):
+            for m, extra in enumerate(stat_columns(window_stats, task.probe_names, columns.attention_prefix())):
                 rows[m]["train_loss"] = float(window_loss[m])
                 rows[m].update(extra)
         model.eval()
@@ -364,7 +364,8 @@ class PackTrainer:
             for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
                 rows[m].update(scores)
             if name == task.attention_split:
-                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, f"{name}_attn")):
+                prefix = columns.attention_prefix(name)
+                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, prefix)):
                     rows[m].update(extra)
         model.train()
         tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
@@ -376,7 +377,7 @@ class PackTrainer:
             if tables and np.isfinite(tables[0][m]).all():
                 rows[m].update(task.pe_metrics(tables[0][m]))
             if tables and self.model_config.pe == "learned":
-                rows[m]["pe_drift"] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
+                rows[m][columns.PE_DRIFT] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
                                                                  np.stack([t[m].numpy() for t in self.initial_pe]))
         return rows
 

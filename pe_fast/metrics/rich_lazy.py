@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pe_fast import columns as names
 from pe_fast.metrics.attention_maps import attention_input_hook
 
 # The attention and MLP weight matrices of a block (biases and layer norms left out: they scale, not map)
@@ -68,9 +69,9 @@ class RichLazyProbe:
     def measure(self, model) -> list[dict[str, float]]:
         """One row of metrics per model."""
         now = self._features(model)
-        columns = {}
+        moved = {}
         for b, (w_now, w_start) in enumerate(zip(self._weights(model), self.initial["weights"])):
-            columns[f"weight_drift_b{b}"] = (w_now - w_start).norm(dim=1) / w_start.norm(dim=1)
-        columns["repr_change"] = 1 - linear_cka(self.initial["features"], now["features"])
-        columns["attn_change"] = 0.5 * (now["attention"] - self.initial["attention"]).abs().sum(-1).mean((1, 2, 3))
-        return [{name: float(values[m]) for name, values in columns.items()} for m in range(model.num_models)]
+            moved[names.weight_drift(b)] = (w_now - w_start).norm(dim=1) / w_start.norm(dim=1)
+        moved[names.REPR_CHANGE] = 1 - linear_cka(self.initial["features"], now["features"])
+        moved[names.ATTN_CHANGE] = 0.5 * (now["attention"] - self.initial["attention"]).abs().sum(-1).mean((1, 2, 3))
+        return [{name: float(values[m]) for name, values in moved.items()} for m in range(model.num_models)]

@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
+from pe_fast import columns
 from pe_fast.results import run_folder
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
@@ -25,7 +26,6 @@ from pe_fast.results.reading import Run, read_npz
 from pe_fast.results.summary import is_baseline, varying_axes
 from pe_fast.tasks.base import TaskView
 
-RICH_LAZY = ("pe_drift", "weight_drift_b0", "repr_change", "attn_change")
 
 
 class Styles:
@@ -410,11 +410,12 @@ def draw_alignment(page: Page, path: Path) -> str | None:
 def draw_attention(page: Page, path: Path) -> str | None:
     panels = {}
     if not page.curves.empty:
-        entropy = layer_head_mean(page.curves, "attn", "entropy")
+        entropy = layer_head_mean(page.curves, columns.attention_prefix(), "entropy")
         if entropy is not None:
             panels["attention entropy (nats)"] = entropy
         for probe in probe_names(page.curves):
-            panels[f"attention mass on {probe}"] = layer_head_mean(page.curves, "attn", f"probe_{probe}")
+            panels[f"attention mass on {probe}"] = layer_head_mean(page.curves, columns.attention_prefix(),
+                                                                   columns.probe_stat(probe))
     if not panels:
         return "no curves.parquet or no attn_* columns in it."
     curves_by_sigma(page.curves, panels, page.styles, "Attention statistics over training, mean over layers and heads",
@@ -423,9 +424,10 @@ def draw_attention(page: Page, path: Path) -> str | None:
 
 def draw_pe_drift(page: Page, path: Path) -> str | None:
     curves = page.curves
-    if curves.empty or "pe_drift" not in curves or not curves["pe_drift"].gt(0).any():
+    drift = columns.PE_DRIFT
+    if curves.empty or drift not in curves or not curves[drift].gt(0).any():
         return "no pe_drift values in curves.parquet (learned PEs only)."
-    curves_by_sigma(curves, {"pe_drift = ‖P_t − P_0‖ / ‖P_0‖ (log scale)": curves["pe_drift"]}, page.styles,
+    curves_by_sigma(curves, {f"{drift} = ‖P_t − P_0‖ / ‖P_0‖ (log scale)": curves[drift]}, page.styles,
                     "How far the learned PE moved from its initial value", path, log_y=True)
 
 
@@ -445,7 +447,7 @@ def draw_rank_over_training(page: Page, path: Path) -> str | None:
 
 
 def draw_rich_lazy(page: Page, path: Path) -> str | None:
-    moved = page.present(RICH_LAZY)
+    moved = page.present(columns.RICH_LAZY)
     if not moved:
         return "none of the drift / change columns in the results."
     metric_vs_sigma(page.models, moved, page.styles,
@@ -460,7 +462,7 @@ def rich_lazy_caption(page: Page) -> str:
 
 
 def draw_phase_diagram(page: Page, path: Path) -> str | None:
-    return phase_diagram(page.results, page.present((page.view.score, "pe_drift", "repr_change")), path)
+    return phase_diagram(page.results, page.present((page.view.score, columns.PE_DRIFT, columns.REPR_CHANGE)), path)
 
 
 def draw_gradient(page: Page, path: Path) -> str | None:

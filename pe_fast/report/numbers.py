@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from pe_fast import columns
 from pe_fast.metrics.convergence import (FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, lower_is_better,
                                          quarter_gains)
 from pe_fast.results.reading import Run
 from pe_fast.results.summary import axis_label, is_baseline, sigma_label, varying_axes
 from pe_fast.tasks.base import TaskView
-
-ATTN_COLUMN = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
-
 
 def grouped(frame: pd.DataFrame, metric: str, axes: list[str] = ()) -> pd.DataFrame:
     """Mean, sd (population, as summary.txt) and count of a metric per (pe, σ, *axes), in the run's order; NaN
@@ -34,15 +31,15 @@ def grouped(frame: pd.DataFrame, metric: str, axes: list[str] = ()) -> pd.DataFr
 
 def layer_head_mean(frame: pd.DataFrame, prefix: str, stat: str) -> pd.Series | None:
     """Mean over layers and heads of the columns {prefix}_l{l}_h{h}_{stat}; None when there are none."""
-    columns = [c for c in frame.columns
-               if (m := ATTN_COLUMN.match(c)) and m["prefix"] == prefix and m["stat"] == stat]
-    return frame[columns].mean(axis=1) if columns else None
+    chosen = [c for c in frame.columns
+              if (parsed := columns.parse_attention_column(c)) and (parsed.prefix, parsed.stat) == (prefix, stat)]
+    return frame[chosen].mean(axis=1) if chosen else None
 
 
 def probe_names(frame: pd.DataFrame) -> list[str]:
     """The probes present, read from the attention columns (attn_l0_h0_probe_<name>)."""
-    names = [m["stat"][len("probe_"):] for c in frame.columns
-             if (m := ATTN_COLUMN.match(c)) and m["stat"].startswith("probe_")]
+    names = [parsed.probe for c in frame.columns
+             if (parsed := columns.parse_attention_column(c)) and parsed.probe is not None]
     return list(dict.fromkeys(names))
 
 
@@ -59,13 +56,13 @@ def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
     """Attention mass on the task's ground-truth probe against generalisation, across all models. The attention
     is taken on the split the score comes from (ood_attn_* for ood_acc) when recorded, else the training window."""
     split = view.score.split("_")[0]
-    for prefix in (f"{split}_attn", "attn"):
-        x = layer_head_mean(results, prefix, f"probe_{view.probe}")
+    for prefix in (columns.attention_prefix(split), columns.attention_prefix()):
+        x = layer_head_mean(results, prefix, columns.probe_stat(view.probe))
         if x is not None and x.notna().any():
             break
     else:
         return None
-    return against_score(results, x, view, f"{prefix}_l*_h*_probe_{view.probe}")
+    return against_score(results, x, view, columns.attention_column(prefix, "*", "*", columns.probe_stat(view.probe)))
 
 
 def map_alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:

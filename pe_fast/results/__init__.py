@@ -13,7 +13,7 @@ of lower layers only: never from a unit beside it or above it (tests/test_layers
 """
 
 LAYERS = (
-    ("pe_fast", "pe_fast._C", "pe_fast.seeds"),
+    ("pe_fast", "pe_fast._C", "pe_fast.seeds", "pe_fast.columns"),
     ("pe_fast.ops", "pe_fast.stacked_optim", "pe_fast.data", "pe_fast.host_to_device"),
     ("pe_fast.nn", "pe_fast.precision", "pe_fast.metrics"),
     ("pe_fast.models",),

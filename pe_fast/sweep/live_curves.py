@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from pe_fast import columns
 from pe_fast.results.summary import OPTIMIZER_AXES
 
 FOLDER = "tensorboard"
@@ -30,8 +31,8 @@ def run_name(model: dict, varying: tuple[str, ...]) -> str:
 
 def tag(column: str) -> str:
     """attn_l0_h0_entropy -> attn/l0_h0_entropy, ood_attn_l0_… -> ood_attn/l0_…; other columns as they are."""
-    head, sep, rest = column.partition("attn_")
-    return f"{head}attn/{rest}" if sep and rest.startswith("l") else column
+    parsed = columns.parse_attention_column(column)
+    return column if parsed is None else f"{parsed.prefix}/{column[len(parsed.prefix) + 1:]}"
 
 
 def numbers(row: dict) -> dict[str, float]:

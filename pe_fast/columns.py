@@ -1,0 +1,62 @@
+"""The names of the result columns pe_fast generates, built and read here only: the trainer and the rich/lazy probe
+write them, the report and the live curves read them back, through these functions (results.parquet, curves.parquet
+and the TensorBoard tags hold them).
+
+Attention statistics: {prefix}_l{layer}_h{head}_{stat}, prefix "attn" for the training window's and "{split}_attn"
+for a split's (test_attn, ood_attn), stat one of the op's STAT_NAMES or probe_{name} for a probe's mass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+TRAINING_WINDOW = "attn"
+PROBE = "probe_"
+# the rich/lazy measures (pe_fast.metrics.rich_lazy and PackTrainer's pe_drift), in the report's order
+PE_DRIFT = "pe_drift"
+REPR_CHANGE = "repr_change"
+ATTN_CHANGE = "attn_change"
+
+
+def weight_drift(block: int) -> str:
+    return f"weight_drift_b{block}"
+
+
+RICH_LAZY = (PE_DRIFT, weight_drift(0), REPR_CHANGE, ATTN_CHANGE)
+
+
+def attention_prefix(split: str | None = None) -> str:
+    """The prefix of the attention statistics measured on a split, or in the training window (split None)."""
+    return TRAINING_WINDOW if split is None else f"{split}_{TRAINING_WINDOW}"
+
+
+def probe_stat(name: str) -> str:
+    return f"{PROBE}{name}"
+
+
+def attention_column(prefix: str, layer: int, head: int, stat: str) -> str:
+    return f"{prefix}_l{layer}_h{head}_{stat}"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionColumn:
+    prefix: str
+    layer: int
+    head: int
+    stat: str
+
+    @property
+    def probe(self) -> str | None:
+        """The probe's name where the statistic is a probe's mass, else None."""
+        return self.stat[len(PROBE):] if self.stat.startswith(PROBE) else None
+
+
+_ATTENTION = re.compile(r"^(?P<prefix>\w+?)_l(?P<layer>\d+)_h(?P<head>\d+)_(?P<stat>.+)$")
+
+
+def parse_attention_column(column: str) -> AttentionColumn | None:
+    """attention_column's parts back, or None for any other column."""
+    match = _ATTENTION.match(column)
+    if match is None:
+        return None
+    return AttentionColumn(match["prefix"], int(match["layer"]), int(match["head"]), match["stat"])
