@@ -8,7 +8,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
 #include <Python.h>
 #include <torch/library.h>
 
@@ -62,13 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   at::Tensor lse = at::empty({s.M, s.B, s.H, s.N}, qkv.options());
   at::Tensor sums = at::empty({s.M, s.B, s.H, 3 + K}, qkv.options().dtype(at::kDouble));
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "pe_fast_cpp::attention_forward", [&] {
-    // the kernels read the probes transposed, each key's row padded to whole vectors (kernels/pe_attention.h)
-    const int64_t lanes = pe_fast::kLanes<scalar_t>, probe_ld = (s.N + lanes - 1) / lanes * lanes;
-    at::Tensor probes;
-    if (K) {
-      probes = at::zeros({K, s.N, probe_ld}, qkv.options());
-      probes.narrow(2, 0, s.N).copy_(probes_in->to(qkv.scalar_type()).transpose(1, 2));
-    }
+    const at::Tensor probes = K ? probes_in->to(qkv.scalar_type()).contiguous() : at::Tensor();
     const scalar_t* qkv_p = qkv.const_data_ptr<scalar_t>();
     const scalar_t* add_p = addend.defined() ? addend.const_data_ptr<scalar_t>() : nullptr;
     const scalar_t* probe_p = K ? probes.const_data_ptr<scalar_t>() : nullptr;
@@ -78,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
     at::parallel_for(0, s.M * s.B * s.H, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scratch;  // one per thread's range of problems
       for (int64_t p = begin; p < end; ++p)
-        pe_fast::attention_forward(problem(qkv_p, add_p, s, p), probe_p, static_cast<int>(K), probe_ld,
+        pe_fast::attention_forward(problem(qkv_p, add_p, s, p), probe_p, static_cast<int>(K),
                                    out_p + (p / s.H) * s.N * s.D + (p % s.H) * s.dh, s.D, lse_p + p * s.N,
                                    sums_p + p * (3 + K), scratch);
     });

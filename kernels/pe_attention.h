@@ -3,8 +3,8 @@
 // Header-only, no torch, no Python: plain pointers and sizes, templated on float / double. The caller (csrc/)
 // runs one problem per call and spreads the problems over threads, one scratch buffer per thread.
 //
-// Forward: online softmax over key tiles (the N×N map exists only as one [kKeyTile × kForwardRowBlock] tile), with
-// the statistics as extra running sums rescaled like the normaliser l = Σ e, e = exp(s − m):
+// Forward: online softmax over key tiles (the N×N map exists only as one [kRowBlock × kKeyTile] tile), with the
+// statistics as extra running sums rescaled like the normaliser l = Σ e, e = exp(s − m):
 //   entropy  = log l − Σ e·(s − m) / l     max prob = 1 / l   (m ends as the row max)
 //   Σ p²     = Σ e² / l²                   probe k  = Σ e·T_k / l
 // The log-sum-exp m + log l of every row is saved; the backward recomputes P from it (flash-attention style).
@@ -22,11 +22,9 @@
 
 namespace pe_fast {
 
+constexpr int kRowBlock = 24;   // query rows that share one pass over a key tile (the tile stays in L1/L2); a multiple
+                                // of the GEMMs' row blocks (12 with AVX-512, 6 without): 16 left a 4-row block
 constexpr int kKeyTile = 128;   // keys per tile
-// The backward's query rows per pass over a key tile (its P and dS tiles stay in L1); a multiple of the GEMMs' row
-// blocks (12 with AVX-512, 6 without): 16 left a 4-row block. 48, 72 and 120 rows (deeper sums for dK and dV) were
-// 0.86–0.91× as fast with AVX-512 and 1.04–1.07× with AVX2 on a 2-core AMD EPYC (Zen 4): no clear gain.
-constexpr int kBackwardRowBlock = 24;
 
 // Transposed keys and values are stored with their rows padded with zeros to a whole number of vectors
 // (8 floats, 2 × 4 doubles), so that the Q·Kᵀ and dO·Vᵀ tile products run without a scalar tail: at N = 100
@@ -238,117 +236,65 @@ inline T dot(const T* a, const T* b, int len) {
   return sum;
 }
 
-// Query rows one forward pass takes at once: all of them up to N = 128 (the fMRI and LST shapes), so that each key tile's
-// scores are computed once; a multiple of the vector lanes (16 floats with AVX-512) and of the GEMMs' row blocks.
-constexpr int kForwardRowBlock = 128;
-
-// Floats (or doubles) per 64-byte vector: the lanes the forward's statistics run in, one query row per lane.
-template <typename T>
-constexpr int kLanes = 64 / sizeof(T);
-
 // Forward of one problem.
-//   probes_t: the probes transposed, probe k's value for query i and key j at probes_t[(k·n + j)·probe_ld + i], with
-//     probe_ld ≥ n rounded up to kLanes<T> and zeros beyond n (nullptr when num_probes == 0);
-//   out: token i's head output at out + i·out_stride; lse: [n]; stat_sums: [3 + num_probes], receives the sums over
-//   the n rows of entropy, max prob, Σp², probes; scratch: grown as needed and reused across calls (one per thread:
-//   no allocation per problem).
-// The scores are computed transposed, Sᵀ = K·Qᵀ [keys × query rows], so that the statistics of a query row, which
-// sum over keys, are lane-wise sums down the columns: no horizontal reduction per row (those were half the forward's
-// time at N = 100, when each row's sums ran along its own scores).
+//   probes: [num_probes, n, n] (nullptr when num_probes == 0); out: token i's head output at out + i·out_stride;
+//   lse: [n]; stat_sums: [3 + num_probes], receives the sums over the n rows of entropy, max prob, Σp², probes;
+//   scratch: grown as needed and reused across calls (one per thread: no allocation per problem).
 template <typename T>
-void attention_forward(const Problem<T>& pr, const T* probes_t, int num_probes, int64_t probe_ld, T* out,
-                       int64_t out_stride, T* lse, double* stat_sums, std::vector<T>& scratch) {
-  constexpr int W = kLanes<T>, RB = kForwardRowBlock;
-  const int n = pr.n, dh = pr.dh, K = num_probes, tile = std::min(kKeyTile, n);
-  const int q_pad = (n + W - 1) / W * W;  // the query columns of Qᵀ and Sᵀ: whole lane groups, zero beyond n
-  const int64_t plane = static_cast<int64_t>(dh) * n;
-  scratch.resize(std::max(scratch.size(), static_cast<size_t>(static_cast<int64_t>(dh) * q_pad + 2 * plane +
-                                                               RB * (dh + K + 4) + static_cast<int64_t>(tile) * RB)));
-  T* qt = scratch.data();                             // [dh × q_pad], scaled by 1/√dh
-  T* k = qt + static_cast<int64_t>(dh) * q_pad;       // [n × dh]
-  T* v = k + plane;                                   // [n × dh]
-  T* acc = v + plane;                                 // [rows × dh], Σ e·v
-  T* mass = acc + RB * dh;                            // [K × RB]
-  T* m = mass + RB * K;                               // [RB] each row's running max, then l, Σ e·(s − m), Σ e²
-  T* l = m + RB;
-  T* es = l + RB;
-  T* e2 = es + RB;
-  T* st = e2 + RB;                                    // [tile × RB]: the scores, then e = exp(s − m), of one key tile
+void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T* out, int64_t out_stride,
+                       T* lse, double* stat_sums, std::vector<T>& scratch) {
+  const int n = pr.n, dh = pr.dh, K = num_probes, n_pad = padded(n), tile = std::min(kKeyTile, n_pad);
+  const int64_t plane = static_cast<int64_t>(dh) * n, plane_pad = static_cast<int64_t>(dh) * n_pad;
+  scratch.resize(std::max(scratch.size(), static_cast<size_t>(plane_pad + 2 * plane + kRowBlock * (dh + K + tile))));
+  T* kt = scratch.data();          // [dh × n_pad]
+  T* v = kt + plane_pad;           // [n × dh]
+  T* q_all = v + plane;            // [n × dh], scaled by 1/√dh
+  T* acc = q_all + plane;          // [rows × dh], Σ e·v
+  T* mass = acc + kRowBlock * dh;  // [rows × K]
+  T* s = mass + kRowBlock * K;     // [rows × tile]: the scores, then e = exp(s − m), of one key tile
   const T scale = T(1) / std::sqrt(T(dh));
-  const bool added = pr.add_q != nullptr;
-  for (int j = 0; j < n; ++j) {
-    const int64_t at = j * pr.qkv_stride, add_at = j * pr.add_stride;
-    load_row(pr.q + at, added ? pr.add_q + add_at : nullptr, scale, dh, qt + j, q_pad);
-    load_row(pr.k + at, added ? pr.add_k + add_at : nullptr, T(1), dh, k + static_cast<int64_t>(j) * dh, 1);
-    load_row(pr.v + at, added ? pr.add_v + add_at : nullptr, T(1), dh, v + static_cast<int64_t>(j) * dh, 1);
-  }
-  for (int64_t d = 0; d < dh; ++d) std::fill(qt + d * q_pad + n, qt + (d + 1) * q_pad, T(0));
-  for (int k_ = 0; k_ < 3 + K; ++k_) stat_sums[k_] = 0.0;
+  load_problem<T>(pr, scale, q_all, kt, nullptr, nullptr, v);
+  T m[kRowBlock], l[kRowBlock], es[kRowBlock], e2[kRowBlock];
+  for (int k = 0; k < 3 + K; ++k) stat_sums[k] = 0.0;
 
-  for (int i0 = 0; i0 < n; i0 += RB) {
-    const int rows = std::min(RB, n - i0), lanes = (rows + W - 1) / W * W;  // i0 + lanes ≤ q_pad
-    std::fill(m, m + lanes, -std::numeric_limits<T>::infinity());
-    std::fill(l, l + 3 * RB, T(0));  // l, es, e2
+  for (int i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int rows = std::min(kRowBlock, n - i0);
+    const T* q = q_all + static_cast<int64_t>(i0) * dh;
+    for (int r = 0; r < rows; ++r) {
+      m[r] = -std::numeric_limits<T>::infinity();
+      l[r] = es[r] = e2[r] = T(0);
+    }
     std::fill(acc, acc + rows * dh, T(0));
-    std::fill(mass, mass + RB * K, T(0));
+    std::fill(mass, mass + rows * K, T(0));
 
     for (int j0 = 0; j0 < n; j0 += tile) {
-      const int cols = std::min(tile, n - j0);  // the keys of this tile: the rows of Sᵀ
-      gemm<false>(cols, lanes, dh, k + static_cast<int64_t>(j0) * dh, dh, 1, qt + i0, q_pad, st, RB);
-      for (int r0 = 0; r0 < lanes; r0 += W) {
-        T top[W], alpha[W], shift[W], sum_e[W], sum_ex[W], sum_e2[W];
-#pragma omp simd
-        for (int w = 0; w < W; ++w) top[w] = m[r0 + w];
+      const int cols = std::min(tile, n - j0);  // the keys; the scores are computed for whole vectors
+      gemm<false>(rows, std::min(tile, n_pad - j0), dh, q, dh, 1, kt + j0, n_pad, s, tile);
+      for (int r = 0; r < rows; ++r) {
+        T* sr = s + r * tile;
+        const T m_new = std::max(m[r], row_max(sr, cols));
+        const T alpha = fast_exp(m[r] - m_new);  // 0 on the first tile, where m = −inf
+        const T shift = l[r] > T(0) ? (m[r] - m_new) * l[r] : T(0);
+        T sum_e = T(0), sum_ex = T(0), sum_e2 = T(0);
+#pragma omp simd reduction(+ : sum_e, sum_ex, sum_e2)
         for (int j = 0; j < cols; ++j) {
-          const T* sj = st + static_cast<int64_t>(j) * RB + r0;
-#pragma omp simd
-          for (int w = 0; w < W; ++w) top[w] = std::max(top[w], sj[w]);
+          const T x = sr[j] - m_new;
+          const T e = fast_exp(x);
+          sr[j] = e;
+          sum_e += e;
+          sum_ex += e * x;
+          sum_e2 += e * e;
         }
-#pragma omp simd
-        for (int w = 0; w < W; ++w) {
-          alpha[w] = fast_exp(m[r0 + w] - top[w]);  // 0 on the first tile, where m = −inf
-          shift[w] = l[r0 + w] > T(0) ? (m[r0 + w] - top[w]) * l[r0 + w] : T(0);
-          sum_e[w] = sum_ex[w] = sum_e2[w] = T(0);
-        }
-        for (int j = 0; j < cols; ++j) {
-          T* sj = st + static_cast<int64_t>(j) * RB + r0;
-#pragma omp simd
-          for (int w = 0; w < W; ++w) {
-            const T x = sj[w] - top[w];
-            const T e = fast_exp(x);
-            sj[w] = e;
-            sum_e[w] += e;
-            sum_ex[w] += e * x;
-            sum_e2[w] += e * e;
-          }
-        }
-#pragma omp simd
-        for (int w = 0; w < W; ++w) {
-          const int r = r0 + w;
-          l[r] = alpha[w] * l[r] + sum_e[w];
-          es[r] = alpha[w] * (es[r] + shift[w]) + sum_ex[w];  // Σ e·(s − m) re-based on the new max
-          e2[r] = alpha[w] * alpha[w] * e2[r] + sum_e2[w];
-          m[r] = top[w];
-        }
-        for (int k_ = 0; k_ < K; ++k_) {
-          const T* probe = probes_t + (static_cast<int64_t>(k_) * n + j0) * probe_ld + i0 + r0;
-          T sum[W];
-#pragma omp simd
-          for (int w = 0; w < W; ++w) sum[w] = T(0);
-          for (int j = 0; j < cols; ++j) {
-            const T* sj = st + static_cast<int64_t>(j) * RB + r0;
-            const T* tj = probe + j * probe_ld;
-#pragma omp simd
-            for (int w = 0; w < W; ++w) sum[w] += sj[w] * tj[w];
-          }
-#pragma omp simd
-          for (int w = 0; w < W; ++w) mass[k_ * RB + r0 + w] = alpha[w] * mass[k_ * RB + r0 + w] + sum[w];
-        }
-        for (int w = 0; w < W && r0 + w < rows; ++w)
-          for (int d = 0; d < dh; ++d) acc[(r0 + w) * dh + d] *= alpha[w];
+        l[r] = alpha * l[r] + sum_e;
+        es[r] = alpha * (es[r] + shift) + sum_ex;  // Σ e·(s − m) re-based on the new max
+        e2[r] = alpha * alpha * e2[r] + sum_e2;
+        const T* probe_row = probes + static_cast<int64_t>(i0 + r) * n + j0;
+        for (int k = 0; k < K; ++k)
+          mass[r * K + k] = alpha * mass[r * K + k] + dot(sr, probe_row + static_cast<int64_t>(k) * n * n, cols);
+        for (int d = 0; d < dh; ++d) acc[r * dh + d] *= alpha;
+        m[r] = m_new;
       }
-      // acc += E·V with E = (Sᵀ)ᵀ: the scores read down their columns
-      gemm<true>(rows, dh, cols, st, 1, RB, v + static_cast<int64_t>(j0) * dh, dh, acc, dh);
+      gemm<true>(rows, dh, cols, s, tile, 1, v + static_cast<int64_t>(j0) * dh, dh, acc, dh);
     }
 
     for (int r = 0; r < rows; ++r) {
@@ -358,7 +304,7 @@ void attention_forward(const Problem<T>& pr, const T* probes_t, int num_probes, 
       stat_sums[0] += static_cast<double>(log_l - es[r] * inv_l);
       stat_sums[1] += static_cast<double>(inv_l);
       stat_sums[2] += static_cast<double>(e2[r] * inv_l * inv_l);
-      for (int k_ = 0; k_ < K; ++k_) stat_sums[3 + k_] += static_cast<double>(mass[k_ * RB + r] * inv_l);
+      for (int k = 0; k < K; ++k) stat_sums[3 + k] += static_cast<double>(mass[r * K + k] * inv_l);
     }
   }
 }
@@ -374,7 +320,7 @@ void attention_backward(const Problem<T>& pr, const T* out, const T* dout, int64
   const int n = pr.n, dh = pr.dh, n_pad = padded(n), tile = std::min(kKeyTile, n_pad);
   const int64_t plane = static_cast<int64_t>(dh) * n, plane_pad = static_cast<int64_t>(dh) * n_pad;
   scratch.resize(std::max(scratch.size(),
-                          static_cast<size_t>(2 * plane_pad + 4 * plane + kBackwardRowBlock * (2 * dh + 2 * tile))));
+                          static_cast<size_t>(2 * plane_pad + 4 * plane + kRowBlock * (2 * dh + 2 * tile))));
   T* kt = scratch.data();          // [dh × n_pad]
   T* vt = kt + plane_pad;          // [dh × n_pad]
   T* k = vt + plane_pad;           // [n × dh]
@@ -382,16 +328,16 @@ void attention_backward(const Problem<T>& pr, const T* out, const T* dout, int64
   T* dv_acc = dk_acc + plane;      // [n × dh]
   T* q_all = dv_acc + plane;       // [n × dh], scaled: dK = dSᵀ·(scale·Q)
   T* g = q_all + plane;            // [rows × dh], dO
-  T* dq_acc = g + kBackwardRowBlock * dh;  // [rows × dh]
-  T* p = dq_acc + kBackwardRowBlock * dh;  // [rows × tile]
-  T* ds = p + kBackwardRowBlock * tile;    // [rows × tile]: dP, then dS
+  T* dq_acc = g + kRowBlock * dh;  // [rows × dh]
+  T* p = dq_acc + kRowBlock * dh;  // [rows × tile]
+  T* ds = p + kRowBlock * tile;    // [rows × tile]: dP, then dS
   const T scale = T(1) / std::sqrt(T(dh));
   load_problem<T>(pr, scale, q_all, kt, k, vt, nullptr);
   std::fill(dk_acc, dk_acc + 2 * plane, T(0));
-  T delta[kBackwardRowBlock];
+  T delta[kRowBlock];
 
-  for (int i0 = 0; i0 < n; i0 += kBackwardRowBlock) {
-    const int rows = std::min(kBackwardRowBlock, n - i0);
+  for (int i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int rows = std::min(kRowBlock, n - i0);
     const T* q = q_all + static_cast<int64_t>(i0) * dh;
     for (int r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;

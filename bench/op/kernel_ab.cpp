@@ -71,19 +71,12 @@ int main(int argc, char** argv) {
   std::vector<double> sums(3 + K);
   for (float& v : qkv) v = normal(gen);
   for (float& v : probes) v = normal(gen) > 0 ? 1.0f : 0.0f;
-  // the forward reads the probes transposed, each key's row padded to whole vectors (as csrc/ hands them over)
-  const int lanes = pe_fast::kLanes<float>;
-  const int64_t probe_ld = (n + lanes - 1) / lanes * lanes;
-  std::vector<float> probes_t(size_t(K) * n * probe_ld, 0.0f);
-  for (int k = 0; k < K; ++k)
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) probes_t[(size_t(k) * n + j) * probe_ld + i] = probes[(size_t(k) * n + i) * n + j];
 
   auto forward = [&](auto api) {
     using Problem = typename decltype(api)::Problem;
     for (int p = 0; p < P; ++p) {
       const float* q = qkv.data() + size_t(p) * n * w;
-      api.forward(Problem{q, q + dh, q + 2 * dh, w, n, dh}, K ? probes_t.data() : nullptr, K, probe_ld,
+      api.forward(Problem{q, q + dh, q + 2 * dh, w, n, dh}, K ? probes.data() : nullptr, K,
                   out.data() + size_t(p) * n * dh, dh, lse.data() + size_t(p) * n, sums.data(), scratch);
     }
   };

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The C++ attention kernels of the working tree against those of a git revision, side by side in one process
-# (bench/op/kernel_ab.cpp): the way to measure a kernel change on a shared, noisy machine. REV must take the probes
-# transposed, as the forward has since 2026-12-02 (its commit "attention forward: scores transposed").
+# (bench/op/kernel_ab.cpp): the way to measure a kernel change on a shared, noisy machine.
 #   bash bench/op/kernel_ab.sh REV [N D_HEAD PROBES PROBLEMS REPEATS]   (default: 100 32 2 288 15, the fMRI default)
 set -u
 [[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '/^#!/d; /^#/!q; s/^# \{0,1\}//p' "$0"; exit 0; }  # the header above

@@ -116,12 +116,7 @@ void run_case(const Case& c, const char* type, double tol) {
   }
   const Naive expected = naive(c, total, probes, dout);
 
-  // the probes as the forward reads them: transposed, each key's row padded with zeros to whole vectors
-  const int64_t probe_ld = (n + pe_fast::kLanes<T> - 1) / pe_fast::kLanes<T> * pe_fast::kLanes<T>;
-  std::vector<T> qkv_t(qkv.begin(), qkv.end()), probes_t(size_t(K) * n * probe_ld, T(0));
-  for (int k = 0; k < K; ++k)
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) probes_t[(size_t(k) * n + j) * probe_ld + i] = static_cast<T>(probes[(size_t(k) * n + i) * n + j]);
+  std::vector<T> qkv_t(qkv.begin(), qkv.end()), probes_t(probes.begin(), probes.end());
   std::vector<T> addend_t(addend.begin(), addend.end());
   std::vector<T> out(size_t(n) * dh), lse(n), dout_t(dout.begin(), dout.end());
   std::vector<double> sums(3 + K);
@@ -133,8 +128,7 @@ void run_case(const Case& c, const char* type, double tol) {
     pr.add_v = addend_t.data() + 2 * dh;
     pr.add_stride = w;
   }
-  pe_fast::attention_forward(pr, K ? probes_t.data() : nullptr, K, probe_ld, out.data(), dh, lse.data(), sums.data(),
-                             scratch);
+  pe_fast::attention_forward(pr, K ? probes_t.data() : nullptr, K, out.data(), dh, lse.data(), sums.data(), scratch);
 
   std::vector<T> dqkv(size_t(n) * w, T(-1));
   pe_fast::attention_backward(pr, out.data(), dout_t.data(), dh, lse.data(), dqkv.data(), dqkv.data() + dh,
