@@ -26,7 +26,7 @@ from pe_fast.metrics.attention_maps import AttentionMapSums, mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import PEDropout
-from pe_fast.ops import STAT_NAMES
+from pe_fast.ops import STAT_NAMES, extension
 from pe_fast.seeds import DATA_SEED_OFFSET
 from pe_fast.stacked_optim import KINDS as OPTIMIZERS  # torch's fused optimizers (make_optimizer) cover them too
 from pe_fast.stacked_optim import StackedOptimizer
@@ -245,13 +245,15 @@ class PackTrainer:
         # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
         # cache, which falls back to eager after a few (the paper's preset trains seven PE kinds in one process).
         # "graphs" also replays the compiled step as CUDA graphs (mode reduce-overhead): one launch instead of
-        # hundreds, for the small packs whose step the host's launches bound.
+        # hundreds, for the small packs whose step the host's launches bound. torch's on-disk caches are tagged with
+        # this build of pe_fast's ops: their keys hold the traced graph, not the ops' code.
         self.pe_dropout = None
         if model_config.pe_dropout:
             self.pe_dropout = PEDropout(model_config.pe_dropout, seeds, self.model.absolute.num_blocks, device)
         self.forward_loss = self._forward_loss
         if train_config.compile != "off":
             torch.compiler.reset()
+            torch.compiler.config.cache_key_tag = f"pe_fast-{extension.build_id()}"
             self.forward_loss = torch.compile(self._forward_loss, mode=COMPILE_MODES[train_config.compile])
 
         # The current evaluation window: per-step losses and attention statistics, kept on the device.

@@ -4,6 +4,7 @@ sweep records the precision, keeps it on --resume and refuses what the device ca
 import dataclasses
 import json
 import math
+import pathlib
 
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ import torch
 from op_harness import make_inputs
 from sweep_harness import run_sweep
 from pe_fast.models import ModelConfig
-from pe_fast.ops import backends, pe_attention, projection, reference
+from pe_fast.ops import backends, extension, pe_attention, projection, reference
 from pe_fast.tasks.lst import LSTTask
 from pe_fast.train import PackTrainer, TrainConfig
 
@@ -159,6 +160,21 @@ def test_compiled_step_trains_like_the_eager_one(lst_task, mode, precision):
     # and the same losses over the next steps (Adam's normalised updates amplify rounding in the weights
     # themselves, so those are not compared)
     torch.testing.assert_close(losses(compiled, 4), losses(eager, 4), rtol=loss_tol[0], atol=loss_tol[1])
+
+
+def test_compile_caches_are_keyed_on_this_build_of_the_ops(lst_task, tmp_path, monkeypatch):
+    # torch's compile caches key on the traced graph: a graph compiled against other fake implementations of the
+    # ops (another pe_fast) must not be found for this one
+    lst_trainer(lst_task, compile="on")
+    assert torch.compiler.config.cache_key_tag == f"pe_fast-{extension.build_id()}"
+    ops = pathlib.Path(extension.__file__).parent
+    for source in ops.glob("*.py"):
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(extension, "__file__", str(tmp_path / "extension.py"))
+    assert extension.build_id.__wrapped__() == extension.build_id()  # the same sources, the same key
+    fake = tmp_path / "pe_attention.py"
+    fake.write_text(fake.read_text().replace("i.x.new_empty(M, B, N, 3 * D)", "i.x.new_empty(M, B, 3 * D, N)"))
+    assert extension.build_id.__wrapped__() != extension.build_id()
 
 
 TINY = ["--task", "lst", "--pe", "learned", "--sigmas", "0.5", "--seeds", "1", "--steps", "4", "--eval-every", "2",

@@ -3,13 +3,16 @@ $PE_FAST_KERNELS names one, that file (a _C built for another instruction set: b
 on an AVX-512 one with it). Loading it registers torch.ops.pe_fast_cpp.*.
 
 MODULE is the loaded extension or None; ISA the widest vector instructions it was compiled for ("avx512", "avx2",
-"baseline") or None; ERROR why it did not load.
+"baseline") or None; ERROR why it did not load. build_id() names this build of the kernels and ops for torch's compile caches.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import importlib.util
 import os
+import pathlib
 import sys
 
 NAME = "pe_fast._C"
@@ -35,3 +38,15 @@ try:
 except ImportError as error:
     MODULE, ERROR = None, error
 ISA = getattr(MODULE, "isa", None)
+
+
+@functools.cache
+def build_id() -> str:
+    """A digest of the loaded kernels and of the ops' Python (their fake implementations): what torch's on-disk
+    compile caches do not key on. A graph compiled against another build of pe_fast's ops, reused, would read
+    their outputs with that build's shapes and strides."""
+    digest = hashlib.sha256()
+    sources = sorted(pathlib.Path(__file__).parent.glob("*.py"))
+    for path in sources + ([pathlib.Path(MODULE.__file__)] if MODULE is not None else []):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
