@@ -31,6 +31,9 @@ def data_files(tmp_path: Path) -> dict[str, str]:
         with h5py.File(path, "w") as f:
             f.create_dataset("timeseries", shape=shape, dtype="f4", chunks=True, maxshape=(None, None, 10))
         files[name] = str(path)
+    files["NOT_LATIN"] = str(tmp_path / "not_latin.csv")  # its second puzzle shows shape 1 twice in its first row
+    Path(files["NOT_LATIN"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,2000500234001000,4\n"
+                                        "1,,Binary,1100500000000000,2\n")
     (tmp_path / "empty").mkdir()
     files["EMPTY_FOLDER"] = str(tmp_path / "empty")
     files["TMP"] = str(tmp_path.resolve())
@@ -59,6 +62,8 @@ CASES = [
     ("data a folder", FMRI + ["--data", "."], "--data {TMP}: a folder, not a file"),
     ("puzzle folder of other CSV files", LST + ["--lst-train", "."],  # mostly.csv: the first CSV file by name
      "--lst-train {TMP}/mostly.csv:1: missing column(s) condition, puzzles, solutions"),
+    ("generalisation puzzle not a Latin square", LST + ["--lst-ood", "NOT_LATIN"],
+     "--lst-ood {NOT_LATIN}:3: puzzle '1100500000000000': no Latin square completes it (shape 1 twice in row 1)"),
     ("puzzle folder without CSV files", LST + ["--lst-train", "EMPTY_FOLDER"],
      "--lst-train {EMPTY_FOLDER}:0: folder has no *.csv puzzle files"),
 ]

@@ -113,6 +113,12 @@ CASES = [
     ("device cuda:abc", LST + ["--device", "cuda:abc"], "--device"),
     ("threads beyond the machine's cores", LST + ["--threads", "100000"], "--threads"),
     ("steps beyond what can finish", LST + ["--steps", "1" + "0" * 30], "--steps"),
+    ("width beyond any model", LST + ["--width", "1000000000"], "--width"),
+    ("mlp width beyond any model", LST + ["--mlp-width", "1000000000"], "--mlp-width"),
+    ("depth beyond any model", LST + ["--depth", "1000000000"], "--depth"),
+    ("netsim nodes beyond any network", NETSIM + ["--nodes", "1000000000"], "--nodes"),
+    ("netsim timepoints beyond any network", NETSIM + ["--timepoints", "1000000000000"], "--timepoints"),
+    ("netsim runs beyond any network", NETSIM + ["--runs", "1000000000"], "--runs"),
     ("sigma rounding to zero in float32", LST + ["--sigmas", "1e-50"], "--sigmas"),
     ("data empty", FMRI + ["--data", ""], "--data"),
     ("lst train empty", LST + ["--lst-train", ""], "--lst-train"),
@@ -172,6 +178,15 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
         torch.set_num_threads(threads)
     assert_one_line(capsys, code, must_name)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_writes_nothing_where_the_sweep_runs(out, tmp_path):
+    """An empty --out is refused, also from an empty folder, where no other rule would stop the sweep."""
+    done = run_sweep(*LST, "--out", out, cwd=tmp_path, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--out" in lines[0], done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +299,8 @@ RESUME_CASES = [
     ("recorded backend unknown", config_with(backend="nosuch"), [], "--backend"),
     ("recorded seed value not an integer", config_with(seed_values=[1.5], seeds=1), [], "--seed-values"),
     ("recorded steps beyond what can finish", config_with(steps=10**30), [], "--steps"),
+    ("recorded width beyond any model", config_with(width=10**9), [], "--width"),
+    ("recorded nodes beyond any network", config_with(nodes=10**9), [], "--nodes"),
     ("recorded threads beyond the machine's cores", config_with(threads=100000), [], "--threads"),
     ("config a folder", config_a_folder, [], "config.json"),
     ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),

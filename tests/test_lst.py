@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pe_fast.tasks import lst, lst_puzzles
+from pe_fast.tasks.lst_puzzles import solver
 
 
 def _shown(grid):
@@ -53,6 +54,27 @@ def test_brute_force_answers_small_cases():
     assert lst_puzzles.brute_force_answers("1235" + "0" * 12) == {4}
     # Contradictory givens: no square fits.
     assert lst_puzzles.brute_force_answers("1105" + "0" * 12) == set()
+
+
+def test_brute_force_answers_match_a_loop_over_every_latin_square():
+    """brute_force_answers and query_shapes (its many grids at once, bit sets) against the squares enumerated here
+    from rows, and a loop over their cells."""
+    rows = list(itertools.permutations(range(1, 5)))
+    every = [sum(rows4, ()) for rows4 in itertools.product(rows, repeat=4) if _is_latin_square(sum(rows4, ()))]
+    rng = np.random.default_rng(5)
+    squares = lst_puzzles.latin_squares()
+    grids = []
+    for k in range(300):  # parts of Latin squares, and arbitrary digits (mostly no square fits)
+        grid = squares[rng.integers(len(squares))] * (rng.random(16) < 0.5) if k % 2 else (
+            rng.integers(0, 5, size=16) * (rng.random(16) < 0.3))
+        grid[rng.integers(16)] = 5
+        grids.append(grid.astype(np.int64))
+    expected = [{square[list(grid).index(5)] for square in every
+                 if all(v in (0, 5) or square[cell] == v for cell, v in enumerate(grid))} for grid in grids]
+    assert [lst_puzzles.brute_force_answers(grid) for grid in grids] == expected
+    many = solver.query_shapes(np.array(grids))
+    assert [{shape + 1 for shape in np.flatnonzero(row)} for row in many] == expected
+    assert sum(not e for e in expected) > 50 and sum(len(e) == 1 for e in expected) > 20
 
 
 def test_classify_hidden_single_example():
@@ -196,6 +218,12 @@ GOOD = "0,,Binary,2000500234001000,4\n"
         (HEADER + "0,,Binary,2000500234001000,x\n", 2, "solution"),
         (HEADER + GOOD + "\n" + "1,,Hard,2000500234001000,4\n", 4, "unknown condition"),
         (HEADER + "0,,Binary,2000500234001000\n", 2, "fields"),
+        # shape 1 twice in the first row
+        (HEADER + GOOD + "1,,Binary,1100500000000000,2\n", 3, "no Latin square completes it (shape 1 twice in row 1)"),
+        # no repeat, but the first row's last two cells need 3 and 4, and both columns already hold a 3
+        (HEADER + "0,,Binary,1200003000035000,4\n", 2, "no Latin square completes it (its blanks"),
+        # the query's column shows 2, 3 and 1
+        (HEADER + "0,,Binary,2000500234001000,3\n", 2, "solution 3 contradicts it: its query must hold 4"),
     ],
 )
 def test_malformed_files_raise_with_line_number(tmp_path, content, line, words):

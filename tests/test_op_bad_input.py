@@ -63,6 +63,10 @@ def integer(t):
     return t.round().long()
 
 
+def as_float32(a):
+    return {**a, **{k: a[k].float() for k in ("x", "pe", "w_qkv", "b_qkv")}, "rope": tuple(t.float() for t in a["rope"])}
+
+
 # (case, a change to a valid call's arguments, the exception, what its message must name)
 CASES = [
     *[(f"meta {name}", changed(name, meta), ValueError, rf"{name} is on meta but x is on") for name in
@@ -85,6 +89,14 @@ CASES = [
     ("w_qkv None", changed("w_qkv", lambda t: None), TypeError, r"w_qkv must be a torch.Tensor"),
     ("pe a list", changed("pe", lambda t: t.tolist()), TypeError, r"pe must be a torch.Tensor"),
     ("rope one table", changed("rope", lambda r: r[0]), TypeError, r"rope must be a \(cos, sin\) pair"),
+    ("complex probes", changed("probes", lambda t: t.to(torch.complex64)), TypeError, r"probes .*torch.complex64"),
+    # x @ w_qkv would run in one of the two dtypes, rounding or widening the other without a word
+    ("w_qkv float32 under float64 x", changed("w_qkv", lambda t: t.float()), TypeError,
+     r"w_qkv is torch.float32 but x is torch.float64"),
+    ("x float32 over float64 w_qkv", changed("x", lambda t: t.float()), TypeError,
+     r"w_qkv is torch.float64 but x is torch.float32"),
+    ("bias float64 with float32 x", lambda a: with_bias(lambda t: t.double())(as_float32(a)), TypeError,
+     r"bias is torch.float64 but x is torch.float32"),
 ]
 
 
@@ -94,6 +106,24 @@ def test_bad_argument_raises_one_error_naming_it(target, change, error, names):
     backend, device = target
     with pytest.raises(error, match=names):
         call(change(make(device)), backend)
+
+
+@pytest.mark.parametrize("backend, error", [("", ValueError), ("  ", ValueError), (3, TypeError)])
+def test_a_backend_naming_none_raises_naming_it(backend, error):
+    """backend="" is not None: it must not quietly choose the default."""
+    with pytest.raises(error, match="backend"):
+        call(make("cpu"), backend)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_x_in_bf16_with_float32_weights_is_autocasts_mix_and_runs(target):
+    """The one pair of dtypes allowed to differ: what the op receives under autocast, given directly."""
+    backend, device = target
+    args = {**as_float32(make(device)), "rope": None}
+    out, _ = call({**args, "x": args["x"].bfloat16()}, backend)
+    expected, _ = call({**make(device), "rope": None}, "reference")
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), expected, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -53,11 +53,42 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     (dict(no_report="yes"), "--no-report"),
     (dict(pe=["learned", "sin2d"]), "--pe"),
     (dict(slurm_option=["qos=short\ntouch PWNED"], executor="slurm", slurm_local=True), "--slurm-option"),
+    (dict(slurm_option=123, executor="slurm", slurm_local=True), "--slurm-option"),
+    (dict(task=["lst"]), "--task"),
+    (dict(preset=["cpu"]), "--preset"),
+    (dict(width=10**9), "--width"),
+    (dict(nodes=10**9), "--nodes"),
+    (dict(timepoints=10**12), "--timepoints"),
 ])
 def test_bad_arguments_raise_naming_them_and_write_nothing(arguments, names, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match=re.escape(names)):
         pe_fast.sweep.run(**{**TINY, **arguments, "out": str(tmp_path / "run")})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_argument_is_a_value_error(tmp_path, monkeypatch):
+    """A caller's `except ValueError` catches a bad argument, as from any Python function given a bad value."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--steps"):
+        pe_fast.sweep.run(**TINY, steps=0, out=str(tmp_path / "run"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_out_writes_nothing(out, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="--out"):
+        pe_fast.sweep.run(**TINY, steps=2, eval_every=1, out=out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_arguments_of_a_wrong_type_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match="load_run: directory must be a path"):
+        pe_fast.load_run(123)
+    with pytest.raises(UsageError, match="--out: expected str, got 123"):
+        pe_fast.sweep.run(resume=True, out=123)
     assert list(tmp_path.iterdir()) == []
 
 

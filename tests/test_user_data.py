@@ -55,6 +55,18 @@ def test_regions_table_gives_labels_centroids_and_networks_by_name_or_int(tmp_pa
     assert d.centroids is None and d.network_names == ["3", "7"] and list(d.networks) == [0, 1] * 3
 
 
+def test_regions_table_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with U+FEFF: the same table as the one without it."""
+    np.save(tmp_path / "ts.npy", SERIES)
+    rows = [f"r{i},{i},{-i},{2 * i},{'DMN' if i < 3 else 'Vis'}" for i in range(6)]
+    plain = load_user_data(tmp_path / "ts.npy", write_table(tmp_path / "plain.csv", rows))
+    marked = load_user_data(tmp_path / "ts.npy", write_table(tmp_path / "excel.csv", rows, "\ufefflabel,x,y,z,network"))
+    assert (tmp_path / "excel.csv").read_bytes()[:3] == b"\xef\xbb\xbf"
+    assert list(marked.labels) == list(plain.labels) == [f"r{i}" for i in range(6)]
+    np.testing.assert_array_equal(marked.centroids, plain.centroids)
+    assert marked.network_names == plain.network_names and list(marked.networks) == list(plain.networks)
+
+
 def test_npz_one_array_and_one_array_per_subject(tmp_path):
     np.savez(tmp_path / "one.npz", SERIES)
     d = load_user_data(tmp_path / "one.npz")

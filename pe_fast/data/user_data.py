@@ -395,7 +395,8 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
 
 def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
     try:
-        with open(p, newline="") as f:
+        # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark, which would hide the first column's name
+        with open(p, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c.strip().lower() for c in (reader.fieldnames or [])]
             rows = [{k.strip().lower(): (v or "").strip() for k, v in row.items() if k is not None}

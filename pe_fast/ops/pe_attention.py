@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from pe_fast.ops import reference
-from pe_fast.ops.backends import implementation, resolve_backend
+from pe_fast.ops.backends import BACKENDS, implementation, resolve_backend
 from pe_fast.ops.transforms import fold_into_model_axis, is_traced
 
 
@@ -122,12 +122,21 @@ def _(info, in_dims, *args):
 # Every backend computes in these (a kernel that lacks one hands it to the reference); integer or complex
 # tensors would fail deep inside a matmul, or be truncated to the weights' dtype without a word.
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# (x's dtype, w_qkv's) where they differ: autocast's mix, x @ W in 16 bits and the PE's path in float32
+# (projection.py). Any other pair would round one side to the other's precision without a word.
+MIXED_PRECISION = ((torch.bfloat16, torch.float32), (torch.float16, torch.float32))
 
 
-def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:
+def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=None) -> None:
     """Every argument checked once, before any backend runs, so that all backends reject the same calls with one
-    error naming the argument (TypeError: not a tensor, not an int, a dtype that is not floating; ValueError: a
-    value, shape or device), instead of failing deep inside a kernel or returning garbage."""
+    error naming the argument (TypeError: not a tensor, not an int, a dtype that is not floating or does not go
+    with x's; ValueError: a value, shape, device or backend name), instead of failing deep inside a kernel or
+    returning garbage."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {backend!r} ({type(backend).__name__})")
+    if backend is not None and not backend.strip():  # not None: the default would run without a word
+        raise ValueError(f"backend={backend!r} names no backend; give None (the fastest here) or one of "
+                         f"{', '.join(BACKENDS)}")
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, torch.SymInt)):
         raise TypeError(f"num_heads must be an int, got {num_heads!r} ({type(num_heads).__name__})")
     if num_heads < 1:
@@ -142,7 +151,9 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:
             continue
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        # probes may come in any dtype (bool and uint8 masks are the cheap ones to read)
+        # probes may come in any real dtype (bool and uint8 masks are the cheap ones to read)
+        if name == "probes" and tensor.is_complex():
+            raise TypeError(f"probes must be real (bool, integer or floating), got {tensor.dtype}")
         if name != "probes" and tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a floating tensor ({', '.join(map(str, FLOAT_DTYPES))}), "
                             f"got {tensor.dtype}")
@@ -150,6 +161,7 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:
         if tensor.device != x.device:
             raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}: every tensor argument must be "
                              f"on x's device")
+    check_dtypes(x, w_qkv, bias)
     if x.dim() != 4:
         raise ValueError(f"x must be [M,B,N,D], got shape {tuple(x.shape)}")
     M, _, N, D = x.shape
@@ -171,6 +183,19 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias) -> None:
             raise ValueError(f"rope must be (cos, sin) tables of shape [{N},{dh // 2}] with an even head dim")
 
 
+def check_dtypes(x: Tensor, w_qkv: Tensor, bias: Tensor | None) -> None:
+    """x and w_qkv in one dtype or MIXED_PRECISION's, and bias in x's, as the op will compute them: under autocast
+    x and the bias in autocast's dtype (pe_attention casts them)."""
+    low = torch.get_autocast_dtype(x.device.type) if autocast_on(x.device) else None
+    computed = low or x.dtype
+    if computed != w_qkv.dtype and (computed, w_qkv.dtype) not in MIXED_PRECISION:
+        under = f" ({low} under autocast)" if low else ""
+        raise TypeError(f"w_qkv is {w_qkv.dtype} but x is {x.dtype}{under}: give them one dtype (or x in 16 bits "
+                        f"with float32 weights, autocast's mix)")
+    if bias is not None and low is None and bias.dtype != x.dtype:
+        raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}: give bias x's dtype")
+
+
 def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_heads: int,
                  probes: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
                  bias: Tensor | None = None, backend: str | None = None) -> tuple[Tensor, Tensor]:
@@ -184,7 +209,7 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
     A bad argument raises TypeError or ValueError naming it before any backend runs (`check_inputs`).
     """
-    check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias)
+    check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend)
     if autocast_on(x.device):
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
         # the statistics stay float32 and the gradients flow back to each input's own dtype.

@@ -22,8 +22,9 @@ then the report: python -m pe_fast.sweep).
 """
 
 
-class UsageError(Exception):
-    """A mistake in the user's flags or files: reported as one line, exit code 2."""
+class UsageError(ValueError):
+    """A mistake in the user's flags or files: reported as one line, exit code 2. A ValueError, so that a Python
+    caller's `except ValueError` catches a bad argument as it would from any other function."""
 
 
 def __getattr__(name: str):

@@ -6,8 +6,8 @@ same results folder.
     run.results          # one row per model (pandas), as results.parquet holds it
 
 A keyword is a flag's name with underscores (--seed-values: seed_values); a comma-separated flag takes a list;
-an on/off flag (--no-report, --resume) takes True. A bad argument raises UsageError with the message the command
-line prints, naming the argument by its flag, before anything is written.
+an on/off flag (--no-report, --resume) takes True. A bad argument raises UsageError (a ValueError) with the
+message the command line prints, naming the argument by its flag, before anything is written.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def arguments(keywords: dict) -> argparse.Namespace:
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
         if name in on_off and not isinstance(value, bool):
             raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
-        if name == "slurm_option" and value is not None:  # repeatable on the command line: a list here
-            value = [value] if isinstance(value, str) else list(value)
+        if name == "slurm_option" and isinstance(value, str):  # repeatable on the command line: a list here
+            value = [value]
         setattr(namespace, name, None if value is False else value)
     return namespace
 

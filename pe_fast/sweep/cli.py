@@ -68,8 +68,6 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
     resume = s.packs is not None
     out = Path(s.out) if s.out is not None else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not str(out).strip():
-        raise UsageError("--out '' names no folder")
     s = dataclasses.replace(s, out=str(out))
     check_out_folder(out)
     holder = run_folder.lock_holder(out) if out.is_dir() else None

@@ -10,7 +10,7 @@ from pe_fast.results import migrate, run_folder
 from pe_fast.results.settings import LIST_SETTINGS, RUNTIME_FLAGS, Settings
 from pe_fast.sweep.settings import parse_list
 from pe_fast.sweep import UsageError
-from pe_fast.sweep.validation import SLURM_FLAGS, split_paths, validate
+from pe_fast.sweep.validation import SLURM_FLAGS, conform, split_paths, validate
 from pe_fast.tasks import KINDS
 
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
@@ -32,6 +32,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
     command with --resume works) but not changed."""
     if not args.out:
         raise UsageError("--resume needs --out DIR, the folder of the sweep to continue")
+    conform("out", args.out, str)  # a Python caller's out= may be anything
     path = Path(args.out) / run_folder.CONFIG
     try:
         config = run_folder.read_config(Path(args.out))

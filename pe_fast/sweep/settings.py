@@ -136,7 +136,7 @@ def from_flags(args: argparse.Namespace) -> Settings:
     kind = KINDS[task]
     s = {**kind.defaults, "task": task}
     if args.preset:
-        if args.preset not in kind.presets:
+        if not isinstance(args.preset, str) or args.preset not in kind.presets:  # a Python caller's: any type
             raise UsageError(f"--preset {args.preset} is not defined for --task {task}; "
                              f"choose from {', '.join(kind.presets) or 'none'}")
         s.update(kind.presets[args.preset])

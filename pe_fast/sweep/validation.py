@@ -36,6 +36,8 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     check_types(s)
     check_choices(s)
     check_text(s)
+    if s["out"] is not None and not s["out"].strip():  # Path("") is ".": the sweep would write where it runs
+        raise UsageError(f"--out {s['out']!r} names no folder")
     check_ranges(s, args)
     models = check_grid(s)
     if s["width"] % s["heads"]:
@@ -68,11 +70,17 @@ MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
 MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
 MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
+# A model's size: far above any model of this study (the paper's d = 160, MLP 640, 4 blocks), so that a typo is one
+# line, not a failed allocation; at MAX_WIDTH one model's QKV weights alone would take 51 GB.
+MAX_WIDTH = 2**16
+MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
+MAX_DEPTH = 1000
 # name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
 RANGES = {
     "seeds": (1, MAX_MODELS, "[]"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
-    "steps": (1, MAX_STEPS, "[]"), "batch_size": (1, None, "[)"), "width": (1, None, "[)"),
-    "depth": (1, None, "[)"), "heads": (1, None, "[)"), "mlp_width": (1, None, "[)"), "eval_every": (1, None, "[)"),
+    "steps": (1, MAX_STEPS, "[]"), "batch_size": (1, None, "[)"), "width": (1, MAX_WIDTH, "[]"),
+    "depth": (1, MAX_DEPTH, "[]"), "heads": (1, None, "[)"), "mlp_width": (1, MAX_MLP_WIDTH, "[]"),
+    "eval_every": (1, None, "[)"),
     "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
     "threads": (1, MAX_THREADS, "[]"), "warmup": (0, None, "[)"), "lr": (0, None, "()"),
     "weight_decay": (0, None, "[)"),
@@ -119,7 +127,7 @@ def conform(name: str, value, hint):
 
 
 def check_task(task):
-    if task not in KINDS:
+    if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
         raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
 
 

@@ -11,13 +11,20 @@ from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGI
 # The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one); None: its
 # default.
 SEE = "see pe_fast.data.simulate_network"
+# The simulation's size, far above any network of this study (the paper's 100 nodes, 4 runs of 1,000 time points),
+# so that a typo is one line, not a failed allocation: 10,000 nodes already make a 10⁸-entry attention map per item.
+MAX_NODES = 10_000
+MAX_TIMEPOINTS = 10**6
+MAX_RUNS = 10_000
 NETWORK_SETTINGS = (
-    TaskSetting("nodes", int, SEE, range=(2, None, "[)")), TaskSetting("modules", int, SEE, range=(1, None, "[)")),
+    TaskSetting("nodes", int, SEE, range=(2, MAX_NODES, "[]")),
+    TaskSetting("modules", int, SEE, range=(1, None, "[)")),
     TaskSetting("p_within", float, SEE, range=(0, 1, "[]")), TaskSetting("p_between", float, SEE, range=(0, 1, "[]")),
     TaskSetting("coupling", float, SEE, range=(0, None, "[)")),
     TaskSetting("inhibition", float, SEE, range=(0, None, "[)")),
-    TaskSetting("noise", float, SEE, range=(0, None, "[)")), TaskSetting("timepoints", int, SEE, range=(2, None, "[)")),
-    TaskSetting("runs", int, SEE, range=(1, None, "[)")), TaskSetting("netsim_seed", int, SEE, range=(0, None, "[)")),
+    TaskSetting("noise", float, SEE, range=(0, None, "[)")),
+    TaskSetting("timepoints", int, SEE, range=(2, MAX_TIMEPOINTS, "[]")),
+    TaskSetting("runs", int, SEE, range=(1, MAX_RUNS, "[]")), TaskSetting("netsim_seed", int, SEE, range=(0, None, "[)")),
 )
 NETWORK = tuple(setting.name for setting in NETWORK_SETTINGS)
 

@@ -106,8 +106,28 @@ def _check_puzzle_field(text: str) -> tuple[list[int] | None, str | None]:
     return grid, None
 
 
+def _check_solutions(path: Path, lines: list[int], grids: np.ndarray, answers: np.ndarray):
+    """Each grid an LST puzzle with its file's solution, by brute force over the 576 Latin squares (what a
+    puzzle means): one that no Latin square completes, or whose completions hold another shape at the query,
+    would be scored against a wrong answer."""
+    from pe_fast.tasks.lst_puzzles.solver import query_shapes, repeated_shape  # solver imports this module
+    fits = query_shapes(grids)
+    wrong = np.flatnonzero(~fits[np.arange(len(grids)), answers - 1])
+    if not wrong.size:
+        return
+    k = wrong[0]
+    if not fits[k].any():
+        repeat = repeated_shape([0 if v == QUERY else int(v) for v in grids[k]])
+        problem = f"no Latin square completes it ({repeat or 'its blanks cannot all be filled'})"
+    else:
+        shapes = " or ".join(str(shape) for shape in np.flatnonzero(fits[k]) + 1)
+        problem = f"solution {answers[k]} contradicts it: its query must hold {shapes}"
+    raise PuzzleFileError(path, lines[k], f"puzzle {''.join(map(str, grids[k]))!r}: {problem}")
+
+
 def read_puzzles(path: str | os.PathLike) -> Puzzles:
-    """Read one puzzle CSV file; raises PuzzleFileError on the first problem found."""
+    """Read one puzzle CSV file; raises PuzzleFileError on the first problem found (each row's form first, then
+    whether the rows are puzzles with their solutions)."""
     path = Path(path)
     try:
         # utf-8-sig: tolerate the byte-order mark some spreadsheet programs write.
@@ -124,7 +144,7 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
             column = {name: header.index(name) for name in _REQUIRED_COLUMNS}
             conditions_by_name = {name.lower(): k for k, name in enumerate(CONDITIONS)}
 
-            grids, answers, conditions = [], [], []
+            grids, lines, answers, conditions = [], [], [], []
             for row in reader:
                 line = reader.line_num
                 if not row or all(not field.strip() for field in row):
@@ -144,6 +164,7 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
                         f"unknown condition {condition!r} (expected one of {', '.join(_FILE_CONDITION_NAMES)})"
                     )
                 grids.append(grid)
+                lines.append(line)
                 answers.append(int(solution))
                 conditions.append(conditions_by_name[condition.lower()])
     except PuzzleFileError:
@@ -152,6 +173,7 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
         raise PuzzleFileError(path, 0, f"cannot read file: {exc}") from exc
     if not grids:
         raise PuzzleFileError(path, 2, "no puzzles after the header")
+    _check_solutions(path, lines, np.array(grids), np.array(answers))
     return Puzzles(np.array(grids), np.array(answers), np.array(conditions), str(path))
 
 

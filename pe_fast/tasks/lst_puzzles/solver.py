@@ -1,7 +1,9 @@
 """Which shape a puzzle's query must hold, and how hard that is to see: the rule-based solver (classify) that
-labels each puzzle's condition, and brute force over the 576 Latin squares (brute_force_answers)."""
+labels each puzzle's condition, and brute force over the 576 Latin squares (brute_force_answers; query_shapes for
+many grids at once)."""
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Sequence
 
@@ -55,12 +57,30 @@ def brute_force_answers(grid) -> set[int]:
 
     One element means the answer is unique; none means the grid cannot be completed.
     """
-    g = _as_grid(grid)
+    return {shape for shape, fits in enumerate(query_shapes(_as_grid(grid)[None])[0], 1) if fits}
+
+
+def query_shapes(grids: np.ndarray) -> np.ndarray:
+    """brute_force_answers of many checked grids [P,16] at once, as [P,4] bool: whether some Latin square that
+    agrees with grid p's shown shapes holds shape s + 1 at its query."""
+    squares = _squares_showing()
+    cells = np.arange(NUM_CELLS)
+    fits = np.bitwise_and.reduce(squares[cells, grids], axis=1)  # [P, words]: the squares agreeing with each grid
+    query = np.argmax(grids == QUERY, axis=1)
+    return np.stack([(fits & squares[query, shape]).any(axis=1) for shape in range(1, NUM_SHAPES + 1)], axis=1)
+
+
+@functools.cache
+def _squares_showing() -> np.ndarray:
+    """[16, 6, words] uint8: bit q of [c, v] set where Latin square q shows shape v at cell c; a blank (0) or the
+    query (5) agrees with every square. Bit sets, so that a grid's agreeing squares are one AND per cell."""
     squares = latin_squares()
-    shown = (g >= 1) & (g <= NUM_SHAPES)
-    fits = (squares[:, shown] == g[shown]).all(axis=1)
-    query = int(np.flatnonzero(g == QUERY)[0])
-    return {int(v) for v in squares[fits, query]}
+    table = np.empty((NUM_CELLS, QUERY + 1, (len(squares) + 7) // 8), dtype=np.uint8)
+    for cell in range(NUM_CELLS):
+        for value in range(QUERY + 1):
+            agrees = (squares[:, cell] == value) if 1 <= value <= NUM_SHAPES else np.ones(len(squares), bool)
+            table[cell, value] = np.packbits(agrees)
+    return table
 
 
 def _unit_masks(values: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -119,12 +139,16 @@ def propagate(values: list[int], target: int) -> bool:
             return False
 
 
-def _has_repeat(values: Sequence[int]) -> bool:
-    for unit in _ROWS + _COLS:
-        shown = [values[cell] for cell in unit if values[cell]]
-        if len(shown) != len(set(shown)):
-            return True
-    return False
+def repeated_shape(values: Sequence[int]) -> str | None:
+    """Where the grid (blanks 0) shows a shape twice, as "shape 2 twice in row 1" (rows and columns from 1), or
+    None."""
+    for kind, units in (("row", _ROWS), ("column", _COLS)):
+        for number, unit in enumerate(units, 1):
+            shown = [values[cell] for cell in unit if values[cell]]
+            twice = next((shape for shape in shown if shown.count(shape) > 1), None)
+            if twice is not None:
+                return f"shape {twice} twice in {kind} {number}"
+    return None
 
 
 def solve(values: list[int], query: int) -> tuple[int, int] | None:
@@ -157,7 +181,7 @@ def classify(grid) -> tuple[int, int] | None:
     g = _as_grid(grid)
     query = int(np.flatnonzero(g == QUERY)[0])
     values = [0 if v == QUERY else int(v) for v in g]
-    if _has_repeat(values):
+    if repeated_shape(values) is not None:
         return None
     return solve(values, query)
 
