@@ -395,3 +395,24 @@ def test_generalisation_set_against_authors_puzzles():
     assert np.bincount(ood.conditions, minlength=3).tolist() == [10, 10, 10]
     d = lst_puzzles.jaccard_distance_matrix(ood.grids, puzzles.grids)
     assert d.min() >= lst_puzzles.DEFAULT_OOD_MIN_DISTANCE
+
+
+def test_the_shipped_default_generalisation_set_is_what_the_generator_draws():
+    """The LST task reads its default generalisation set from a file instead of drawing it (5 s of one core
+    each sweep): drawn here again against the authors' puzzles, it must be that file, puzzle by puzzle."""
+    per_condition, min_distance, seed = lst_puzzles.DEFAULT_GENERALISATION
+    drawn = lst_puzzles.generalisation_set(lst_puzzles.authors_puzzles(), per_condition, min_distance, seed)
+    shipped = lst_puzzles.default_generalisation_set()
+    assert len(shipped) == 3 * per_condition, (
+        "regenerate with: python -c 'from pe_fast.tasks.lst_puzzles.generator import "
+        "write_default_generalisation_set as w; w()'")
+    np.testing.assert_array_equal(shipped.grids, drawn.grids)
+    np.testing.assert_array_equal(shipped.answers, drawn.answers)
+    np.testing.assert_array_equal(shipped.conditions, drawn.conditions)
+    assert shipped.source == drawn.source
+    task = lst.LSTTask()
+    np.testing.assert_array_equal(task.puzzles["ood"].grids, drawn.grids)
+    assert task.description["ood_source"] == drawn.source
+    # any other setting draws its own
+    other = lst.LSTTask(ood_per_condition=5)
+    assert len(other.puzzles["ood"]) == 15 and other.description["ood_source"] == drawn.source

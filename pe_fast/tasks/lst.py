@@ -16,10 +16,10 @@ from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import sinusoidal_nd
 from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView
-from pe_fast.tasks.lst_puzzles import (CONDITIONS, DEFAULT_OOD_MIN_DISTANCE, DEFAULT_OOD_PER_CONDITION, NUM_CELLS,
-                                       NUM_SHAPES, NUM_SYMBOLS, Puzzles, authors_puzzles, encode,
-                                       generalisation_set, nearest_jaccard_distance, read_puzzle_folder,
-                                       stratified_split)
+from pe_fast.tasks.lst_puzzles import (CONDITIONS, DEFAULT_GENERALISATION, DEFAULT_OOD_MIN_DISTANCE,
+                                       DEFAULT_OOD_PER_CONDITION, NUM_CELLS, NUM_SHAPES, NUM_SYMBOLS, Puzzles,
+                                       authors_puzzles, default_generalisation_set, encode, generalisation_set,
+                                       nearest_jaccard_distance, read_puzzle_folder, stratified_split)
 
 PROBE_NAMES = ("same_row", "same_col", "same_row_or_col")
 
@@ -94,8 +94,12 @@ class LSTTask:
         ood_min_distance: float = DEFAULT_OOD_MIN_DISTANCE,
     ):
         pool = authors_puzzles() if train_path is None else read_puzzle_folder(train_path)
-        ood = (read_puzzle_folder(ood_path) if ood_path is not None
-               else generalisation_set(pool, ood_per_condition, ood_min_distance, seed=seed))
+        if ood_path is not None:
+            ood = read_puzzle_folder(ood_path)
+        elif train_path is None and (ood_per_condition, ood_min_distance, seed) == DEFAULT_GENERALISATION:
+            ood = default_generalisation_set()  # what the next line would draw, as it drew it once
+        else:
+            ood = generalisation_set(pool, ood_per_condition, ood_min_distance, seed=seed)
         train, test = stratified_split(pool, test_fraction=0.1, seed=42)
         achieved = float(nearest_jaccard_distance(ood.grids, pool.grids).min()) if len(ood) else None
 

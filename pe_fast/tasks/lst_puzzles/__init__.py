@@ -25,7 +25,8 @@ The package: puzzles.py (constants, Puzzles, CSV files, the encoding, the split,
 generator.py (new puzzles and the generalisation set), distances.py (Jaccard).
 """
 from pe_fast.tasks.lst_puzzles.distances import jaccard_distance_matrix, nearest_jaccard_distance
-from pe_fast.tasks.lst_puzzles.generator import (DEFAULT_OOD_MIN_DISTANCE, DEFAULT_OOD_PER_CONDITION,
+from pe_fast.tasks.lst_puzzles.generator import (DEFAULT_GENERALISATION, DEFAULT_OOD_MIN_DISTANCE,
+                                                 DEFAULT_OOD_PER_CONDITION, default_generalisation_set,
                                                  generalisation_set, generate_puzzles)
 from pe_fast.tasks.lst_puzzles.puzzles import (AUTHORS_DATA, AUTHORS_LOGS_FILE, AUTHORS_PUZZLE_FILES, BLANK,
                                                CONDITIONS, CSV_HEADER, NUM_CELLS, NUM_SHAPES, NUM_SYMBOLS, QUERY,
@@ -34,7 +35,8 @@ from pe_fast.tasks.lst_puzzles.puzzles import (AUTHORS_DATA, AUTHORS_LOGS_FILE, 
 from pe_fast.tasks.lst_puzzles.solver import brute_force_answers, classify, latin_squares
 
 __all__ = ["AUTHORS_DATA", "AUTHORS_LOGS_FILE", "AUTHORS_PUZZLE_FILES", "BLANK", "CONDITIONS", "CSV_HEADER",
-           "DEFAULT_OOD_MIN_DISTANCE", "DEFAULT_OOD_PER_CONDITION", "NUM_CELLS", "NUM_SHAPES", "NUM_SYMBOLS", "QUERY",
-           "PuzzleFileError", "Puzzles", "authors_file", "authors_puzzles", "brute_force_answers", "classify",
-           "encode", "generalisation_set", "generate_puzzles", "jaccard_distance_matrix", "latin_squares",
-           "nearest_jaccard_distance", "read_puzzle_folder", "read_puzzles", "stratified_split", "write_puzzles"]
+           "DEFAULT_GENERALISATION", "DEFAULT_OOD_MIN_DISTANCE", "DEFAULT_OOD_PER_CONDITION", "NUM_CELLS",
+           "NUM_SHAPES", "NUM_SYMBOLS", "QUERY", "PuzzleFileError", "Puzzles", "authors_file", "authors_puzzles",
+           "brute_force_answers", "classify", "default_generalisation_set", "encode", "generalisation_set",
+           "generate_puzzles", "jaccard_distance_matrix", "latin_squares", "nearest_jaccard_distance",
+           "read_puzzle_folder", "read_puzzles", "stratified_split", "write_puzzles"]

@@ -1,13 +1,17 @@
 """New puzzles: generate_puzzles (every blank cell deducible, a query of the wanted condition) and the
-generalisation set, puzzles far (Jaccard) from every training puzzle."""
+generalisation set, puzzles far (Jaccard) from every training puzzle. The default set, drawn against the authors'
+puzzles, ships as a file: drawing it takes about 5 s of one core, at the start of every LST sweep."""
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from pe_fast.tasks.lst_puzzles.distances import nearest_jaccard_distance
-from pe_fast.tasks.lst_puzzles.puzzles import CONDITIONS, NUM_CELLS, QUERY, Puzzles
+from pe_fast.tasks.lst_puzzles.puzzles import (CONDITIONS, NUM_CELLS, QUERY, Puzzles, authors_puzzles,
+                                               read_puzzles, write_puzzles)
 from pe_fast.tasks.lst_puzzles.solver import propagate, solve, latin_squares
 
 # Default out-of-distribution ("generalisation") set. The authors' test puzzles were >= 0.8 from their
@@ -18,6 +22,9 @@ from pe_fast.tasks.lst_puzzles.solver import propagate, solve, latin_squares
 # from the other 8,100.
 DEFAULT_OOD_MIN_DISTANCE = 2 / 3
 DEFAULT_OOD_PER_CONDITION = 150
+# (per condition, distance, seed) of the default set; generalisation_set(authors_puzzles()) with them, as drawn (tests/test_lst.py draws it again and compares)
+DEFAULT_GENERALISATION = (DEFAULT_OOD_PER_CONDITION, DEFAULT_OOD_MIN_DISTANCE, 0)
+DEFAULT_SET_FILE = Path(__file__).resolve().parents[2] / "data" / "lst_generalisation" / "default.csv"
 
 
 def _condition_ids(conditions: Iterable[int | str]) -> tuple[int, ...]:
@@ -184,5 +191,24 @@ def generalisation_set(
             kept[c].append(candidates.subset(passing))
             need[c] -= len(passing)
     parts = [p for c in kept for p in kept[c]]
-    return Puzzles.concat(parts, source=f"generalisation_set(min_distance={min_distance}, seed={seed})")
+    return Puzzles.concat(parts, source=_source(min_distance, seed))
 
+
+
+def _source(min_distance: float, seed: int) -> str:
+    return f"generalisation_set(min_distance={min_distance}, seed={seed})"
+
+
+def default_generalisation_set() -> Puzzles:
+    """generalisation_set(authors_puzzles()) with the default count, distance and seed, read from the file it was
+    written to (write_default_generalisation_set)."""
+    _, min_distance, seed = DEFAULT_GENERALISATION
+    return dataclasses.replace(read_puzzles(DEFAULT_SET_FILE), source=_source(min_distance, seed))
+
+
+def write_default_generalisation_set() -> Path:
+    """Draw the default set again and write DEFAULT_SET_FILE: after a change to the generator or the defaults."""
+    DEFAULT_SET_FILE.parent.mkdir(exist_ok=True)
+    per_condition, min_distance, seed = DEFAULT_GENERALISATION
+    write_puzzles(generalisation_set(authors_puzzles(), per_condition, min_distance, seed), DEFAULT_SET_FILE)
+    return DEFAULT_SET_FILE
