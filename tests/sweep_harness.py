@@ -1,13 +1,17 @@
 """The sweep as users run it, shared by the tests that start it: `python -m pe_fast.sweep` in a process of its
-own, its settings as the command line makes them, and a network simulation small enough for a test."""
+own (or its main in this one, for refusals), its settings as the command line makes them, and a network simulation
+small enough for a test."""
 import contextlib
 import fcntl
+import io
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from pe_fast.results.settings import Settings
 from pe_fast.sweep.settings import build_parser, from_flags
@@ -23,6 +27,27 @@ def sweep_command(*args) -> list[str]:
 
 def run_sweep(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(sweep_command(*args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def refuse_sweep(*args, cwd=None) -> subprocess.CompletedProcess:
+    """run_sweep for a command the sweep must refuse before it runs anything: the same main, called in this process
+    (a process of its own spends about 4 s starting Python and importing torch, for a refusal that takes
+    milliseconds). Its exit code, stdout and stderr as run_sweep gives them; torch's threads and the working folder
+    as they were."""
+    from pe_fast.sweep.program import main
+    out, err = io.StringIO(), io.StringIO()
+    threads, here = torch.get_num_threads(), os.getcwd()
+    try:
+        os.chdir(cwd or here)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:  # argparse's own refusals
+                code = exit_.code
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def start_sweep(*args) -> subprocess.Popen:

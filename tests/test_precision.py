@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from op_harness import make_inputs
-from sweep_harness import run_sweep
+from sweep_harness import refuse_sweep, run_sweep
 from pe_fast.models import ModelConfig
 from pe_fast.ops import backends, extension, pe_attention, projection, reference
 from pe_fast.tasks.lst import LSTTask
@@ -201,7 +201,7 @@ def test_default_precision_on_the_cpu_is_fp32(tmp_path):
 @pytest.mark.parametrize("flags", [("--precision", "tf32"), ("--compile", "graphs")])
 def test_a_cuda_only_mode_on_the_cpu_is_one_line_and_no_folder(tmp_path, flags):
     out = tmp_path / "run"
-    proc = run_sweep(*TINY, *flags, "--out", str(out))
+    proc = refuse_sweep(*TINY, *flags, "--out", str(out))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and " ".join(flags) in lines[0], proc.stderr
     assert not out.exists()

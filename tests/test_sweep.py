@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweep_harness import run_sweep
+from sweep_harness import refuse_sweep, run_sweep
 
 TINY = ["--task", "lst", "--steps", "4", "--eval-every", "2", "--width", "16", "--depth", "1", "--batch-size", "16",
         "--seeds", "2"]
@@ -68,7 +68,7 @@ def malformed_puzzles(tmp_path):
 def test_bad_input_stops_with_one_line_and_no_folder(tmp_path, flags, message):
     flags = [str(malformed_puzzles(tmp_path)) if f == "MALFORMED" else f for f in flags]
     out = tmp_path / "out"
-    proc = run_sweep(*TINY, *flags, "--out", str(out))
+    proc = refuse_sweep(*TINY, *flags, "--out", str(out))
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweep_harness import run_sweep
+from sweep_harness import refuse_sweep, run_sweep
 
 TINY = ["--seeds", "1", "--steps", "12", "--eval-every", "6", "--width", "16", "--depth", "1", "--mlp-width", "32",
         "--batch-size", "16", "--threads", "1", "--eval-items", "64"]
@@ -151,7 +151,7 @@ def test_fmri_cifti_user_data_sweep_draws_brain_maps(tmp_path):
 ])
 def test_bad_flags_stop_with_one_line_and_no_folder(tmp_path, args, message):
     out = tmp_path / "run"
-    done = sweep(*args, *TINY, "--out", str(out), cwd=tmp_path)
+    done = refuse_sweep(*args, *TINY, "--out", str(out), cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
@@ -164,7 +164,7 @@ def test_bad_data_file_stops_with_one_line_and_no_folder(tmp_path):
     data[1, 7, 3] = np.nan
     np.save(tmp_path / "bold.npy", data)
     out = tmp_path / "run"
-    done = sweep("--task", "fmri", "--data", str(tmp_path / "bold.npy"), *TINY, "--out", str(out))
+    done = refuse_sweep("--task", "fmri", "--data", str(tmp_path / "bold.npy"), *TINY, "--out", str(out))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "bold.npy" in lines[0] and "nan at subject" in lines[0], done.stderr
