@@ -1,4 +1,5 @@
-"""The fused sublayers (backend "fused", pe_fast/ops/fused_sublayers.py) against the unfused path (float64 oracle).
+"""The fused sublayers (backend "fused", pe_fast/ops/fused_attention_sublayer.py and fused_mlp_sublayer.py) against
+the unfused path (float64 oracle).
 
 CPU: the test_interpreter_* tests run the kernels in Triton's interpreter, in float64, in a child pytest process
 started with TRITON_INTERPRET=1 (as tests/test_triton_attention.py does): outputs, statistics and every gradient
@@ -22,8 +23,13 @@ import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
 from pe_fast.models.transformer import ModelConfig, StackedTransformer  # noqa: E402
-from pe_fast.ops import fused_sublayers as fs  # noqa: E402
+from pe_fast.ops import fused_attention_sublayer as fa  # noqa: E402
+from pe_fast.ops import fused_common as fc  # noqa: E402
+from pe_fast.ops import fused_mlp_sublayer as fm  # noqa: E402
 from pe_fast.ops import pe_attention  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from training import traffic  # noqa: E402  the byte ledger, and its count of the fused kernels
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process")
@@ -94,7 +100,7 @@ def test_interpreter_attention_sublayer_matches_reference_float64(case):
               "ln_w": 1 + 0.1 * random(M, D, g=g), "ln_b": 0.1 * random(M, D, g=g)}
     probes = (torch.rand(K, N, N, generator=g) > 0.5).double() if K else None
     grad = random(M, B, N, D, g=g)
-    got = outputs_and_gradients(fs.AttentionSublayer.apply, leaves, (probes, H, 1e-5), grad)
+    got = outputs_and_gradients(fa.AttentionSublayer.apply, leaves, (probes, H, 1e-5), grad)
     expected = outputs_and_gradients(attention_sublayer_reference, leaves, (probes, H, 1e-5), grad)
     assert got["stats"].dtype == torch.float32 and got["stats"].shape == (M, H, 3 + K)
     assert_close(got, expected)
@@ -110,7 +116,7 @@ def test_interpreter_mlp_sublayer_matches_reference_float64(rows):
               "w2": random(M, F_, D, g=g) / math.sqrt(F_), "b2": random(M, D, g=g),
               "ln_w": 1 + 0.1 * random(M, D, g=g), "ln_b": 0.1 * random(M, D, g=g)}
     grad = random(M, B, N, D, g=g)
-    got = outputs_and_gradients(fs.MLPSublayer.apply, leaves, (1e-5,), grad, ("y",))
+    got = outputs_and_gradients(fm.MLPSublayer.apply, leaves, (1e-5,), grad, ("y",))
     expected = outputs_and_gradients(mlp_sublayer_reference, leaves, (1e-5,), grad, ("y",))
     assert_close(got, expected)
 
@@ -167,11 +173,11 @@ def test_interpreter_refused_attention_runs_unfused_with_one_warning_and_the_mlp
     """Kernel A refuses RoPE and sequences longer than its tile: every block runs its attention sublayer unfused,
     with one logged warning for all of them, and its MLP sublayer through kernel B (which does not care about N:
     the fMRI shapes' path); the pack trains as with the reference backend."""
-    fs.warn_unfused.cache_clear()
+    fc.warn_unfused.cache_clear()
     config = ModelConfig(**dict(TINY, num_tokens=num_tokens), pe=pe)
-    mlp_calls, mlp_forward = [], fs.mlp_forward
+    mlp_calls, mlp_forward = [], fm.mlp_forward
     with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, logger="pe_fast"):
-        patched.setattr(fs, "mlp_forward", lambda *args: mlp_calls.append(1) or mlp_forward(*args))
+        patched.setattr(fm, "mlp_forward", lambda *args: mlp_calls.append(1) or mlp_forward(*args))
         fused = train(config, "fused", 1)
     refusals = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
     assert refusals == [f"backend 'fused' runs {warning}"]
@@ -192,19 +198,19 @@ def test_cuda_transformer_trains_as_the_unfused_triton_path_in_float32():
 
 def test_refusal_names_each_unsupported_input():
     x = torch.zeros(1, 2, 8, 24)
-    assert fs.attention_refusal(x, None, None, None) is None
-    assert fs.attention_refusal(x.double(), None, None, None) is None
+    assert fa.attention_refusal(x, None, None, None) is None
+    assert fa.attention_refusal(x.double(), None, None, None) is None
     cos = torch.ones(8, 6)
-    assert "RoPE" in fs.attention_refusal(x, (cos, cos), None, None)
-    assert "relative-position bias" in fs.attention_refusal(x, None, torch.zeros(1, 2, 8, 8), None)
-    assert "PE dropout" in fs.attention_refusal(x, None, None, torch.ones_like(x))
+    assert "RoPE" in fa.attention_refusal(x, (cos, cos), None, None)
+    assert "relative-position bias" in fa.attention_refusal(x, None, torch.zeros(1, 2, 8, 8), None)
+    assert "PE dropout" in fa.attention_refusal(x, None, None, torch.ones_like(x))
     long = torch.zeros(1, 2, 360, 24)
-    assert "N = 360 > 16" in fs.attention_refusal(long, None, None, None)
-    assert fs.mlp_refusal(long) is None  # kernel B takes any N: the fMRI shapes
-    assert "float16" in fs.mlp_refusal(x.half()) and "float16" in fs.attention_refusal(x.half(), None, None, None)
-    assert "width 512 > 256" in fs.mlp_refusal(torch.zeros(1, 2, 8, 512))
+    assert "N = 360 > 16" in fa.attention_refusal(long, None, None, None)
+    assert fm.mlp_refusal(long) is None  # kernel B takes any N: the fMRI shapes
+    assert "float16" in fm.mlp_refusal(x.half()) and "float16" in fa.attention_refusal(x.half(), None, None, None)
+    assert "width 512 > 256" in fm.mlp_refusal(torch.zeros(1, 2, 8, 512))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert fs.attention_refusal(x, None, None, None) is None  # bf16 activations, float32 parameters
+        assert fa.attention_refusal(x, None, None, None) is None  # bf16 activations, float32 parameters
 
 
 # ---- ahead-of-time compiles for sm_90 ----
@@ -225,39 +231,39 @@ def aot_source(kernel: str, dtype: str, precision: str, shape: str):
     sh = SHAPES[shape]
     D, H = sh["D"], sh.get("H")
     if kernel.startswith("wgrad"):  # _weight_grad_kernel's two launches: x + pe against dqkv, o against dz (+ dx)
-        cfg = fs.WEIGHT_GRAD
+        cfg = fa.WEIGHT_GRAD
         qkv = kernel == "wgrad_qkv"
         const = dict(N=sh["N"], K=D, G_COLS=(3 if qkv else 1) * D, NP=16, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HAS_ADD=qkv, TOK_SUM=not qkv, ACC=triton.language.float32, PRECISION=precision)
-        fn = fs._weight_grad_kernel
+        fn = fa._weight_grad_kernel
         args = dict(a_ptr=t, add_ptr=p if qkv else t, g_ptr=t, s_ptr=t, dw_ptr=p, col_sum_ptr=p, tok_sum_ptr=p,
                     R="i32")
     elif kernel.startswith("attention"):
-        cfg = fs.attention_config(D // H)
+        cfg = fa.attention_config(D // H)
         const = dict(N=sh["N"], D=D, DP=triton.next_power_of_2(D), H=H, BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HAS_PE=True, HAS_ADD=True, ACC=triton.language.float32, PRECISION=precision)
         common = dict(pe_ptr=p, add_ptr=p, w_ptr=p, wo_ptr=p, bo_ptr=p, lnw_ptr=p, B="i32", num_tiles="i32",
                       eps="fp32")
         if kernel == "attention_fwd":
-            fn = fs._attention_sublayer_fwd_kernel
+            fn = fa._attention_sublayer_fwd_kernel
             args = dict(common, x_ptr=t, lnb_ptr=p, probe_ptr="*u8", y_ptr=t, stat_ptr=p, qk_scale="fp32")
             const["NUM_PROBES"] = sh["K"]
         else:
-            fn = fs._attention_sublayer_bwd_kernel
+            fn = fa._attention_sublayer_bwd_kernel
             args = dict(common, dy_ptr=t, x_ptr=t, dx_ptr=t, dz_ptr=t, o_ptr=t, dqkv_ptr=t, part_ptr=p, sm_scale="fp32")
     else:
-        cfg = fs.mlp_config()
+        cfg = fm.mlp_config()
         const = dict(D=D, F=sh["F"], DP=triton.next_power_of_2(D), BLOCK_T=cfg.block_t, CHUNK=cfg.chunk,
                      HIDDEN_CHUNK=cfg.chunk, ACC=triton.language.float32, PRECISION=precision)
         common = dict(x_ptr=t, w1_ptr=p, b1_ptr=p, w2_ptr=p, b2_ptr=p, lnw_ptr=p, R="i32", eps="fp32")
         if kernel == "mlp_fwd":
-            fn = fs._mlp_sublayer_fwd_kernel
+            fn = fm._mlp_sublayer_fwd_kernel
             args = dict(common, lnb_ptr=p, y_ptr=t)
         elif kernel == "mlp_bwd":
-            fn = fs._mlp_sublayer_bwd_kernel
+            fn = fm._mlp_sublayer_bwd_kernel
             args = dict(common, dy_ptr=t, dx_ptr=t, da2_ptr=t, part_ptr=p, num_tiles="i32")
         else:
-            fn = fs._mlp_weight_grad_kernel
+            fn = fm._mlp_weight_grad_kernel
             args = dict(x_ptr=t, da2_ptr=t, w1_ptr=p, b1_ptr=p, w2_ptr=p, dw1_ptr=p, dw2_ptr=p, db1_ptr=p, R="i32")
     signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, ty in args.items() if ty[0] == "*"}
@@ -303,36 +309,34 @@ def test_sublayer_traffic_against_a_hand_count():
     shape = dict(M=2, B=3, N=4, D=8, H=2, F=12, K=1)
     act, pe, addend = 768, 2 * 4 * 8 * 4, 2 * 4 * 24 * 4
     w_qkv, w_o, vector = 2 * 8 * 24 * 4, 2 * 8 * 8 * 4, 2 * 8 * 4
-    assert fs.sublayer_traffic("attention_fwd", **shape) == (
+    assert traffic.sublayer_traffic("attention_fwd", **shape) == (
         act + pe + addend + w_qkv + w_o + 3 * vector + 16 + 768,  # x, pe, addend, weights, b_o γ β, probe, rows
         act + 768 + 2 * 2 * 4 * 4,  # y, rows, stats [M,H,S]
         32 * (8 * 8 * 8 + 4 * 16 * 8))  # 32 rows · (QKV and out-projection 2·4·D², scores and P·V 2·2·16·D)
-    assert fs.sublayer_traffic("attention_bwd", **shape) == (
+    assert traffic.sublayer_traffic("attention_bwd", **shape) == (
         2 * act + pe + addend + w_qkv + w_o + 2 * vector,  # dy, x, pe, addend, weights, b_o, γ
         3 * act + 3 * act + 2 * 2 * 8 * 4,  # dx, dz, o, dqkv, partial sums of dγ, dβ [2, M, 1 tile, D]
         32 * (28 * 8 * 8 + 14 * 16 * 8))
     # two launches over the 12 rows of each model in one 16-row step, [32, 32] blocks (D 8 and 3D 24 pad to 32):
     # x + pe against dqkv, o against dz, and the one-hot [16, 16] dot of the per-token sums of dx
-    assert fs.sublayer_traffic("attention_wgrad", **shape) == (
+    assert traffic.sublayer_traffic("attention_wgrad", **shape) == (
         act + pe + 3 * act + act + act + act,  # x, pe, dqkv, o, dz, dx
         2 * (8 * 24 + 24 + 8 * 8 + 8 + 4 * 8) * 4,  # dW_qkv, d b_qkv, dW_o, d b_o, dpe
         32 * (2 * 32 * 32 + 2 * 32 * 32 + 2 * 16 * 32))
     w1 = w2 = 2 * 8 * 12 * 4
     b1 = 2 * 12 * 4
-    assert fs.sublayer_traffic("mlp_fwd", **shape) == (act + w1 + w2 + b1 + 3 * vector, act, 32 * 4 * 8 * 12)
-    assert fs.sublayer_traffic("mlp_bwd", **shape) == (
+    assert traffic.sublayer_traffic("mlp_fwd", **shape) == (act + w1 + w2 + b1 + 3 * vector, act, 32 * 4 * 8 * 12)
+    assert traffic.sublayer_traffic("mlp_bwd", **shape) == (
         2 * act + w1 + w2 + b1 + 2 * vector,  # dy, x, weights, b_1, b_2, γ
         2 * act + 3 * 2 * 8 * 4,  # dx, d a2, partial sums [3, M, 1 tile, D]
         32 * 10 * 8 * 12)
     # one program per model and 32-unit hidden chunk (12 units: one, 20 idle), over the 12 rows in one 16-row step
-    assert fs.sublayer_traffic("mlp_wgrad", **shape) == (2 * act + w1 + w2 + b1, w1 + w2 + b1, 32 * 8 * 8 * 32)
+    assert traffic.sublayer_traffic("mlp_wgrad", **shape) == (2 * act + w1 + w2 + b1, w1 + w2 + b1, 32 * 8 * 8 * 32)
 
 
 def test_the_ledger_counts_each_fused_kernel_once_per_block():
     """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's six kernel calls as
     sublayer_traffic counts them, and fewer bytes than the unfused step."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    traffic = __import__("training.traffic", fromlist=["step_ledger"])
     flags = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4", "--width",
              "16", "--depth", "2", "--heads", "2", "--mlp-width", "24", "--batch-size", "3", "--pe", "learned",
              "--sigmas", "1", "--seeds", "2", "--optimizer", "adamw"]
@@ -346,7 +350,7 @@ def test_the_ledger_counts_each_fused_kernel_once_per_block():
     assert sorted(fused) == [f"pe_fast::fused {k}" for k in kernels]
     for kernel in kernels:
         e = fused[f"pe_fast::fused {kernel}"]
-        expected = fs.sublayer_traffic(kernel, M=2, B=3, N=12, D=16, H=2, F=24, K=task.probes.shape[0],
+        expected = traffic.sublayer_traffic(kernel, M=2, B=3, N=12, D=16, H=2, F=24, K=task.probes.shape[0],
                                        probe=task.probes.element_size())
         assert (e.calls, e.read, e.written, e.flops) == (2, *(2 * v for v in expected)), kernel
     assert not any(e.op.startswith("pe_fast::pe_attention") for e in ledgers["fused"].entries.values())

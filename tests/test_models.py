@@ -89,7 +89,7 @@ def test_the_compute_path_is_chosen_once_from_the_config(monkeypatch):
     from pe_fast.ops import backends
     config = ModelConfig(num_tokens=5, token_dim=3, out_dim=2, width=8, depth=2, mlp_width=16, backend="reference")
     model = StackedTransformer(config, seeds=[1, 2], sigmas=[0.1, 1.0]).double()
-    assert all(block.attention.backend == "reference" and block.fused is None for block in model.blocks)
+    assert all(block.attention.backend == "reference" and block.fused_attention is None and block.fused_mlp is None for block in model.blocks)
     ran = []
     reference = backends.BACKENDS["reference"]
     monkeypatch.setitem(backends.BACKENDS, "reference", backends.Backend(

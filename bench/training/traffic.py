@@ -19,8 +19,8 @@ statistics buffer, runs uncounted; the second is counted. What is counted, op by
     of the step); a copy of an expanded view writes the whole expanded tensor.
   * pe_fast::pe_attention (forward and backward) counts as the fused op's own kernels, bench_ops.py's
     fused_kernel_bytes and fused_kernel_flops, not as the reference decomposition that runs on the fake tensors.
-  * --backend fused: the fused sublayer kernels (pe_fast/ops/fused_sublayers.py) count as
-    fused_sublayers.sublayer_traffic says (their loads and stores, from their code).
+  * --backend fused: the fused sublayer kernels (pe_fast/ops/fused_attention_sublayer.py, fused_mlp_sublayer.py)
+    count as sublayer_traffic says (their loads and stores, from their code).
   * FLOPs: torch.utils.flop_counter's formulas (the GEMMs); element-wise work counts none.
   * precision: float32 for fp32 and tf32 (TF32 changes the tensor cores' rate, not the bytes); the 16-bit ones run
     under autocast, with CUDA's rules where CPU's differ (layer_norm runs in float32 on CUDA).
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -221,13 +222,99 @@ class CountingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.ledger.muted:
-            fused = sys.modules.get("pe_fast.ops.fused_sublayers")  # imported wherever its ops can run
-            counted = fused.op_traffic(func, args) if fused else None
+            counted = op_traffic(func, args) if "pe_fast.ops.fused_common" in sys.modules else None
             if counted:  # a fused sublayer kernel: its own count (it reads more than its arguments)
                 self.ledger.add(*counted, kind="fused op")
             else:
                 count_aten_op(self.ledger, func, args, kwargs, out)
         return out
+
+
+def sublayer_traffic(kernel: str, *, M: int, B: int, N: int, D: int, H: int = 1, F: int = 0, K: int = 0,
+                     act: int = 4, param: int = 4, probe: int = 1, pe: bool = True,
+                     addend: bool = True) -> tuple[int, int, float]:
+    """(bytes read, bytes written, FLOPs) of one call of `kernel` (attention_fwd, attention_bwd,
+    attention_wgrad, mlp_fwd, mlp_bwd, mlp_wgrad) over a pack, counted from the kernels' code: every tensor a
+    program loads, once (the weights and the PE's addend once per launch: every tile of a model re-reads them, from
+    L2), every tensor it stores, once; dz and d a2, read back by the program that wrote them, from L2, and the
+    activations the weight-gradient kernels' programs of one model all read, from L2 after the first. act, param,
+    probe: bytes per activation, parameter and probe element. The attention forward's statistics rows [M,H,S,B,N]
+    (in the accumulation dtype) are written by the kernel and read once by the mean over (B, N) after it. FLOPs:
+    the dots the programs run, with their padding rows and recomputations (2 per multiply-add), at the true width:
+    the [rows, width] products padded to a power of two (160 -> 256) run up to 60 % more."""
+    from pe_fast.ops.fused_attention_sublayer import WEIGHT_GRAD, attention_config, attention_tiles
+    from pe_fast.ops.fused_common import padded
+    from pe_fast.ops.fused_mlp_sublayer import mlp_config
+    acc = 8 if act == 8 else 4
+    rows = M * B * N * D * act  # one activation tensor [M,B,N,D]
+    pe_bytes = M * N * D * param if pe else 0
+    addend_bytes = M * N * 3 * D * param if addend else 0
+    if kernel.startswith("attention"):
+        cfg = attention_config(D // H)
+        executed = M * attention_tiles(B, N, cfg) * cfg.block_t
+        parts = 2 * M * attention_tiles(B, N, cfg) * D * acc
+        weights = M * (3 * D * D + D * D + 2 * D) * param  # W_qkv, W_o, b_o, γ
+        if kernel == "attention_fwd":
+            stat_rows = M * H * (3 + K) * B * N * acc
+            read = rows + pe_bytes + addend_bytes + weights + M * D * param + K * N * N * probe + stat_rows
+            written = rows + stat_rows + M * H * (3 + K) * 4
+            return read, written, executed * (8 * D * D + 4 * cfg.block_t * D)
+        if kernel == "attention_bwd":
+            read = 2 * rows + pe_bytes + addend_bytes + weights  # dy, x
+            written = 3 * rows + 3 * rows + parts  # dx, dz, o, dqkv
+            return read, written, executed * (28 * D * D + 14 * cfg.block_t * D)
+        if kernel == "attention_wgrad":  # two launches of _weight_grad_kernel
+            chunk = WEIGHT_GRAD.chunk
+            rows_run = M * padded(B * N, WEIGHT_GRAD.block_t)
+            read = 6 * rows + (rows + pe_bytes if pe else 0)  # x, dqkv (3), o, dz; with a PE, dx and pe
+            written = M * (4 * D * D + 4 * D + (N * D if pe else 0)) * acc  # dW_qkv, d b_qkv, dW_o, d b_o, dpe
+            flops = 2 * padded(D, chunk) * (padded(3 * D, chunk) + padded(D, chunk))
+            if pe:  # the per-token sums of dx: a one-hot [16, rows] dot per column block
+                flops += 2 * max(16, 1 << (N - 1).bit_length()) * padded(D, chunk)
+            return read, written, rows_run * flops
+    cfg = mlp_config()
+    tiles = -(-(B * N) // cfg.block_t)
+    executed = M * tiles * cfg.block_t
+    weights = M * (2 * D * F + F + 2 * D) * param  # W_1, W_2, b_1, b_2, γ
+    if kernel == "mlp_fwd":
+        return rows + weights + M * D * param, rows, executed * 4 * D * F
+    if kernel == "mlp_bwd":
+        return 2 * rows + weights, 2 * rows + M * tiles * 3 * D * acc, executed * 10 * D * F
+    if kernel == "mlp_wgrad":  # every hidden chunk's program runs over all rows: x and d a2 from L2 after the first
+        padded_f = -(-F // cfg.chunk) * cfg.chunk
+        return 2 * rows + M * (2 * D * F + F) * param, M * (2 * D * F + F) * acc, executed * 8 * D * padded_f
+    raise ValueError(f"unknown fused kernel {kernel!r}")
+
+
+def op_traffic(func, args) -> tuple[str, int, int, float] | None:
+    """(name, bytes read, bytes written, FLOPs) of a call of one of the fused sublayer ops (a torch OpOverload and
+    its arguments, as a dispatch mode sees them), from `sublayer_traffic`; None for any other op."""
+    kernel = _fused_op_kernels().get(func.overloadpacket)
+    if kernel is None:
+        return None
+    names = [a.name for a in func._schema.arguments]
+    a = dict(zip(names, args))
+    x = a["x"]
+    M, B, N, D = x.shape if x.dim() == 4 else (x.shape[0], 1, x[0].numel() // x.shape[-1], x.shape[-1])
+    param = next((a[k].element_size() for k in ("w_qkv", "w1", "pe") if a.get(k) is not None), 4)  # parameters
+    probes = a.get("probes")
+    counts = sublayer_traffic(
+        kernel, M=M, B=B, N=N, D=D, H=a.get("num_heads", 1), F=a["w1"].shape[-1] if "w1" in a else 0,
+        K=0 if probes is None else probes.shape[0], act=x.element_size(), param=param,
+        probe=1 if probes is None else 4 if probes.dtype == torch.float64 else probes.element_size(),  # kernel_probes
+        pe=a.get("pe") is not None, addend=a.get("addend") is not None)
+    return f"pe_fast::fused {kernel}", *counts
+
+
+@functools.cache
+def _fused_op_kernels() -> dict:
+    """The fused sublayer ops' overload packets -> their kernel's name in sublayer_traffic (imported where the ops
+    ran: they need triton)."""
+    from pe_fast.ops import fused_attention_sublayer as attention, fused_mlp_sublayer as mlp
+    ops = {attention.attention_sublayer_forward: "attention_fwd", attention.attention_sublayer_backward: "attention_bwd",
+           attention.attention_weight_gradients: "attention_wgrad", mlp.mlp_sublayer_forward: "mlp_fwd",
+           mlp.mlp_sublayer_backward: "mlp_bwd", mlp.mlp_weight_gradients: "mlp_wgrad"}
+    return {op._opoverload.overloadpacket: kernel for op, kernel in ops.items()}
 
 
 def fused_count_caveats(inputs: OpInputs) -> list[str]:
@@ -430,7 +517,7 @@ def main(argv=None) -> int:
         return 2
     name = train_config.precision
     peak = (args.peak_tflops or peak_tflops("H200", name)) * 1e12
-    # --backend fused: the blocks take the fused sublayers (pe_fast.ops.fused_sublayers), as the sweep's workers do
+    # --backend fused: the blocks take the fused sublayer ops (pe_fast.ops.fused_*_sublayer), as the sweep's workers do
     ledger = step_ledger(task, model_config, train_config, seeds, sigmas)
     described = {"task": s.task, "preset": s.preset, "pe": model_config.pe, "models": len(seeds), "precision": name,
                  "batch_size": train_config.batch_size, "tokens": model_config.num_tokens, "width": model_config.width,

@@ -26,7 +26,7 @@ ABSOLUTE_PES = ("learned", "random", "sin1d", "sin2d", "sinnd", "none")
 ROTARY_PES = ("rope", "rope2d")
 PE_KINDS = ABSOLUTE_PES + ROTARY_PES + ("relative",)
 # The compute path "fused": each block's attention and MLP sublayer one Triton kernel where it can
-# (pe_fast.ops.fused_sublayers), the attention op's "triton" backend where it cannot
+# (pe_fast.ops.fused_attention_sublayer and fused_mlp_sublayer), the attention op's "triton" backend where it cannot
 FUSED = "fused"
 
 
@@ -72,12 +72,13 @@ class Block(nn.Module):
     def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
         super().__init__()
         M, D = len(generators), config.width
-        self.fused = None  # pe_fast.ops.fused_sublayers on the compute path FUSED, chosen here once
+        # the fused sublayer ops on the compute path FUSED, chosen here once
+        self.fused_attention = self.fused_mlp = None
         if config.backend == FUSED:
-            from pe_fast.ops import fused_sublayers  # needs triton (compute_paths)
-            self.fused = fused_sublayers
+            from pe_fast.ops import fused_attention_sublayer, fused_mlp_sublayer  # need triton (compute_paths)
+            self.fused_attention, self.fused_mlp = fused_attention_sublayer, fused_mlp_sublayer
         self.attention = PEAttention(D, config.heads, M, generators=generators,
-                                     backend="triton" if self.fused is not None else config.backend)
+                                     backend="triton" if config.backend == FUSED else config.backend)
         self.norm_attn = StackedLayerNorm(M, D)
         self.mlp_in = StackedLinear(generators, D, config.mlp_width)
         self.mlp_out = StackedLinear(generators, config.mlp_width, D)
@@ -88,15 +89,16 @@ class Block(nn.Module):
         out one token: every token still serves as a key, but the other tokens' outputs are never used).
         pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
         (it then goes through the attention as one input, without the op's separate PE path)."""
-        fused, attention, norm_attn, norm_mlp = self.fused, self.attention, self.norm_attn, self.norm_mlp
-        if fused is not None and fused.takes_attention(h, rope, bias, pe_dropout_mask):
-            h, stats = fused.attention_forward(
+        fused_attention, fused_mlp = self.fused_attention, self.fused_mlp
+        attention, norm_attn, norm_mlp = self.attention, self.norm_attn, self.norm_mlp
+        if fused_attention is not None and fused_attention.takes_attention(h, rope, bias, pe_dropout_mask):
+            h, stats = fused_attention.attention_forward(
                 h, pe, probes, only_token, attention.w_qkv, attention.b_qkv, attention.out.weight,
                 attention.out.bias, norm_attn.weight, norm_attn.bias, attention.num_heads, norm_attn.eps)
         else:
             h, stats = self.attention_sublayer(h, pe, probes, rope, bias, only_token, pe_dropout_mask)
-        if fused is not None and fused.takes_mlp(h):
-            return fused.mlp_forward(h, self.mlp_in.weight, self.mlp_in.bias, self.mlp_out.weight,
+        if fused_mlp is not None and fused_mlp.takes_mlp(h):
+            return fused_mlp.mlp_forward(h, self.mlp_in.weight, self.mlp_in.bias, self.mlp_out.weight,
                                      self.mlp_out.bias, norm_mlp.weight, norm_mlp.bias, norm_mlp.eps), stats
         h = self.norm_mlp(self.mlp_out(self.mlp_in(h, gelu=True), gelu=True), residual=h)
         return h, stats

@@ -8,6 +8,7 @@ from pe_fast.ops.reference import STAT_NAMES
 
 if importlib.util.find_spec("triton") is not None:  # registers the "triton" backend (CUDA); optional
     import pe_fast.ops.triton_attention  # noqa: F401
-    import pe_fast.ops.fused_sublayers  # noqa: F401  registers "fused" (the op as "triton"; fused blocks)
+    import pe_fast.ops.fused_attention_sublayer  # noqa: F401  the fused blocks' ops (compute path "fused")
+    import pe_fast.ops.fused_mlp_sublayer  # noqa: F401
 
 __all__ = ["BACKENDS", "STAT_NAMES", "pe_attention"]
