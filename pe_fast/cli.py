@@ -11,6 +11,7 @@ import importlib
 import sys
 
 import pe_fast
+from pe_fast.program_exit import exit_now
 
 # subcommand -> the module whose main(argv) runs it
 PROGRAMS = {"sweep": "pe_fast.sweep.program", "report": "pe_fast.report.cli",
@@ -34,3 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         return program.main(argv[1:])
     except SystemExit as exit_:  # argparse's --help and errors
         return exit_.code if isinstance(exit_.code, int) else 1
+
+
+def run():
+    """The `pe-fast` command's entry point: main, then the process ends (pe_fast.program_exit)."""
+    exit_now(main())

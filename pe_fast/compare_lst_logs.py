@@ -238,4 +238,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pe_fast.program_exit import exit_now
+    exit_now(main())

@@ -1,5 +1,4 @@
-import sys
-
+from pe_fast.program_exit import exit_now
 from pe_fast.sweep.program import main
 
-sys.exit(main())
+exit_now(main())

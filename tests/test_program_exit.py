@@ -1,0 +1,29 @@
+"""pe_fast.program_exit.exit_now ends a program as the interpreter would, less the teardown of its modules: the
+exit code, output written without a newline, a thread still running and the atexit handlers all come through."""
+import subprocess
+import sys
+
+PROGRAM = """
+import atexit, threading, time
+from pe_fast.program_exit import exit_now
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
+print("no newline", end="")
+print("to stderr", file=sys.stderr, end="")
+exit_now(3)
+print("never")
+"""
+
+
+def test_exit_now_keeps_the_code_output_threads_and_atexit_handlers():
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + PROGRAM], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == "no newlinethread done\natexit ran\n"
+    assert done.stderr == "to stderr"
+
+
+def test_a_program_that_returns_none_exits_0():
+    done = subprocess.run([sys.executable, "-c", "from pe_fast.program_exit import exit_now; exit_now(None)"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == ""
