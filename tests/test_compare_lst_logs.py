@@ -131,12 +131,11 @@ def test_folders_with_different_seeds_compare_as_one_run(tmp_path, capsys):
     for folders, message in (([tmp_path / "first", tmp_path / "wider"], "trained with width = 192"),
                              ([tmp_path / "all", tmp_path / "third"], f"seed {SEEDS[2]} of "),
                              ([tmp_path / "all", tmp_path / "all"], "named twice")):
-        done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", *map(str, folders), *logs],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+        code, err = main([*map(str, folders), *logs]), capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_one_line(tmp_path, capsys):
     write_logs(tmp_path / "logs.csv")
     not_lst = tmp_path / "fmri"
     not_lst.mkdir()
@@ -151,9 +150,12 @@ def test_bad_input_is_one_line(tmp_path):
                           ([str(unreadable), *logs], "has settings this pe_fast cannot read"),
                           ([str(tmp_path / "missing"), *logs], "is not a folder"),
                           ([str(not_lst), "--logs", str(tmp_path / "none.csv")], "logs are not at")):
-        done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", *args], capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+        code, err = main(args), capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+    # and as a program: the same line, exit 2
+    done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", str(not_lst), *logs], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not an LST run" in done.stderr, done.stderr
 
 
 def test_the_h100_run_against_the_real_logs(tmp_path, capsys):

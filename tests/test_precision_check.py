@@ -1,8 +1,12 @@
 """bench/science/precision_check.py, issue 13's precision verdict: checked on hand-made results whose verdicts
 follow from the stated rules, on the first H100 science check (its sweeps' own summary.txt gives the means), and on bad
-input, run as a user types it."""
+input; its main runs in the test's process (a process of its own spends 5 s starting Python and importing torch,
+pandas and scipy), and once as the program a user types."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import re
 import subprocess
@@ -17,7 +21,23 @@ SCRIPT = ROOT / "bench" / "science" / "precision_check.py"
 H100_SCIENCE = ROOT / "bench" / "results" / "h100-20261126-sweep" / "science"
 
 
-def run(*args):
+_spec = importlib.util.spec_from_file_location("precision_check", SCRIPT)
+precision_check = sys.modules["precision_check"] = importlib.util.module_from_spec(_spec)  # (its dataclasses)
+_spec.loader.exec_module(precision_check)
+
+
+def run(*args) -> subprocess.CompletedProcess:
+    """The script with these arguments, its main called here: exit code, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = precision_check.main([str(a) for a in args])
+        except SystemExit as exit_:  # argparse's own refusals
+            code = exit_.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def run_as_a_program(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT)
 
@@ -46,6 +66,7 @@ def test_faithful_when_within_every_tolerance(tmp_path):
     result = run(tmp_path)
     assert result.returncode == 0, result.stderr
     assert "bf16: faithful to fp32" in result.stdout
+    assert run_as_a_program(tmp_path).stdout == result.stdout  # as a user types it: the same report
     # the paired difference is exactly +1.0 at every seed: a zero-width interval
     assert "| learned σ = 2 | 3 | 96.0 ± 0.0 / 95.5 ± 0.0 |" in result.stdout
     assert "+1.0 (+1.0 to +1.0)" in result.stdout
