@@ -82,22 +82,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
 }
 
 // dqkv [M,B,N,3D] of the attention (q, k, v's gradient: xw's, and the addend's before its sum over B), from
-// the forward's qkv, addend, out and lse and the gradient of out
+// the forward's qkv, addend and lse and the gradient of out. out is the kernel backends' common interface
+// (projection.backward_around; Triton's backward takes Δ = rowsum(dO·O) from it): these kernels sum Δ from P and dP.
 at::Tensor attention_backward(const at::Tensor& qkv_in, const std::optional<at::Tensor>& addend_in,
-                              const at::Tensor& grad_out_in, const at::Tensor& out_in, const at::Tensor& lse_in,
+                              const at::Tensor& grad_out_in, const at::Tensor& /*out*/, const at::Tensor& lse_in,
                               int64_t num_heads) {
   const at::Tensor qkv = qkv_in.contiguous();
   const Dims s = dims_of(qkv, num_heads);
   const at::Tensor addend = addend_of(addend_in, qkv, s);
   const at::Tensor grad_out = grad_out_in.to(qkv.scalar_type()).contiguous();
-  const at::Tensor out = out_in.to(qkv.scalar_type()).contiguous();
   const at::Tensor lse = lse_in.to(qkv.scalar_type()).contiguous();
   at::Tensor dqkv = at::empty_like(qkv);
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "pe_fast_cpp::attention_backward", [&] {
     const scalar_t* qkv_p = qkv.const_data_ptr<scalar_t>();
     const scalar_t* add_p = addend.defined() ? addend.const_data_ptr<scalar_t>() : nullptr;
     const scalar_t* grad_p = grad_out.const_data_ptr<scalar_t>();
-    const scalar_t* out_p = out.const_data_ptr<scalar_t>();
     const scalar_t* lse_p = lse.const_data_ptr<scalar_t>();
     scalar_t* dqkv_p = dqkv.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, s.M * s.B * s.H, 1, [&](int64_t begin, int64_t end) {
@@ -105,7 +104,7 @@ at::Tensor attention_backward(const at::Tensor& qkv_in, const std::optional<at::
       for (int64_t p = begin; p < end; ++p) {
         const int64_t at_out = (p / s.H) * s.N * s.D + (p % s.H) * s.dh;
         scalar_t* dq = dqkv_p + (p / s.H) * s.N * 3 * s.D + (p % s.H) * s.dh;
-        pe_fast::attention_backward(problem(qkv_p, add_p, s, p), out_p + at_out, grad_p + at_out, s.D, lse_p + p * s.N,
+        pe_fast::attention_backward(problem(qkv_p, add_p, s, p), grad_p + at_out, s.D, lse_p + p * s.N,
                                     dq, dq + s.D, dq + 2 * s.D, 3 * s.D, scratch);
       }
     });

@@ -310,17 +310,17 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
 }
 
 // Backward of one problem, P recomputed from the saved lse.
-//   out, dout: token i's head output and its gradient at out + i·out_stride (likewise dout);
+//   dout: the gradient of token i's head output at dout + i·out_stride;
 //   dq, dk, dv: token i's gradients at dq + i·grad_stride (likewise dk, dv); every entry is written;
 //   scratch as in attention_forward.
-// With dS = P ∘ (dP − Δ), Δ_i = Σ_d dO_id·O_id, dP = dO·Vᵀ:  dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·dO.
+// With dS = P ∘ (dP − Δ), Δ_i = Σ_j P_ij·dP_ij, dP = dO·Vᵀ:  dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·dO.
 template <typename T>
-void attention_backward(const Problem<T>& pr, const T* out, const T* dout, int64_t out_stride, const T* lse,
+void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride, const T* lse,
                         T* dq, T* dk, T* dv, int64_t grad_stride, std::vector<T>& scratch) {
   const int n = pr.n, dh = pr.dh, n_pad = padded(n), tile = std::min(kKeyTile, n_pad);
   const int64_t plane = static_cast<int64_t>(dh) * n, plane_pad = static_cast<int64_t>(dh) * n_pad;
   scratch.resize(std::max(scratch.size(),
-                          static_cast<size_t>(2 * plane_pad + 4 * plane + kRowBlock * (2 * dh + 2 * tile))));
+                          static_cast<size_t>(2 * plane_pad + 4 * plane + kRowBlock * (2 * dh + 2 * n_pad))));
   T* kt = scratch.data();          // [dh × n_pad]
   T* vt = kt + plane_pad;          // [dh × n_pad]
   T* k = vt + plane_pad;           // [n × dh]
@@ -329,12 +329,11 @@ void attention_backward(const Problem<T>& pr, const T* out, const T* dout, int64
   T* q_all = dv_acc + plane;       // [n × dh], scaled: dK = dSᵀ·(scale·Q)
   T* g = q_all + plane;            // [rows × dh], dO
   T* dq_acc = g + kRowBlock * dh;  // [rows × dh]
-  T* p = dq_acc + kRowBlock * dh;  // [rows × tile]
-  T* ds = p + kRowBlock * tile;    // [rows × tile]: dP, then dS
+  T* p = dq_acc + kRowBlock * dh;  // [rows × n_pad]: S, then P
+  T* ds = p + kRowBlock * n_pad;   // [rows × n_pad]: dP, then dS
   const T scale = T(1) / std::sqrt(T(dh));
   load_problem<T>(pr, scale, q_all, kt, k, vt, nullptr);
   std::fill(dk_acc, dk_acc + 2 * plane, T(0));
-  T delta[kRowBlock];
 
   for (int i0 = 0; i0 < n; i0 += kRowBlock) {
     const int rows = std::min(kRowBlock, n - i0);
@@ -342,29 +341,36 @@ void attention_backward(const Problem<T>& pr, const T* out, const T* dout, int64
     for (int r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       std::copy(dout + i * out_stride, dout + i * out_stride + dh, g + r * dh);
-      delta[r] = dot(g + r * dh, out + i * out_stride, dh);
     }
     std::fill(dq_acc, dq_acc + rows * dh, T(0));
 
+    // S and dP of the whole rows first: Δ = Σ_j P_j·dP_j must be summed from the same P and dP that dS = P·(dP − Δ)
+    // uses, so that a saturated row (P one-hot) cancels exactly, as the reference's softmax backward does. Δ taken as
+    // dO·O instead differs from it by the rounding of O, which dS then carries times |K| (large logits: large K).
+    for (int j0 = 0; j0 < n; j0 += tile) {
+      const int cols_pad = std::min(tile, n_pad - j0);  // whole vectors; only the first n columns are used
+      gemm<false>(rows, cols_pad, dh, q, dh, 1, kt + j0, n_pad, p + j0, n_pad);   // S
+      gemm<false>(rows, cols_pad, dh, g, dh, 1, vt + j0, n_pad, ds + j0, n_pad);  // dP
+    }
+    for (int r = 0; r < rows; ++r) {
+      T* pr_ = p + r * n_pad;
+      T* dsr = ds + r * n_pad;
+      const T row_lse = lse[i0 + r];
+      T delta = T(0);
+#pragma omp simd reduction(+ : delta)
+      for (int j = 0; j < n; ++j) {
+        pr_[j] = fast_exp(pr_[j] - row_lse);
+        delta += pr_[j] * dsr[j];
+      }
+#pragma omp simd
+      for (int j = 0; j < n; ++j) dsr[j] = pr_[j] * (dsr[j] - delta);
+    }
     for (int j0 = 0; j0 < n; j0 += tile) {
       const int cols = std::min(tile, n - j0);
-      const int cols_pad = std::min(tile, n_pad - j0);  // whole vectors; only the first cols are used
-      gemm<false>(rows, cols_pad, dh, q, dh, 1, kt + j0, n_pad, p, tile);   // S
-      gemm<false>(rows, cols_pad, dh, g, dh, 1, vt + j0, n_pad, ds, tile);  // dP
-      for (int r = 0; r < rows; ++r) {
-        T* pr_ = p + r * tile;
-        T* dsr = ds + r * tile;
-        const T row_lse = lse[i0 + r], row_delta = delta[r];
-#pragma omp simd
-        for (int j = 0; j < cols; ++j) {
-          pr_[j] = fast_exp(pr_[j] - row_lse);
-          dsr[j] = pr_[j] * (dsr[j] - row_delta);
-        }
-      }
       const int64_t at = static_cast<int64_t>(j0) * dh;
-      gemm<true>(rows, dh, cols, ds, tile, 1, k + at, dh, dq_acc, dh);    // dQ += dS·K
-      gemm<true>(cols, dh, rows, ds, 1, tile, q, dh, dk_acc + at, dh);    // dK += dSᵀ·Q
-      gemm<true>(cols, dh, rows, p, 1, tile, g, dh, dv_acc + at, dh);     // dV += Pᵀ·dO
+      gemm<true>(rows, dh, cols, ds + j0, n_pad, 1, k + at, dh, dq_acc, dh);   // dQ += dS·K
+      gemm<true>(cols, dh, rows, ds + j0, 1, n_pad, q, dh, dk_acc + at, dh);   // dK += dSᵀ·Q
+      gemm<true>(cols, dh, rows, p + j0, 1, n_pad, g, dh, dv_acc + at, dh);    // dV += Pᵀ·dO
     }
     for (int r = 0; r < rows; ++r)
       for (int d = 0; d < dh; ++d) dq[(i0 + r) * grad_stride + d] = dq_acc[r * dh + d] * scale;

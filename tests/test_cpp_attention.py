@@ -18,15 +18,20 @@ from pe_fast.ops.backends import _warn_fallback, resolve_backend
 pytestmark = pytest.mark.skipif("cpp" not in BACKENDS, reason="pe_fast._C (the C++ CPU kernels) is not built")
 
 
-def assert_relative(got: dict, expected: dict, tol: float):
-    """max |got − expected| ≤ tol · max |expected|, per output (each statistic column on its own)."""
+def assert_relative(got: dict, expected: dict, tol: float, peer: dict | None = None):
+    """max |got − expected| ≤ tol · max |expected|, per output (each statistic column on its own), or, given the
+    same outputs of a peer in the same dtype (the float32 reference), ≤ twice the peer's own error."""
     for name, e in expected.items():
         g, e = got[name].double(), e.double()
+        p = None if peer is None else peer[name].double()
         if name == "stats":
             g, e = g.flatten(0, 1).T, e.flatten(0, 1).T  # one row per statistic
+            p = None if p is None else p.flatten(0, 1).T
         for i, (g_row, e_row) in enumerate(zip(g.reshape(len(g), -1), e.reshape(len(e), -1))):
             error, scale = (g_row - e_row).abs().max().item(), e_row.abs().max().item()
-            assert error <= tol * scale, f"{name}[{i}]: error {error:.3g}, scale {scale:.3g}"
+            peer_error = 0.0 if p is None else (p.reshape(len(p), -1)[i] - e_row).abs().max().item()
+            assert error <= max(tol * scale, 2 * peer_error), (
+                f"{name}[{i}]: error {error:.3g}, scale {scale:.3g}, the peer's error {peer_error:.3g}")
 
 
 CASES = {  # M, B, N, D, H, K, pe, b_qkv, logit scale
@@ -47,7 +52,9 @@ def test_matches_reference(case):
     inputs = make_inputs(M, B, N, D, K, with_pe=with_pe, with_bias=with_bias, logit_scale=logit_scale)
     oracle = run(inputs, H, torch.float64, "reference")
     assert_relative(run(inputs, H, torch.float64, "cpp"), oracle, 1e-10)
-    assert_relative(run(inputs, H, torch.float32, "cpp"), oracle, 1e-5)
+    # float32: within 1e-5 of the largest value, or as close as PyTorch's own float32 attention gets (its error
+    # reaches 1.9e-5 on the peaked rows of N130)
+    assert_relative(run(inputs, H, torch.float32, "cpp"), oracle, 1e-5, peer=run(inputs, H, torch.float32, "reference"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -196,3 +203,21 @@ def test_the_kernels_load_once_from_pe_fast_kernels_and_a_bad_path_is_named(tmp_
     assert missing.returncode == 0, missing.stderr
     assert missing.stdout.split() == ["None", "False", "False"]
     assert "no_such_C.so" in missing.stderr and "not built" in missing.stderr
+
+
+@pytest.mark.parametrize("x_scale", [10.0, 100.0, 1e3, 1e4])
+@pytest.mark.parametrize("N", [16, 100, 360])  # one key tile, and three
+def test_backward_at_saturated_softmax_is_as_close_to_float64_as_the_reference(N, x_scale):
+    """x scaled up saturates the softmax (almost one-hot rows), where its gradient cancels: P·(dP − Δ) with Δ a
+    sum that must match P·dP to the last bit. Every float32 gradient of the kernels is as close to the float64
+    one as the float32 reference is (or within float32 rounding of the largest value)."""
+    inputs = make_inputs(1, 2, N, 32, 1, seed=3)
+    inputs["x"] = inputs["x"] * x_scale
+    exact = run(inputs, 2, torch.float64, "reference")
+    reference32, kernels32 = run(inputs, 2, torch.float32, "reference"), run(inputs, 2, torch.float32, "cpp")
+    for name in ("dx", "dpe", "dw", "db"):
+        largest = exact[name].abs().max().item()
+        reference_error = (reference32[name].double() - exact[name]).abs().max().item()
+        error = (kernels32[name].double() - exact[name]).abs().max().item()
+        assert error <= 4 * reference_error + 1e-5 * largest, (
+            f"{name}: error {error:.3g} against the reference's {reference_error:.3g} (largest {largest:.3g})")

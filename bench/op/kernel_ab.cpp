@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
       const float* q = qkv.data() + size_t(p) * n * w;
       float* d = dqkv.data() + size_t(p) * n * w;
       const float* o = out.data() + size_t(p) * n * dh;
-      api.backward(Problem{q, q + dh, q + 2 * dh, w, n, dh}, o, o, dh, lse.data() + size_t(p) * n, d, d + dh,
+      api.backward(Problem{q, q + dh, q + 2 * dh, w, n, dh}, o, dh, lse.data() + size_t(p) * n, d, d + dh,
                    d + 2 * dh, w, scratch);
     }
   };

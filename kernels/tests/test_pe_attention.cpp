@@ -131,7 +131,7 @@ void run_case(const Case& c, const char* type, double tol) {
   pe_fast::attention_forward(pr, K ? probes_t.data() : nullptr, K, out.data(), dh, lse.data(), sums.data(), scratch);
 
   std::vector<T> dqkv(size_t(n) * w, T(-1));
-  pe_fast::attention_backward(pr, out.data(), dout_t.data(), dh, lse.data(), dqkv.data(), dqkv.data() + dh,
+  pe_fast::attention_backward(pr, dout_t.data(), dh, lse.data(), dqkv.data(), dqkv.data() + dh,
                               dqkv.data() + 2 * dh, w, scratch);
   std::vector<T> dq(size_t(n) * dh), dk(size_t(n) * dh), dv(size_t(n) * dh);
   for (int i = 0; i < n; ++i)
