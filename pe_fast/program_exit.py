@@ -3,7 +3,9 @@
 A program that trained has imported torch.compile's stack (torch.optim loads it), and the interpreter's teardown of
 those modules takes about a second of a 2-core machine after the work is done. exit_now ends the process as the
 interpreter would, less that teardown: the other non-daemon threads joined, the atexit handlers run (logging, Ray,
-multiprocessing, temporary files), the standard streams flushed; then it exits with the program's code.
+multiprocessing, temporary files), the standard streams flushed; then it exits with the program's code. Under a
+profiler or a tracer (`python -m cProfile -m pe_fast.sweep`, a debugger, coverage) it exits the usual way, so that
+they can write what they gathered after the program returns.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import NoReturn
 
 
 def exit_now(code: int | None) -> NoReturn:
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()

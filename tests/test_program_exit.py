@@ -27,3 +27,12 @@ def test_a_program_that_returns_none_exits_0():
     done = subprocess.run([sys.executable, "-c", "from pe_fast.program_exit import exit_now; exit_now(None)"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_under_a_profiler_the_program_exits_the_usual_way_and_the_profile_is_written(tmp_path):
+    script, profile = tmp_path / "program.py", tmp_path / "program.prof"
+    script.write_text("from pe_fast.program_exit import exit_now\nexit_now(0)\n")
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), str(script)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert profile.stat().st_size > 0
