@@ -46,7 +46,8 @@ def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin
 
 def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, rope_sin=None, bias=None, *,
              out):
-    """`reference.backward`, plus the forward's output `out` (for Δ = rowsum(dO·O)); qkv is the forward's xw."""
+    """`reference.backward`; `out` is the kernel backends' shared interface (these kernels sum Δ from P and dP); qkv
+    is the forward's xw."""
     return (*projection.backward_around(torch.ops.pe_fast_cpp.attention_backward, True, grad_out, x, pe, w_qkv,
                                         b_qkv, qkv, lse, out, num_heads, rope_cos, rope_sin), None)
 
