@@ -94,3 +94,18 @@ def test_report_rdms_exports_every_model_and_the_ground_truth(tmp_path):
     assert np.allclose(rdms.dissimilarities[-1], pdist(grid_coordinates()))
     assert np.allclose(rdms.dissimilarities[4], upper_triangle(1 - cosine_similarity_matrix(run.pe_tables["model_4"][0])))
     assert "## RSA with rsatoolbox" in (tmp_path / "report.md").read_text()
+
+
+def test_rdms_of_a_run_with_fc_and_centroids_export_and_read_back(tmp_path):
+    """The ground truth of fMRI and netsim runs is named "1 − FC" (a minus sign, not ASCII), which rsatoolbox's
+    HDF5 writer could not encode: `--rdms` on an untouched netsim run ended in a UnicodeEncodeError."""
+    rng = np.random.default_rng(0)
+    n = 12
+    fc = np.corrcoef(rng.normal(size=(n, 40)))
+    np.savez(tmp_path / "ground_truth.npz", fc=fc, centroids=rng.normal(size=(n, 3)))
+    rows = [{"task": "netsim", "model_id": i, "pe": "learned", "sigma": 0.5, "seed": i} for i in range(2)]
+    tables = {f"model_{i}": rng.normal(size=(1, n, 8)) for i in range(2)}
+    run = Run({"settings": {"task": "netsim"}}, pd.DataFrame(rows), pd.DataFrame(), tables, [])
+    rdms = load_rdm(str(rsa.export(run, "netsim", tmp_path)))
+    assert list(rdms.rdm_descriptors["name"]) == ["model_0", "model_1", "1 - FC", "3D distance"]  # ASCII there
+    assert np.allclose(rdms.dissimilarities[2], upper_triangle(1 - fc))

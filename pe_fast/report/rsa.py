@@ -55,6 +55,12 @@ def model_dissimilarities(run: Run) -> tuple[pd.DataFrame, np.ndarray]:
     return models.reset_index(drop=True), (np.array(rdms) if rdms else np.empty((0, 0)))
 
 
+def hdf5_text(text: str) -> str:
+    """A descriptor as rsatoolbox's HDF5 files hold it: ASCII (it writes strings as bytes), so "1 − FC" is "1 - FC"
+    there."""
+    return text.replace("\u2212", "-").encode("ascii", "replace").decode("ascii")
+
+
 def as_rdms(run: Run, task: str, directory: Path):
     """Every model's RDM, then the ground truth's, as one rsatoolbox RDMs object with descriptors (kind: model /
     ground truth; name; pe, sigma, seed, model_id for the models)."""
@@ -65,7 +71,8 @@ def as_rdms(run: Run, task: str, directory: Path):
     return RDMs(np.vstack([rdms, *truth.values()]) if count else np.zeros((0, 0)),
                 dissimilarity_measure="1 − cosine similarity (models)",
                 rdm_descriptors={"kind": ["model"] * len(models) + ["ground truth"] * len(truth),
-                                 "name": [f"model_{int(i)}" for i in models["model_id"]] + list(truth),
+                                 "name": [f"model_{int(i)}" for i in models["model_id"]] + [
+                                     hdf5_text(name) for name in truth],
                                  "pe": list(models["pe"]) + [""] * len(truth),
                                  "sigma": list(models["sigma"].astype(float)) + [np.nan] * len(truth),
                                  "seed": list(models["seed"].astype(float)) + [np.nan] * len(truth),
