@@ -492,3 +492,45 @@ def test_a_checkpoint_from_before_fp16_passes_the_check(tmp_path):
     run_folder.check_checkpoint(tmp_path, 0, PackTrainer.REQUIRED_STATE_KEYS, steps=4)
     with pytest.raises(run_folder.UnreadableCheckpoint, match="lacks scaler"):
         run_folder.check_checkpoint(tmp_path, 0, PackTrainer.STATE_KEYS, steps=4)
+
+
+def minimal_run(folder: Path, results: pd.DataFrame, curves: pd.DataFrame | None = None) -> Path:
+    """A results folder as a sweep writes its top level: config.json, results.parquet (and curves.parquet)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"settings": {"task": "lst"}}))
+    results.to_parquet(folder / "results.parquet")
+    if curves is not None:
+        curves.to_parquet(folder / "curves.parquet")
+    return folder
+
+
+GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "seed": [1, 1], "model_id": [0, 1],
+        "ood_acc": [0.5, 0.6]}
+
+
+@pytest.mark.parametrize("change, must_name", [
+    ({"pe": [3, 4]}, "column pe holds 3"),
+    ({"pe": ["learned", "<script>alert(1)</script>"]}, "column pe holds '<script>"),
+    ({"pe": ["learned", "$\\frac{$"]}, "column pe holds"),
+    ({"seed": ["one", "two"]}, "column seed"),
+    ({"sigma": [0.0, None]}, "column sigma holds 0"),
+    ({"sigma": [-1.0, None]}, "column sigma holds -1"),
+    ({"sigma": ["small", None]}, "column sigma holds values that are not numbers"),
+])
+def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
+    from pe_fast.results.reading import ReportError, load_run
+    assert len(load_run(minimal_run(tmp_path / "good", pd.DataFrame(GOOD))).results) == 2  # the good one reads
+    folder = minimal_run(tmp_path / "bad", pd.DataFrame({**GOOD, **change}))
+    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
+        load_run(folder)
+    assert must_name in str(refused.value)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before  # no figure, no report.md written before the refusal
+
+
+def test_curves_without_steps_are_one_error(tmp_path):
+    from pe_fast.results.reading import ReportError, load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD), pd.DataFrame({"model_id": [0], "ood_acc": [0.5]}))
+    with pytest.raises(ReportError, match="curves column step is missing"):
+        load_run(folder)

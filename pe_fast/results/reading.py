@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder
 from pe_fast.results.settings import RUNTIME_FLAGS, Settings
 from pe_fast.tasks import KINDS
@@ -140,6 +142,7 @@ def read_run(directory: Path) -> Run:
                           f"results folder")
     if "model_id" not in results:
         results = results.assign(model_id=np.arange(len(results)))
+    check_columns(directory, results, curves)
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
     if "sigma" in curves:
@@ -150,6 +153,40 @@ def read_run(directory: Path) -> Run:
                      f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+# a results row's pe: a PE kind, or a task's non-transformer reference ("baseline:mean")
+PE_NAME = re.compile(rf"(?:{'|'.join(PE_KINDS)}|baseline:[a-z0-9_-]+)")
+
+
+def _numbers(column: pd.Series) -> pd.Series | None:
+    """The column as numbers (None and NaN kept as NaN), or None where a value is not a number."""
+    numbers = pd.to_numeric(column, errors="coerce")
+    return None if (numbers.isna() & column.notna()).any() or column.map(lambda v: isinstance(v, bool)).any() \
+        else numbers
+
+
+def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
+    """The columns the report and load_run's users read, of the kind a sweep writes, or one ReportError naming the
+    column: a folder someone else made (or a tampered one) is refused as a whole, before anything reads it."""
+    def refuse(table: str, what: str):
+        raise ReportError(f"{directory}: {table} {what}; not a pe_fast results folder")
+
+    bad_pe = next((v for v in results["pe"].unique() if not (isinstance(v, str) and PE_NAME.fullmatch(v))), None)
+    if bad_pe is not None:
+        shown = repr(bad_pe if isinstance(bad_pe, str) else getattr(bad_pe, "item", lambda: bad_pe)())[:40]
+        refuse("results", f"column pe holds {shown}, not a PE kind ({', '.join(PE_KINDS)}) or a "
+                          f"baseline:NAME")
+    for name in ("sigma", "seed", "model_id"):
+        if name in results and _numbers(results[name]) is None:
+            refuse("results", f"column {name} holds values that are not numbers")
+    sigma = _numbers(results["sigma"])
+    if (sigma <= 0).any():
+        refuse("results", f"column sigma holds {sigma[sigma <= 0].iloc[0]:g}; σ is > 0 (or empty for PEs without one)")
+    if not curves.empty:
+        for name in ("model_id", "step"):
+            if name not in curves or _numbers(curves[name]) is None or curves[name].isna().any():
+                refuse("curves", f"column {name} is missing or not numbers")
 
 
 def task_name(run: Run) -> str:
