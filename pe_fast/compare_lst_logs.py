@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
+from pe_fast.results import run_folder
 from pe_fast.results.reading import MAY_DIFFER, ReportError, check_alike, read_run, recorded_settings
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
@@ -227,9 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         text = markdown(table, verdicts, directories)
         if out is not None:
             try:
-                out.write_text(text)
+                if args.out:
+                    out.write_text(text)
+                else:  # a new file in the run's folder: a link planted there is replaced, never written through
+                    run_folder.write_atomic(out, lambda tmp: tmp.write_text(text))
             except OSError as error:
-                raise CompareError(f"--out {out}: cannot write ({error.strerror or error})")
+                raise CompareError(f"{'--out ' if args.out else ''}{out}: cannot write ({error.strerror or error})")
     except CompareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """`python -m pe_fast.compare_lst_logs DIR`: an LST run against logs whose numbers are written here, so every
 difference and verdict is known in advance; bad input is one line and exit code 2."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -197,3 +198,24 @@ def test_paper_e200_preset_is_the_authors_grid_at_their_epoch_200():
     task = load_task(s)
     assert grid.model_config(s, task, "sin2d").pe_dropout == 0.1
     assert grid.model_config(s, task, "learned").pe_dropout == 0.0
+
+
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_a_link_planted_as_the_output_is_replaced_not_written_through(link, tmp_path, capsys):
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.0)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's file\n")
+    planted = tmp_path / "run" / "compare_lst_logs.md"
+    planted.symlink_to(outside) if link == "symlink" else os.link(outside, planted)
+    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]) == 0
+    assert outside.read_text() == "someone else's file\n"
+    assert not planted.is_symlink() and planted.read_text() == capsys.readouterr().out
+
+
+def test_an_output_that_is_a_folder_is_one_line(tmp_path, capsys):
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.0)
+    (tmp_path / "run" / "compare_lst_logs.md").mkdir()
+    code, err = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot write" in err, err
