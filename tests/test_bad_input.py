@@ -534,3 +534,13 @@ def test_curves_without_steps_are_one_error(tmp_path):
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD), pd.DataFrame({"model_id": [0], "ood_acc": [0.5]}))
     with pytest.raises(ReportError, match="curves column step is missing"):
         load_run(folder)
+
+
+@pytest.mark.parametrize("in_the_way", ["report.md as a folder", "figures as a file"])
+def test_a_report_or_figures_in_the_way_is_one_line_and_nothing_drawn(in_the_way, tmp_path, capsys):
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    (folder / "report.md").mkdir() if in_the_way == "report.md as a folder" else (folder / "figures").write_text("")
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), "is in the way")
+    assert snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(
+        ["config.json", "results.parquet", "report.md" if in_the_way.startswith("report") else "figures"])

@@ -175,13 +175,17 @@ def write_report(directory: str | os.PathLike) -> Path:
     except run_folder.LeavesFolder as error:
         raise ReportError(str(error))
     run = read_run(directory)
+    report, figures = directory / run_folder.REPORT, directory / run_folder.FIGURES
+    if report.is_dir() or (figures.exists() and not figures.is_dir()):  # before a figure is drawn
+        wrong = report if report.is_dir() else figures
+        raise ReportError(f"{wrong} is in the way: the report writes {run_folder.REPORT} as a file and "
+                          f"{run_folder.FIGURES}/ as a folder; move it away")
     task = task_name(run)
     view = KINDS[task].view
     align = alignment(run.results, view)
     drawn, skipped = draw_figures(run, view, align, directory)
     text = report_markdown(Report(directory.resolve().name, directory, run, task, view, align,
                                   convergence(run.curves, view), drawn, skipped))
-    report = directory / run_folder.REPORT
     run_folder.write_atomic(report, lambda tmp: tmp.write_text(text))
     return report
 
