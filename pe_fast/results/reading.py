@@ -12,7 +12,7 @@ import pandas as pd
 
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder
-from pe_fast.results.settings import RUNTIME_FLAGS, Settings
+from pe_fast.results.settings import FLAGS, Settings
 from pe_fast.tasks import KINDS
 
 
@@ -198,11 +198,10 @@ def task_name(run: Run) -> str:
     return name
 
 
-# What may differ between folders pooled as one run: which models they trained (seeds, PEs, σ, and the PE dropout,
-# which is checked per PE kind), how often they evaluated, the preset's name (its values are compared), and where
-# and how they ran.
-MAY_DIFFER = frozenset({"seeds", "seed_values", "pe", "sigmas", "pe_dropout", "pe_dropout_on", "eval_every",
-                        "preset", "out", "packs", "max_pack", "backend", *RUNTIME_FLAGS})
+# What may differ between folders pooled as one run (Flag.may_differ and .runtime): which models they trained (seeds,
+# PEs, σ, and the PE dropout, which is checked per PE kind), how often they evaluated, the preset's name (its values
+# are compared), and where and how they ran.
+MAY_DIFFER = frozenset({"packs", *(name for name, flag in FLAGS.items() if flag.may_differ or flag.runtime)})
 
 
 def recorded_settings(directory: Path, run: Run) -> Settings:

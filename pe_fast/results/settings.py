@@ -4,70 +4,184 @@ and migrate.py reads every older config.json as today's."""
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from collections.abc import Callable
 
-from pe_fast.models.absolute_pe import SINUSOIDAL_PES
+from pe_fast.models import PE_KINDS
+from pe_fast.models.absolute_pe import ADDITIVE_PES, SINUSOIDAL_PES
+from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
+from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
-# Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
-# (the PE kinds the dropout applies to).
-LIST_SETTINGS = {"pe": str, "sigmas": float, "lr": float, "weight_decay": float, "momentum": float,
-                 "optimizer": str, "pe_dropout_on": str, "seed_values": int}
-OPTIONAL_LISTS = ("seed_values",)  # None when not given; the others always have a value
-# What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
-RUNTIME_FLAGS = ("device", "threads", "executor", "ray_address", "slurm_partition", "slurm_time", "slurm_gpus",
-                 "slurm_account", "slurm_option", "slurm_local", "checkpoint_every", "no_report", "compile",
-                 "tensorboard")
+# Sizes beyond any model of this study (the paper's d = 160, MLP 640, 4 blocks): a typo is one line, not a failed
+# allocation; at MAX_WIDTH one model's QKV weights alone would take 51 GB.
+MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
+MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
+MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
+MAX_WIDTH = 2**16
+MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
+MAX_DEPTH = 1000
+MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
+MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
+
+# the values of the settings that have a fixed set
+EXECUTORS = ("local", "ray", "slurm")
+COMPILE_CHOICES = ("auto", *COMPILE_MODES)
+DEVICES = ("auto", "cpu", "cuda")
+PE_AT = ("every", "input")
+
+KEEP = object()  # Flag.new_sweep: a new sweep starts from the field's default
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """Everything about one setting but its type and default (the Settings field's): its flag --NAME-WITH-DASHES
+    and its rules. The sweep's parser, its validation, --resume, config.json and pooling all read them from here;
+    a task's own settings have the same shape (tasks.base.TaskSetting). A tuple field is a comma-separated flag, a
+    bool one an on/off flag."""
+    help: str | None = None
+    # the values allowed (None among them where it means "chosen later"), or a function of the task's TaskKind
+    choices: tuple | Callable | None = None
+    choices_in_parser: bool = True  # argparse refuses other values; False: validation does, in its own words
+    range: tuple | None = None      # (lowest, highest or None, which ends belong: "[]", "[)", "()")
+    runtime: bool = False           # where and how it runs: --resume may change it, pooled folders may differ in it
+    may_differ: bool = False        # folders pooled as one run may differ in it (which models, how often evaluated)
+    # the setting it depends on and the values under which it means something (or the setting that lists them)
+    applies_only_with: tuple | None = None
+    executor: str | None = None     # the executor whose flag it is (--executor NAME only)
+    new_sweep: object = KEEP        # a new sweep's value where no task default, preset or flag gives one
+    metavar: str | None = None
+    repeatable: bool = False        # given once per value (--slurm-option)
+
+
+def setting(default=dataclasses.MISSING, **flag) -> dataclasses.Field:
+    """A field of Settings and its flag's row."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(**flag)})
+
+
+def backend_choices(kind) -> tuple:
+    from pe_fast.models.transformer import compute_paths  # the ops load the compiled kernels: only when asked
+    return (None, *compute_paths())
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Everything a sweep needs, resolved and validated. Written to config.json ("settings") and read back by
-    --resume (`from_json`)."""
-    task: str
-    pe: tuple[str, ...]
-    sigmas: tuple[float, ...]
-    seeds: int  # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
-    steps: int
-    width: int
-    depth: int
-    heads: int
-    mlp_width: int
-    batch_size: int
-    lr: tuple[float, ...]          # grid axes: every model trains with one value of each
-    optimizer: tuple[str, ...]
-    schedule: str
-    warmup: int
-    eval_every: int
-    eval_items: int = 2048
-    until: str = "budget"  # or "converged": a pack ends once its models have levelled off (train.UNTIL)
-    weight_decay: tuple[float, ...] = (0.0,)
-    momentum: tuple[float, ...] = (0.0,)  # SGD's; the other optimizers' models have none
-    seed_values: tuple[int, ...] | None = None  # the seeds themselves (--seed-values), instead of the first --seeds
-    pe_at: str = "every"
-    pe_dropout: float = 0.0  # dropout on x + PE while training, for the kinds of pe_dropout_on
-    pe_dropout_on: tuple[str, ...] = SINUSOIDAL_PES  # the authors': their sinusoidal modules, not their learned PE
-    precision: str = "fp32"
-    preset: str | None = None
+    """Everything a sweep needs, resolved and validated: one field per setting, each field one row with its flag
+    (setting(): help, choices, range, and what --resume and pooling may change). Written to config.json
+    ("settings") in this order and read back by --resume (`from_json`). The task's defaults fill the fields
+    without one."""
+    task: str = setting(choices=lambda kind: tuple(KINDS), help="fmri (default), lst or netsim")  # as registered
+    pe: tuple[str, ...] = setting(choices=lambda kind: kind.pe_kinds, may_differ=True,
+                                  help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
+    sigmas: tuple[float, ...] = setting(
+        may_differ=True, help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
+    # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
+    seeds: int = setting(range=(1, MAX_MODELS, "[]"), may_differ=True,
+                         help="number of seeds per (PE, σ): the first N of the authors' 15 LST seeds")
+    steps: int = setting(range=(1, MAX_STEPS, "[]"), help="training steps")
+    width: int = setting(range=(1, MAX_WIDTH, "[]"), help="model width d")
+    depth: int = setting(range=(1, MAX_DEPTH, "[]"), help="number of blocks")
+    heads: int = setting(range=(1, None, "[)"))
+    mlp_width: int = setting(range=(1, MAX_MLP_WIDTH, "[]"), new_sweep=None,  # None: 4·width
+                             help="MLP hidden width (default 4·width)")
+    batch_size: int = setting(range=(1, None, "[)"))
+    # grid axes: every model trains with one value of each
+    lr: tuple[float, ...] = setting(range=(0, None, "()"),
+                                    help="learning rate; a comma-separated list is a grid axis")
+    optimizer: tuple[str, ...] = setting(
+        choices=OPTIMIZERS, help=f"{', '.join(OPTIMIZERS)}; a comma-separated list is a grid axis")
+    schedule: str = setting(choices=SCHEDULES)
+    warmup: int = setting(range=(0, None, "[)"), help="linear warm-up steps")
+    eval_every: int = setting(range=(1, None, "[)"), may_differ=True, help="evaluate every this many steps")
+    eval_items: int = setting(
+        2048, range=(1, None, "[)"),
+        help="intermediate evaluations score at most this many items of the splits other than the held-out one the "
+             "convergence check follows (always in full); the last scores all")
+    # or "converged": a pack ends once its models have levelled off (train.UNTIL)
+    until: str = setting(
+        "budget", choices=UNTIL,
+        help="converged (the fmri and netsim default): end a pack at the first evaluation where every model's score "
+             "gained at most 0.01 over the last quarter of its steps (the report's convergence test) and, for the "
+             "LST, it fits its training set, or at --steps; budget: train --steps")
+    weight_decay: tuple[float, ...] = setting((0.0,), range=(0, None, "[)"),
+                                              help="weight decay; a comma-separated list is a grid axis")
+    # SGD's; the other optimizers' models have none
+    momentum: tuple[float, ...] = setting((0.0,), range=(0, 1, "[)"), applies_only_with=("optimizer", ("sgd",)),
+                                          help="SGD momentum; a comma-separated list is a grid axis")
+    # the seeds themselves, instead of the first --seeds
+    seed_values: tuple[int, ...] | None = setting(
+        None, range=(0, 2**32, "[)"), may_differ=True, metavar="SEEDS",  # plus its stream offsets: still a torch seed
+        help="comma-separated seeds per (PE, σ) instead of --seeds, e.g. 6068 to add the third seed of an earlier "
+             "--seeds 2 run")
+    pe_at: str = setting("every", choices=PE_AT, help="add the PE at every block or at the input only")
+    # dropout on x + PE while training, for the kinds of pe_dropout_on
+    pe_dropout: float = setting(0.0, range=(0, 1, "[)"), may_differ=True, applies_only_with=("pe", "pe_dropout_on"),
+                                help="dropout probability on x + PE at each block while training, for the PE kinds "
+                                     "of --pe-dropout-on (default 0)")
+    # the authors': their sinusoidal modules, not their learned PE
+    pe_dropout_on: tuple[str, ...] = setting(
+        SINUSOIDAL_PES, may_differ=True, metavar="KINDS",
+        help=f"comma-separated PE kinds that --pe-dropout applies to, of {', '.join(ADDITIVE_PES)} "
+             f"(default {','.join(SINUSOIDAL_PES)}: the authors' code drops out its sinusoidal PEs only)")
+    precision: str = setting(
+        "fp32", choices=(None, *PRECISIONS), new_sweep=None,  # None: the device's default (runtime.resolve)
+        help="fp32 (default), tf32 (CUDA), bf16 or fp16 (autocast, float32 weights; fp16 with one dynamic loss "
+             "scale per model)")
+    preset: str | None = setting(None, choices=lambda kind: (None, *kind.presets), may_differ=True,
+                                 help="a named configuration of the task; explicit flags win")
     # the task's own settings (its TaskKind.settings: data, network, masking ...) by name; s.NAME reads them too
     task_settings: dict = dataclasses.field(default_factory=dict)
-    # where and how it runs (RESUME_FLAGS may change these)
-    out: str | None = None
-    device: str = "cpu"
-    threads: int | None = None
-    backend: str | None = None
-    max_pack: int | None = None
-    checkpoint_every: int | None = None
-    executor: str = "local"
-    ray_address: str | None = None
-    slurm_partition: str | None = None
-    slurm_time: int = 60  # minutes per job; a pack that needs longer is requeued and continues
-    slurm_gpus: int | None = None  # per job; None: 1 with --device cuda, else 0
-    slurm_account: str | None = None
-    slurm_option: tuple[str, ...] = ()  # extra sbatch options, KEY=VALUE
-    slurm_local: bool = False  # submitit's local executor instead of SLURM, to try the path on one machine
-    compile: str = "off"
-    no_report: bool = False
-    tensorboard: bool = False
+    # where and how it runs
+    out: str | None = setting(None, may_differ=True,
+                              help="results folder (must not hold results yet); default runs/<task>-<time>")
+    device: str = setting("cpu", choices=DEVICES, choices_in_parser=False, runtime=True, new_sweep="auto",
+                          help="cpu, cuda or auto")
+    threads: int | None = setting(None, range=(1, MAX_THREADS, "[]"), runtime=True,
+                                  help="CPU threads for torch (default: all cores)")
+    backend: str | None = setting(
+        None, choices=backend_choices, choices_in_parser=False, may_differ=True,
+        help="the models' compute path: a pe_attention backend (reference, cpp, triton) or fused (Triton "
+             "sublayers); default: the fastest on the device")
+    max_pack: int | None = setting(None, range=(1, None, "[)"), may_differ=True,
+                                   help="models trained together (default: as many as fit in half the free memory)")
+    checkpoint_every: int | None = setting(
+        None, range=(1, None, "[)"), runtime=True,
+        help="save each pack's training state every this many steps (default: every evaluation)")
+    executor: str = setting("local", choices=EXECUTORS, runtime=True,
+                            help="local (default): packs one after the other here; ray: packs as Ray tasks")
+    ray_address: str | None = setting(
+        None, executor="ray", runtime=True,
+        help="--executor ray: the cluster to join (e.g. auto); default: a local Ray instance")
+    slurm_partition: str | None = setting(None, executor="slurm", runtime=True,
+                                          help="--executor slurm: the partition to submit to")
+    # minutes per job; a pack that needs longer is requeued and continues
+    slurm_time: int = setting(60, range=(1, None, "[)"), executor="slurm", runtime=True,
+                              help="--executor slurm: minutes per job (default 60); a pack that needs longer is "
+                                   "requeued and continues from its checkpoint")
+    # per job; None: 1 with --device cuda, else 0
+    slurm_gpus: int | None = setting(None, range=(0, None, "[)"), executor="slurm", runtime=True,
+                                     help="--executor slurm: GPUs per job (default: 1 with --device cuda)")
+    slurm_account: str | None = setting(None, executor="slurm", runtime=True,
+                                        help="--executor slurm: the account to charge")
+    # extra sbatch options, KEY=VALUE
+    slurm_option: tuple[str, ...] = setting(
+        (), executor="slurm", runtime=True, repeatable=True, metavar="KEY=VALUE",
+        help="--executor slurm: an extra sbatch option, e.g. qos=short or constraint=a100 (repeatable)")
+    # submitit's local executor instead of SLURM, to try the path on one machine
+    slurm_local: bool = setting(
+        False, executor="slurm", runtime=True,
+        help="--executor slurm: run the jobs with submitit's local executor instead (no SLURM needed)")
+    compile: str = setting(
+        "off", choices=COMPILE_CHOICES, runtime=True, new_sweep="auto",
+        help="torch.compile the training step (about 20 s per pack on a GPU); graphs: compiled and replayed as CUDA "
+             "graphs (CUDA only); auto (default): on on CUDA, off elsewhere")
+    no_report: bool = setting(
+        False, runtime=True,
+        help="skip report.md and the figures at the end (python -m pe_fast.report DIR writes them)")
+    tensorboard: bool = setting(
+        False, runtime=True,
+        help="write every evaluation to DIR/tensorboard as it happens (tensorboard --logdir DIR/tensorboard)")
     # the packs, by model_id: planned at the start of a sweep, read from config.json on --resume
     packs: tuple[tuple[int, ...], ...] | None = None
 
@@ -110,6 +224,42 @@ class Settings:
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls.from_flat({**fields, "packs": tuple(tuple(pack) for pack in packs)})
+
+
+# ---- what the rows say, as the parser, validation, --resume and pooling ask it ----
+
+FLAGS: dict[str, Flag] = {field.name: field.metadata["flag"] for field in dataclasses.fields(Settings)
+                          if "flag" in field.metadata}
+HINTS = typing.get_type_hints(Settings)
+
+
+def value_type(name: str) -> type:
+    """The type of one value of a setting: of each item of a list, without the None an optional one allows."""
+    hint = HINTS[name]
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        hint = next(option for option in typing.get_args(hint) if option is not type(None))
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else hint
+
+
+def is_list(name: str) -> bool:
+    hint = HINTS[name]
+    options = typing.get_args(hint) if typing.get_origin(hint) in (types.UnionType, typing.Union) else (hint,)
+    return any(typing.get_origin(option) is tuple for option in options)
+
+
+def default_of(name: str):
+    """The field's default (dataclasses.MISSING where the task's defaults give it)."""
+    return next(field.default for field in dataclasses.fields(Settings) if field.name == name)
+
+
+# Comma-separated flags: name -> how one value is read. Each value a point of the grid, except pe_dropout_on's
+# (the PE kinds the dropout applies to) and slurm_option's (given once per value).
+LIST_SETTINGS = {name: value_type(name) for name, flag in FLAGS.items() if is_list(name) and not flag.repeatable}
+OPTIONAL_LISTS = tuple(name for name in LIST_SETTINGS if default_of(name) is None)  # None when not given
+# What --resume lets differ from the interrupted run: where and how it runs, never what it trains.
+RUNTIME_FLAGS = tuple(name for name, flag in FLAGS.items() if flag.runtime)
+# flag -> the executor it belongs to
+EXECUTOR_FLAGS = {name: flag.executor for name, flag in FLAGS.items() if flag.executor}
 
 
 def pe_dropout_of(s: Settings, kind: str) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from pe_fast.results.reading import Run
+from pe_fast.results.settings import FLAGS
 from pe_fast.sweep import UsageError, program, resume, settings
 
 
@@ -28,7 +29,7 @@ def arguments(keywords: dict) -> argparse.Namespace:
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
         if name in on_off and not isinstance(value, bool):
             raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
-        if name == "slurm_option" and isinstance(value, str):  # repeatable on the command line: a list here
+        if name in FLAGS and FLAGS[name].repeatable and isinstance(value, str):  # repeatable flag: a list here
             value = [value]
         setattr(namespace, name, None if value is False else value)
     return namespace

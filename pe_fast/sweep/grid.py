@@ -2,6 +2,7 @@
 optimizer kind that train together, and the model and training configurations of a pack."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -11,7 +12,7 @@ from pe_fast.metrics.convergence import lower_is_better
 from pe_fast.models import ModelConfig
 from pe_fast.models.transformer import FUSED
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.results.settings import Settings, pe_dropout_of
+from pe_fast.results.settings import FLAGS, Settings, pe_dropout_of
 from pe_fast.sweep import UsageError
 from pe_fast.tasks import KINDS
 from pe_fast.train import PackTrainer, TrainConfig
@@ -71,11 +72,16 @@ def pack_models(s: Settings, models: list[dict]) -> list[list[dict]]:
     return split_into_packs(models, s.max_pack)
 
 
+def same_named(s: Settings, config_class) -> dict:
+    """The settings a model's or training's configuration takes as they are: its fields named like a Settings
+    field (a new flag of the same name reaches it with no line here)."""
+    return {field.name: getattr(s, field.name) for field in dataclasses.fields(config_class) if field.name in FLAGS}
+
+
 def model_config(s: Settings, task, kind: str) -> ModelConfig:
-    return ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
-                       width=s.width, depth=s.depth, heads=s.heads, mlp_width=s.mlp_width, pe=kind,
-                       pe_at=s.pe_at, readout_token=task.readout_token,
-                       pe_dropout=pe_dropout_of(s, kind), backend=s.backend)
+    return ModelConfig(**{**same_named(s, ModelConfig), "pe": kind, "pe_dropout": pe_dropout_of(s, kind)},
+                       num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes,
+                       readout_token=task.readout_token)
 
 
 def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
@@ -84,12 +90,10 @@ def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
     view = KINDS[s.task].view
     def per_model(name, default):
         return tuple(default if m.get(name) is None else m[name] for m in pack)
-    return TrainConfig(steps=s.steps, batch_size=s.batch_size, optimizer=pack[0].get("optimizer", s.optimizer[0]),
-                       lr=per_model("lr", s.lr[0]), weight_decay=per_model("weight_decay", s.weight_decay[0]),
-                       momentum=per_model("momentum", 0.0), schedule=s.schedule, warmup=s.warmup,
-                       eval_every=s.eval_every, eval_items=s.eval_items, precision=s.precision,
-                       compile=s.compile, until=s.until, plateau_score=view.score,
-                       lower_is_better=lower_is_better(view.score), fit_score=view.fit)
+    return TrainConfig(**{**same_named(s, TrainConfig), "optimizer": pack[0].get("optimizer", s.optimizer[0]),
+                          "lr": per_model("lr", s.lr[0]), "weight_decay": per_model("weight_decay", s.weight_decay[0]),
+                          "momentum": per_model("momentum", 0.0)},
+                       plateau_score=view.score, lower_is_better=lower_is_better(view.score), fit_score=view.fit)
 
 
 def pack_trainer(s: Settings, task, pack: list[dict]) -> PackTrainer:

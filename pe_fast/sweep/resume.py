@@ -3,14 +3,13 @@ folder may come from anyone). Where and how it runs may change (RESUME_FLAGS); w
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from pe_fast.results import migrate, run_folder
-from pe_fast.results.settings import LIST_SETTINGS, RUNTIME_FLAGS, Settings
+from pe_fast.results.settings import EXECUTOR_FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, Settings, default_of
 from pe_fast.sweep.settings import parse_list
 from pe_fast.sweep import UsageError
-from pe_fast.sweep.validation import SLURM_FLAGS, conform, split_paths, validate
+from pe_fast.sweep.validation import conform, split_paths, validate
 from pe_fast.tasks import KINDS
 
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
@@ -57,9 +56,8 @@ def from_resume(args: argparse.Namespace) -> Settings:
                              f"flags, --checkpoint-every, --compile, --tensorboard)")
     s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
     if args.executor not in (None, s.get("executor")):  # the recorded executor's own flags go with it
-        defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-        for name in ("ray_address", *SLURM_FLAGS):
-            s[name] = defaults[name]
+        for name in EXECUTOR_FLAGS:
+            s[name] = default_of(name)
     for name in RUNTIME_FLAGS:
         if getattr(args, name) not in (None, False):
             s[name] = getattr(args, name)

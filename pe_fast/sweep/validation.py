@@ -13,21 +13,12 @@ import types
 import typing
 from pathlib import Path
 
-from pe_fast import precision
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
-from pe_fast.results.settings import LIST_SETTINGS, Settings
+from pe_fast.results.settings import (EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, MAX_SIGMA, MIN_SIGMA, Settings,
+                                      default_of)
 from pe_fast.sweep import UsageError, runtime
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskSetting
-from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
-
-# the values of the settings that have a fixed set (the parser's choices too)
-EXECUTORS = ("local", "ray", "slurm")
-COMPILE_CHOICES = ("auto", *COMPILE_MODES)
-DEVICES = ("auto", "cpu", "cuda")
-PE_AT = ("every", "input")
-SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus", "slurm_account", "slurm_option", "slurm_local")
-
 
 def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Settings:
     """Every rule of a sweep's settings, the same whatever their source: the flags (args, to tell what the user
@@ -50,9 +41,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
             raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
     if (problem := kind.check(s, given)) is not None:
         raise UsageError(problem)
-    if s["ray_address"] and s["executor"] != "ray":
-        raise UsageError("--ray-address applies to --executor ray only")
-    check_slurm_flags(s)
+    check_executor_flags(s)
     for setting in kind.settings:
         if setting.files and s.get(setting.name) is not None:
             # absolute, so that a resume from elsewhere or a Ray worker finds them
@@ -63,31 +52,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     return Settings.from_flat(s)
 
 
-# ---- the ranges of the numeric settings ----
-
-MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
-MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
-MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
-MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
-MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
-# A model's size: far above any model of this study (the paper's d = 160, MLP 640, 4 blocks), so that a typo is one
-# line, not a failed allocation; at MAX_WIDTH one model's QKV weights alone would take 51 GB.
-MAX_WIDTH = 2**16
-MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
-MAX_DEPTH = 1000
-# name -> (lowest, highest, which ends belong to the range: "[]", "[)", "()"); None: unbounded on that side
-RANGES = {
-    "seeds": (1, MAX_MODELS, "[]"), "seed_values": (0, 2**32, "[)"),  # plus its stream offsets, still a torch seed
-    "steps": (1, MAX_STEPS, "[]"), "batch_size": (1, None, "[)"), "width": (1, MAX_WIDTH, "[]"),
-    "depth": (1, MAX_DEPTH, "[]"), "heads": (1, None, "[)"), "mlp_width": (1, MAX_MLP_WIDTH, "[]"),
-    "eval_every": (1, None, "[)"),
-    "eval_items": (1, None, "[)"), "max_pack": (1, None, "[)"), "checkpoint_every": (1, None, "[)"),
-    "threads": (1, MAX_THREADS, "[]"), "warmup": (0, None, "[)"), "lr": (0, None, "()"),
-    "weight_decay": (0, None, "[)"),
-    "momentum": (0, 1, "[)"), "pe_dropout": (0, 1, "[)"), "slurm_time": (1, None, "[)"), "slurm_gpus": (0, None, "[)"),
-}  # and each task's own settings' ranges (TaskSetting.range)
-# flag -> (the setting it depends on, the values under which it means something, or the setting that lists them)
-APPLIES_ONLY_WITH = {"momentum": ("optimizer", ("sgd",)), "pe_dropout": ("pe", "pe_dropout_on")}
+# ---- each setting of its type, choices, text and range ----
 
 
 def check_types(s: dict):
@@ -135,10 +100,8 @@ def check_choices(s: dict):
     """Each setting with a fixed set of values holds one of them (the task first: the others depend on it)."""
     check_task(s["task"])
     kind = KINDS[s["task"]]
-    from pe_fast.models.transformer import compute_paths  # the ops load the compiled kernels: only when asked
-    choices = {"pe": kind.pe_kinds, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "pe_at": PE_AT,
-               "precision": (None, *precision.PRECISIONS), "preset": (None, *kind.presets), "until": UNTIL,
-               "executor": EXECUTORS, "compile": COMPILE_CHOICES, "device": DEVICES, "backend": (None, *compute_paths()),
+    choices = {**{name: flag.choices(kind) if callable(flag.choices) else flag.choices
+                  for name, flag in FLAGS.items() if flag.choices is not None and name != "task"},
                **{setting.name: setting.choices for setting in kind.settings if setting.choices}}
     for name, allowed in choices.items():
         for value in s[name] if isinstance(s[name], tuple) else (s[name],):
@@ -192,7 +155,8 @@ def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
-    ranges = {**RANGES, **{setting.name: setting.range for setting in KINDS[s["task"]].settings if setting.range}}
+    ranges = {**{name: flag.range for name, flag in FLAGS.items() if flag.range},
+              **{setting.name: setting.range for setting in KINDS[s["task"]].settings if setting.range}}
     for name, (low, high, ends) in ranges.items():
         values = s.get(name)
         for value in values if isinstance(values, (tuple, list)) else (values,):
@@ -206,7 +170,8 @@ def check_ranges(s: dict, args: argparse.Namespace | None = None):
     if s["executor"] == "local" and s["threads"] is not None and s["threads"] > cores:
         raise UsageError(f"--threads {s['threads']}: this machine has {cores} cores")
     check_pe_dropout_on(s, args)
-    for flag, (setting, values) in APPLIES_ONLY_WITH.items():
+    for flag, (setting, values) in ((name, row.applies_only_with) for name, row in FLAGS.items()
+                                    if row.applies_only_with):
         values = s[values] if isinstance(values, str) else values
         chosen = s[setting] if isinstance(s[setting], (tuple, list)) else (s[setting],)
         if args is not None and getattr(args, flag, None) is not None and not set(chosen) & set(values):
@@ -233,13 +198,13 @@ def check_range(name: str, value: float, low: float, high: float | None, ends: s
         raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
 
 
-def check_slurm_flags(s: dict):
-    """The SLURM flags belong to --executor slurm, and their values become lines of a job script."""
-    given = [name for name in SLURM_FLAGS if s.get(name) not in (None, False, (), [])
-             and not (name == "slurm_time" and s[name] == Settings.slurm_time)]
+def check_executor_flags(s: dict):
+    """An executor's flags belong to it (--ray-address to --executor ray ...), and SLURM's values become lines of
+    a job script."""
+    for name, executor in EXECUTOR_FLAGS.items():
+        if s.get(name) not in (None, False, "", (), [], default_of(name)) and s["executor"] != executor:
+            raise UsageError(f"--{name.replace('_', '-')} applies to --executor {executor} only")
     if s["executor"] != "slurm":
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} applies to --executor slurm only")
         return
     options = s.get("slurm_option") or ()
     for option in options:
