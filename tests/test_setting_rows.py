@@ -138,3 +138,8 @@ def test_pooling_refuses_folders_that_differ_in_a_row_that_may_not(name, recorde
     else:
         with pytest.raises(ReportError, match=f"trained with {name} = "):
             check_alike(folders)
+
+
+def test_every_executor_the_flag_offers_is_one_the_sweep_has():
+    from pe_fast.sweep.executors import EXECUTORS
+    assert FLAGS["executor"].choices == tuple(EXECUTORS)

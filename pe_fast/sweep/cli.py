@@ -122,12 +122,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
               f"({s.executor}, {s.threads or torch.get_num_threads()} threads, {s.precision}"
               f"{dict(on=', compiled', graphs=', compiled, CUDA graphs').get(s.compile, '')})", file=sys.stderr)
         progress = Progress(packs, s.steps, finished)
-        if s.executor == "ray":
-            executors.run_ray(s, todo, packs, out, progress)
-        elif s.executor == "slurm":
-            executors.run_slurm(s, todo, packs, out, progress)
-        else:
-            executors.run_local(s, todo, packs, out, task, progress)
+        executors.run_packs(s, todo, packs, out, task, progress)
         progress.close()
         table = folder.finish_folder(s, out, task, models, len(packs))
     finally:

@@ -1,6 +1,6 @@
-"""Where the packs train: here, one after the other (local), as Ray tasks, or as SLURM jobs through submitit. A
-pack's unit of work, train_and_store_pack, is the same for all: train from its checkpoint, if any, and write
-DIR/packs/<index>/."""
+"""Where the packs train: here, one after the other (local), as Ray tasks, or as SLURM jobs through submitit, each
+behind one interface (Executor.submit(todo) -> a Job per pack; run_packs waits for them). A pack's unit of work,
+train_and_store_pack, is the same for all: train from its checkpoint, if any, and write DIR/packs/<index>/."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 import torch
@@ -64,11 +65,63 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
     return {"trained_steps": result.steps - first_step}
 
 
-def run_local(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, task, progress: Progress):
-    for index in todo:
-        progress.start_pack(index)
-        done = train_and_store_pack(s, index, packs[index], out, task, on_step=progress.update)
-        progress.finish_pack(index, done["trained_steps"])
+# ---- one interface: an executor submits packs and returns a Job for each; run_packs waits for them all ----
+
+
+class Job(Protocol):
+    def done(self) -> bool:
+        """Whether the job has ended (a local job: whether it can run now, here)."""
+
+    def result(self) -> dict:
+        """train_and_store_pack's {trained_steps}; PackFailed where the job ended without its results."""
+
+
+class Executor(Protocol):
+    def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress): ...
+
+    def submit(self, todo: list[int]) -> dict[int, Job]:
+        """Every pack of todo, by index: submitted at once (SLURM: one job array), each to train elsewhere or
+        when its result is asked for."""
+
+
+def run_packs(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, task, progress: Progress):
+    """Train the packs of todo with the executor --executor names, gathering each as it ends; between looks, the
+    progress line shows the steps the workers reported."""
+    jobs = EXECUTORS[s.executor](s, packs, out, task, progress).submit(todo)
+    while jobs:
+        ended = [index for index, job in jobs.items() if job.done()]
+        for index in ended:
+            progress.finish_pack(index, jobs.pop(index).result()["trained_steps"])
+        if jobs:
+            observe_steps(out, list(jobs), progress)
+            if not ended:
+                time.sleep(POLL_S)
+
+
+class LocalJob:
+    """A pack trained in this process when its result is asked for (as submitit's debug executor runs its
+    jobs), with its steps on the progress line as they happen."""
+
+    def __init__(self, s: Settings, index: int, pack: list[dict], out: Path, task, progress: Progress):
+        self.s, self.index, self.pack, self.out, self.task, self.progress = s, index, pack, out, task, progress
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> dict:
+        self.progress.start_pack(self.index)
+        return train_and_store_pack(self.s, self.index, self.pack, self.out, self.task, on_step=self.progress.update)
+
+
+class LocalExecutor:
+    """--executor local: the packs one after the other, here."""
+
+    def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
+        self.s, self.packs, self.out, self.task, self.progress = s, packs, out, task, progress
+
+    def submit(self, todo: list[int]) -> dict[int, Job]:
+        return {index: LocalJob(self.s, index, self.packs[index], self.out, self.task, self.progress)
+                for index in todo}
 
 
 @functools.lru_cache(maxsize=2)
@@ -110,21 +163,35 @@ def observe_steps(out: Path, indices, progress: Progress):
     progress.draw()
 
 
-def run_ray(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
-    """Each pack is one Ray task with its CPUs (--threads, default 1) or one GPU; the workers write the pack
-    folders themselves (on a cluster, --out must be a folder every node sees). Tasks are gathered as they end."""
-    import ray
-    if not ray.is_initialized():
-        ray.init(address=s.ray_address, include_dashboard=False, log_to_driver=False)
-    gpus = 1 if s.device == "cuda" else 0
-    remote = ray.remote(num_cpus=s.threads or 1, num_gpus=gpus, max_retries=0)(pack_job)
-    settings = dataclasses.replace(s, threads=s.threads or 1)
-    pending = {remote.remote(settings, index, packs[index], str(out.resolve())): index for index in todo}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
-        for ref in ready:
-            progress.finish_pack(pending.pop(ref), ray.get(ref)["trained_steps"])
-        observe_steps(out, list(pending.values()), progress)
+class RayJob:
+    def __init__(self, ref):
+        self.ref = ref
+
+    def done(self) -> bool:
+        import ray
+        return bool(ray.wait([self.ref], num_returns=1, timeout=0)[0])
+
+    def result(self) -> dict:
+        import ray
+        return ray.get(self.ref)
+
+
+class RayExecutor:
+    """--executor ray: each pack is one Ray task with its CPUs (--threads, default 1) or one GPU; the workers write
+    the pack folders themselves (on a cluster, --out must be a folder every node sees)."""
+
+    def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
+        self.s, self.packs, self.out = s, packs, out
+
+    def submit(self, todo: list[int]) -> dict[int, Job]:
+        import ray
+        if not ray.is_initialized():
+            ray.init(address=self.s.ray_address, include_dashboard=False, log_to_driver=False)
+        gpus = 1 if self.s.device == "cuda" else 0
+        remote = ray.remote(num_cpus=self.s.threads or 1, num_gpus=gpus, max_retries=0)(pack_job)
+        settings = dataclasses.replace(self.s, threads=self.s.threads or 1)
+        return {index: RayJob(remote.remote(settings, index, self.packs[index], str(self.out.resolve())))
+                for index in todo}
 
 
 SLURM_FOLDER = "slurm"  # submitit's job scripts, pickles and logs, and JOBS_FILE
@@ -200,43 +267,58 @@ def recorded_jobs(out: Path, todo: list[int]) -> dict[str, str]:
             if index.isdigit() and int(index) in todo and (folder / f"{job}_submitted.pkl").is_file()}
 
 
-def run_slurm(s: Settings, todo: list[int], packs: list[list[dict]], out: Path, progress: Progress):
-    """One job per pack, submitted as one job array; --out must be a folder the compute nodes see. A driver that
-    is stopped and rerun with --resume waits for the jobs still running instead of submitting their packs again."""
-    import submitit
-    folder = (out / SLURM_FOLDER).resolve()
-    executor = slurm_executor(s, folder)
-    jobs_file = folder / JOBS_FILE
-    recorded = recorded_jobs(out, todo)
-    job_class = submitit.LocalJob if s.slurm_local else submitit.SlurmJob
-    jobs = {}
-    for index, job_id in recorded.items():
-        job = job_class(folder, job_id)
-        if job_alive(job):
-            jobs[int(index)] = job
-    resumed = len(jobs)
-    new = [index for index in todo if index not in jobs]
-    settings = dataclasses.replace(s, threads=s.threads or 1)
-    if new:
-        with executor.batch():  # one job array
-            submitted = [executor.submit(PackJob(), settings, index, packs[index], str(out.resolve()))
-                         for index in new]
-        jobs.update(zip(new, submitted))
-    recorded.update({str(index): job.job_id for index, job in jobs.items()})
-    run_folder.write_atomic(jobs_file, lambda tmp: Path(tmp).write_text(json.dumps(recorded, indent=1)))
-    where = "submitit's local executor" if s.slurm_local else "SLURM"
-    print(f"pe_fast sweep: {len(new)} pack jobs submitted to {where}"
-          + (f", {resumed} still running from before" if resumed else "") + f"; logs in {folder}", file=sys.stderr)
-    while jobs:
-        time.sleep(POLL_S)
-        for index, job in list(jobs.items()):
+class SlurmJob:
+    def __init__(self, index: int, job):
+        self.index, self.job = index, job
+
+    def done(self) -> bool:
+        return not job_alive(self.job)
+
+    def result(self) -> dict:
+        try:
+            return self.job.result()
+        except Exception as error:
+            raise PackFailed(f"pack {self.index}'s job {self.job.job_id} failed ({type(error).__name__}); its log: "
+                             f"{self.job.paths.stderr}; rerun with --resume to continue from its checkpoint")
+
+
+class SlurmExecutor:
+    """--executor slurm: one job per pack, submitted as one job array; --out must be a folder the compute nodes
+    see. A driver that is stopped and rerun with --resume waits for the jobs still running instead of submitting
+    their packs again."""
+
+    def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
+        self.s, self.packs, self.out = s, packs, out
+
+    def submit(self, todo: list[int]) -> dict[int, Job]:
+        import submitit
+        s, out = self.s, self.out
+        folder = (out / SLURM_FOLDER).resolve()
+        executor = slurm_executor(s, folder)
+        jobs_file = folder / JOBS_FILE
+        recorded = recorded_jobs(out, todo)
+        job_class = submitit.LocalJob if s.slurm_local else submitit.SlurmJob
+        jobs = {}
+        for index, job_id in recorded.items():
+            job = job_class(folder, job_id)
             if job_alive(job):
-                continue
-            del jobs[index]
-            try:
-                done = job.result()
-            except Exception as error:
-                raise PackFailed(f"pack {index}'s job {job.job_id} failed ({type(error).__name__}); its log: "
-                                   f"{job.paths.stderr}; rerun with --resume to continue from its checkpoint")
-            progress.finish_pack(index, done["trained_steps"])
-        observe_steps(out, list(jobs), progress)
+                jobs[int(index)] = job
+        resumed = len(jobs)
+        new = [index for index in todo if index not in jobs]
+        settings = dataclasses.replace(s, threads=s.threads or 1)
+        if new:
+            with executor.batch():  # one job array
+                submitted = [executor.submit(PackJob(), settings, index, self.packs[index], str(out.resolve()))
+                             for index in new]
+            jobs.update(zip(new, submitted))
+        recorded.update({str(index): job.job_id for index, job in jobs.items()})
+        run_folder.write_atomic(jobs_file, lambda tmp: Path(tmp).write_text(json.dumps(recorded, indent=1)))
+        where = "submitit's local executor" if s.slurm_local else "SLURM"
+        print(f"pe_fast sweep: {len(new)} pack jobs submitted to {where}"
+              + (f", {resumed} still running from before" if resumed else "") + f"; logs in {folder}",
+              file=sys.stderr)
+        return {index: SlurmJob(index, job) for index, job in sorted(jobs.items())}
+
+
+# --executor NAME -> its executor (the choices of the flag: results.settings.EXECUTORS)
+EXECUTORS: dict[str, type[Executor]] = {"local": LocalExecutor, "ray": RayExecutor, "slurm": SlurmExecutor}
