@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import operator
 import time
 from collections.abc import Callable
 
@@ -198,16 +199,95 @@ def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
              for l in range(L) for h in range(H) for s in range(S)} for m in range(M)]
 
 
+class PackEvaluation:
+    """A pack's evaluations: which items of each split are scored (evenly spaced subsets between, every item at the
+    last), the rich/lazy probe and the initial PE that drift is measured from, and the mean attention maps the
+    final pass over the attention split gathers."""
+
+    def __init__(self, task, model: StackedTransformer, config: TrainConfig, probes: Tensor, device: torch.device):
+        self.task, self.model, self.config, self.probes, self.device = task, model, config, probes, device
+        self.tokens = {name: split.x.to(device) for name, split in task.splits.items()}
+        # Intermediate evaluations score an evenly spaced subset of each split (files are often sorted by
+        # condition, so a prefix would not do); the final evaluation scores every item. The attention split is
+        # scored in full every time: the report's convergence check compares its scores across evaluations, and
+        # a subset's score differs from the full split's by as much as the plateau tolerance.
+        def items(name, count):
+            keep = count if name == task.attention_split else min(config.eval_items, count)
+            return torch.linspace(0, count - 1, keep).round().long()
+        self.items = {name: items(name, len(t)) for name, t in self.tokens.items()}
+        self.initial_pe = [t.detach().cpu().clone() for t in model.pe_tables()]
+        watched = self.tokens[task.attention_split]
+        pick = torch.linspace(0, len(watched) - 1, min(RICH_LAZY_ITEMS, len(watched))).round().long()
+        self.rich_lazy = RichLazyProbe(model, watched[pick.to(device)], probes)
+        self.final_maps = None  # the mean attention maps, gathered by the final evaluation
+
+    def rows(self, step: int, final: bool, lrs: list[float], window: tuple[np.ndarray, np.ndarray] | None
+             ) -> list[dict]:
+        """Score every split; one host sync. window: the training steps' mean loss [M] and attention statistics
+        [L,M,H,S] since the last evaluation, if any. Returns one row per model."""
+        task, model, M = self.task, self.model, self.model.num_models
+        rows = [{"model": m, "step": step, "lr_last": lr} for m, lr in enumerate(lrs)]
+        if window is not None:
+            window_loss, window_stats = window
+            for m, extra in enumerate(stat_columns(window_stats, task.probe_names, columns.attention_prefix())):
+                rows[m]["train_loss"] = float(window_loss[m])
+                rows[m].update(extra)
+        model.eval()
+        for name, tokens in self.tokens.items():
+            items = self.items[name] if not final else torch.arange(len(tokens))
+            # the final pass over the attention split also gives the mean attention maps (result()), unless
+            # autocast would make them differ from the float32 maps computed apart
+            maps_here = final and name == task.attention_split and self.config.precision not in precision.LOW
+            with precision.autocast(self.config.precision, self.device), \
+                    AttentionMapSums(model) if maps_here else contextlib.nullcontext() as sums:
+                outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
+            if maps_here:
+                self.final_maps = sums.mean()
+            outputs = outputs.float()
+            for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
+                rows[m].update(scores)
+            if name == task.attention_split:
+                prefix = columns.attention_prefix(name)
+                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, prefix)):
+                    rows[m].update(extra)
+        model.train()
+        tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
+        for m, moved in enumerate(self.rich_lazy.measure(model)):
+            rows[m].update(moved)
+        for m in range(M):
+            # a diverged model (NaN or inf weights: too large a learning rate) keeps NaN PE metrics; the SVDs and
+            # correlations behind them cannot take it, and the pack's other models train on
+            if tables and np.isfinite(tables[0][m]).all():
+                rows[m].update(task.pe_metrics(tables[0][m]))
+            if tables and model.config.pe == "learned":
+                rows[m][columns.PE_DRIFT] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
+                                                                 np.stack([t[m].numpy() for t in self.initial_pe]))
+        return rows
+
+    def attention_maps(self) -> np.ndarray:
+        """The mean attention maps on the attention split: the final evaluation's, else computed now (a pack
+        resumed at its last step, or autocast)."""
+        if self.final_maps is not None:
+            return self.final_maps
+        return mean_attention_maps(self.model, self.tokens[self.task.attention_split], self.probes)
+
+
 class PackTrainer:
     """The training of one pack, resumable: state_dict() holds everything the rest of the run depends on
     (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
-    curves so far, the initial PE), so that run() after load_state_dict() continues exactly where it stopped."""
+    curves so far, the initial PE), so that run() after load_state_dict() continues exactly where it stopped.
+    Its evaluations are a PackEvaluation's."""
 
-    # what state_dict() holds: a checkpoint without one of REQUIRED_STATE_KEYS is not this class's
-    # (run_folder.check_checkpoint); "scaler" is missing from checkpoints written before fp16, which load as unscaled
-    REQUIRED_STATE_KEYS = ("step", "model", "optimizer", "scheduler", "sampler", "batches", "loss_buffer",
-                           "stats_buffer", "filled", "curves", "initial_pe", "seconds", "torch_rng")
-    STATE_KEYS = (*REQUIRED_STATE_KEYS, "scaler")
+    # A checkpoint, key by key: where the trainer holds each (an object with a state_dict of its own saves and
+    # loads through it); "torch_rng" is torch's global generator. "scaler" is missing from checkpoints written
+    # before fp16, which load as unscaled; a checkpoint without one of the others is not this class's
+    # (run_folder.check_checkpoint).
+    STATE = {"step": "step", "model": "model", "optimizer": "optimizer", "scheduler": "scheduler",
+             "sampler": "sampler", "batches": "batches", "loss_buffer": "loss_buffer", "stats_buffer": "stats_buffer",
+             "filled": "filled", "curves": "curves", "initial_pe": "evaluation.initial_pe", "seconds": "seconds",
+             "torch_rng": None, "scaler": "scaler"}
+    STATE_KEYS = tuple(STATE)
+    REQUIRED_STATE_KEYS = tuple(key for key in STATE if key != "scaler")
 
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
                  sigmas: list[float | None], device: torch.device):
@@ -216,19 +296,7 @@ class PackTrainer:
         self.M = M = self.model.num_models
         self.probes = task.probes.to(device)
         self.batches = task.training_batches(seeds, device)
-        self.eval_tokens = {name: split.x.to(device) for name, split in task.splits.items()}
-        # Intermediate evaluations score an evenly spaced subset of each split (files are often sorted by
-        # condition, so a prefix would not do); the final evaluation scores every item. The attention split is
-        # scored in full every time: the report's convergence check compares its scores across evaluations, and
-        # a subset's score differs from the full split's by as much as the plateau tolerance.
-        def items(name, count):
-            keep = count if name == task.attention_split else min(train_config.eval_items, count)
-            return torch.linspace(0, count - 1, keep).round().long()
-        self.eval_items = {name: items(name, len(t)) for name, t in self.eval_tokens.items()}
-        self.initial_pe = [t.detach().cpu().clone() for t in self.model.pe_tables()]
-        watched = self.eval_tokens[task.attention_split]
-        pick = torch.linspace(0, len(watched) - 1, min(RICH_LAZY_ITEMS, len(watched))).round().long()
-        self.rich_lazy = RichLazyProbe(self.model, watched[pick.to(device)], self.probes)
+        self.evaluation = PackEvaluation(task, self.model, train_config, self.probes, device)
 
         self.optimizer = make_optimizer(self.model.parameters(), train_config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, train_config))
@@ -239,7 +307,6 @@ class PackTrainer:
             raise ValueError(f"until={train_config.until!r}: choose from {', '.join(UNTIL)}; converged needs the "
                              f"plateau_score to follow")
         self.stopped = "budget"  # until the pack converges, if it does before its last step
-        self.final_maps = None  # the mean attention maps, gathered by the final evaluation
         # Compiled, the step's layer norms, residual adds, GELUs and loss fuse with their backward into a few
         # kernels; the fused attention op stays one opaque custom op. Evaluation stays eager (other shapes).
         # The previous pack's compiled code is dropped: every pack would add an entry to torch's per-function
@@ -343,76 +410,44 @@ class PackTrainer:
             return self.task.loss(outputs, targets), stats
 
     def evaluate(self, step: int, final: bool) -> list[dict]:
-        """Score every split; one host sync. Returns one row per model."""
-        task, model, M, filled = self.task, self.model, self.M, self.filled
-        rows = [{"model": m, "step": step, "lr_last": lr} for m, lr in enumerate(current_lrs(self.optimizer, M))]
-        if filled:
-            window_loss = self.loss_buffer[:filled].mean(0).cpu().numpy()
-            window_stats = self.stats_buffer[:filled].mean(0).cpu().numpy()
-            for m, extra in enumerate(stat_columns(window_stats, task.probe_names, columns.attention_prefix())):
-                rows[m]["train_loss"] = float(window_loss[m])
-                rows[m].update(extra)
-        model.eval()
-        for name, tokens in self.eval_tokens.items():
-            items = self.eval_items[name] if not final else torch.arange(len(tokens))
-            # the final pass over the attention split also gives the mean attention maps (result()), unless
-            # autocast would make them differ from the float32 maps computed apart
-            maps_here = final and name == task.attention_split and self.config.precision not in precision.LOW
-            with self.autocast(), AttentionMapSums(model) if maps_here else contextlib.nullcontext() as sums:
-                outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
-            if maps_here:
-                self.final_maps = sums.mean()
-            outputs = outputs.float()
-            for m, scores in enumerate(task.score(outputs.cpu(), name, items)):
-                rows[m].update(scores)
-            if name == task.attention_split:
-                prefix = columns.attention_prefix(name)
-                for m, extra in enumerate(stat_columns(stats.cpu().numpy(), task.probe_names, prefix)):
-                    rows[m].update(extra)
-        model.train()
-        tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
-        for m, moved in enumerate(self.rich_lazy.measure(model)):
-            rows[m].update(moved)
-        for m in range(M):
-            # a diverged model (NaN or inf weights: too large a learning rate) keeps NaN PE metrics; the SVDs and
-            # correlations behind them cannot take it, and the pack's other models train on
-            if tables and np.isfinite(tables[0][m]).all():
-                rows[m].update(task.pe_metrics(tables[0][m]))
-            if tables and self.model_config.pe == "learned":
-                rows[m][columns.PE_DRIFT] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
-                                                                 np.stack([t[m].numpy() for t in self.initial_pe]))
-        return rows
+        """The evaluation's rows, with the training window since the last one."""
+        window = None
+        if self.filled:
+            window = (self.loss_buffer[:self.filled].mean(0).cpu().numpy(),
+                      self.stats_buffer[:self.filled].mean(0).cpu().numpy())
+        return self.evaluation.rows(step, final, current_lrs(self.optimizer, self.M), window)
 
     def result(self) -> PackResult:
         M = self.M
         final_rows = [dict(row) for row in self.curves[-M:]]
         tables = [t.detach().cpu().numpy() for t in self.model.pe_tables()]
         pe_tables = {m: np.stack([t[m] for t in tables]) for m in range(M)} if tables else {}
-        maps = self.final_maps
-        if maps is None:  # no final evaluation in this process (a pack resumed at its last step), or autocast
-            maps = mean_attention_maps(self.model, self.eval_tokens[self.task.attention_split], self.probes)
-        return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables, attention_maps=maps,
-                          seconds=self.seconds, steps=self.step, stopped=self.stopped)
+        return PackResult(final=final_rows, curves=self.curves, pe_tables=pe_tables,
+                          attention_maps=self.evaluation.attention_maps(), seconds=self.seconds, steps=self.step,
+                          stopped=self.stopped)
 
     def state_dict(self) -> dict:
-        batches = self.batches.state_dict()
-        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                "batches": batches, "loss_buffer": self.loss_buffer, "stats_buffer": self.stats_buffer,
-                "filled": self.filled, "curves": self.curves, "initial_pe": self.initial_pe,
-                "seconds": self.seconds, "torch_rng": torch.get_rng_state(), "scaler": self.scaler.state_dict()}
+        state = {}
+        for key, where in self.STATE.items():
+            value = torch.get_rng_state() if where is None else operator.attrgetter(where)(self)
+            state[key] = value.state_dict() if hasattr(value, "load_state_dict") else value
+        return state
 
     def load_state_dict(self, state: dict):
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        if state["batches"] is not None:  # None in checkpoints from before every task's batches had a state
-            self.batches.load_state_dict(state["batches"])
-        self.loss_buffer = state["loss_buffer"].to(self.device)
-        self.stats_buffer = None if state["stats_buffer"] is None else state["stats_buffer"].to(self.device)
-        self.step, self.filled, self.seconds = state["step"], state["filled"], state["seconds"]
-        self.curves, self.initial_pe = list(state["curves"]), list(state["initial_pe"])
-        torch.set_rng_state(state["torch_rng"])
-        if "scaler" in state:  # not in checkpoints from before fp16, none of which scaled its loss
-            self.scaler.load_state_dict(state["scaler"])
+        for key, where in self.STATE.items():
+            if key not in state:  # "scaler": a checkpoint from before fp16, none of which scaled its loss
+                continue
+            value = state[key]
+            if where is None:
+                torch.set_rng_state(value)
+                continue
+            owner_path, _, name = where.rpartition(".")
+            owner = operator.attrgetter(owner_path)(self) if owner_path else self
+            current = getattr(owner, name)
+            if hasattr(current, "load_state_dict"):
+                if value is not None:  # batches None: a checkpoint from before every task's batches had a state
+                    current.load_state_dict(value)
+            elif isinstance(value, Tensor):  # the evaluation window's buffers
+                setattr(owner, name, value.to(self.device))
+            else:
+                setattr(owner, name, list(value) if isinstance(value, list) else value)

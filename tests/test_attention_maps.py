@@ -58,11 +58,11 @@ def test_the_final_evaluation_gathers_the_maps_a_separate_pass_gives():
     trainer = PackTrainer(task, config, TrainConfig(steps=2, batch_size=8, eval_every=2), [1, 2], [0.2, 2.0],
                           torch.device("cpu"))
     maps = trainer.run().attention_maps
-    assert trainer.final_maps is not None
-    apart = mean_attention_maps(trainer.model, trainer.eval_tokens[task.attention_split], trainer.probes,
+    assert trainer.evaluation.final_maps is not None
+    apart = mean_attention_maps(trainer.model, trainer.evaluation.tokens[task.attention_split], trainer.probes,
                                 max_scores=2 * 256 * 16 * 16)
     assert maps.shape == (2, 2, 16, 16)
     np.testing.assert_allclose(maps, apart, rtol=0, atol=1e-7)
     low = PackTrainer(task, config, TrainConfig(steps=2, batch_size=8, eval_every=2, precision="bf16"), [1], [0.2],
                       torch.device("cpu"))
-    assert low.run().attention_maps.shape == (1, 2, 16, 16) and low.final_maps is None
+    assert low.run().attention_maps.shape == (1, 2, 16, 16) and low.evaluation.final_maps is None
