@@ -119,7 +119,9 @@ def pool(directories: list[Path], out: Path) -> Path:
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
 
     new_ids = [p[3] for p in parts]
-    models = [{**m, "model_id": ids[m["model_id"]], "pack": -1} for run, ids in zip(runs.values(), new_ids)
+    # each model's source: its folder's place in pooled_from and its id there (Run.model opens it there)
+    models = [{**m, "model_id": ids[m["model_id"]], "pack": -1, "pooled_from": [folder, m["model_id"]]}
+              for folder, (run, ids) in enumerate(zip(runs.values(), new_ids))
               for m in run.config.get("models") or [] if m.get("model_id") in ids]
     merged = dataclasses.replace(
         settings[first_dir], out=str(out),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
-from pe_fast.results import migrate, run_folder
+from pe_fast.results import migrate, run_folder, weights
 from pe_fast.results.settings import FLAGS, Settings
 from pe_fast.tasks import KINDS
 
@@ -30,6 +33,7 @@ class Run:
     pe_tables: dict[str, np.ndarray]
     notes: list[str]  # how the run was read (partial, derived results): shown at the top of report.md
     path: Path | None = None
+    _loaded: dict = dataclasses.field(default_factory=dict, repr=False)  # packs, source folders, the task: once
 
     @property
     def settings(self) -> dict:
@@ -43,6 +47,128 @@ class Run:
         if key not in self.pe_tables:
             raise KeyError(f"model {model_id} has no PE table in {self.path} (a PE kind without one, or diverged)")
         return self.pe_tables[key]
+
+    # ---- the trained models (each finished pack's weights.safetensors) ----
+
+    def model(self, model_id: int, device: torch.device | str = "cpu") -> SingleTransformer:
+        """Model `model_id` alone, as a plain torch module with its trained weights and PE (models/single.py:
+        hook points, run_with_cache, run_with_hooks, attention), in eval mode on `device`."""
+        pool = self._pooled_source(model_id)
+        if pool is not None:
+            source, source_id = pool
+            return source.model(source_id, device)
+        pack, position = self._pack_weights(model_id, device)
+        return SingleTransformer(pack.model, position).to(device).eval()
+
+    def models(self, device: torch.device | str = "cpu") -> Iterator[tuple[int, SingleTransformer]]:
+        """(model id, model) for every trained model of the run, in id order."""
+        for model_id in sorted(self.model_ids()):
+            yield model_id, self.model(model_id, device)
+
+    def pack(self, index: int, device: torch.device | str = "cpu") -> weights.PackWeights:
+        """Pack `index` as the sweep trained it: the stacked model of all its models (for batch work), their ids
+        in its order, and the step its weights were taken at."""
+        packs = self._packs()
+        if type(index) is not int or not 0 <= index < len(packs):
+            raise ModelNotFound(f"pack {index!r}: {self.path} has packs 0 to {len(packs) - 1}")
+        path = run_folder.pack_folder(self.path, index) / run_folder.WEIGHTS
+        if path.exists() and not path.is_file():
+            raise ReportError(f"{path} is not a file; not a pe_fast weights file")
+        if not path.is_file():
+            raise ReportError(f"{self.path}: pack {index} has no {run_folder.WEIGHTS} (trained with --no-weights, "
+                              f"by a pe_fast from before weights were kept, or not finished yet)")
+        try:
+            loaded = weights.load_pack_weights(path, device)
+        except weights.UnreadableWeights as error:
+            raise ReportError(str(error))
+        if loaded.model_ids != list(packs[index]):
+            raise ReportError(f"{path}: holds models {loaded.model_ids[:6]}, config.json's pack {index} "
+                              f"{list(packs[index])[:6]}: not this run's pack")
+        return loaded
+
+    def model_ids(self) -> list[int]:
+        """The ids of the run's trained models (not its baselines)."""
+        pooled = self._pooled_sources()
+        if pooled is not None:
+            return sorted(pooled)
+        return sorted(i for pack in self._packs() for i in pack)
+
+    def task_inputs(self, split: str) -> torch.Tensor:
+        """The items of one of the task's splits as the models take them, [items, N, token_dim] (the task is
+        loaded from the run's settings, once)."""
+        task = self.task()
+        if not isinstance(split, str) or split not in task.splits:
+            raise ModelNotFound(f"split {split!r}: the task's splits are {', '.join(task.splits)}")
+        return task.splits[split].x
+
+    def attention(self, model_id: int, inputs: torch.Tensor) -> torch.Tensor:
+        """Model `model_id`'s attention probabilities on `inputs` [items, N, token_dim]: [L, items, H, N, N]."""
+        return self.model(model_id).attention(torch.as_tensor(inputs, dtype=torch.float32))
+
+    def _packs(self) -> list[list[int]]:
+        packs = self.config.get("packs")
+        if not (isinstance(packs, list) and all(isinstance(p, list) and all(type(i) is int for i in p)
+                                                for p in packs)):
+            raise ReportError(f"{self.path}/config.json lists no packs of model ids; its models cannot be opened")
+        return packs
+
+    def _pack_weights(self, model_id: int, device) -> tuple[weights.PackWeights, int]:
+        if type(model_id) is not int:
+            raise ModelNotFound(f"model_id {model_id!r}: expected a model id (an int)")
+        index = next((p for p, pack in enumerate(self._packs()) if model_id in pack), None)
+        if index is None:
+            raise ModelNotFound(f"model_id {model_id}: not a trained model of {self.path} "
+                                f"(its models: {_id_ranges(self.model_ids())})")
+        key = (index, str(device))
+        if key not in self._loaded:
+            self._loaded[key] = self.pack(index, device)
+        pack = self._loaded[key]
+        return pack, pack.model_ids.index(model_id)
+
+    def _pooled_sources(self) -> dict[int, tuple[int, int]] | None:
+        """A pooled folder's model id -> (its source folder's place in pooled_from, the id there)."""
+        if run_folder.POOLED_FROM not in self.config:
+            return None
+        sources = {}
+        for entry in self.config.get("models") or []:
+            origin = entry.get("pooled_from") if isinstance(entry, dict) else None
+            if isinstance(origin, list) and len(origin) == 2 and all(type(v) is int for v in origin) \
+                    and type(entry.get("model_id")) is int:
+                sources[entry["model_id"]] = tuple(origin)
+        return sources
+
+    def _pooled_source(self, model_id: int) -> tuple[Run, int] | None:
+        sources = self._pooled_sources()
+        if sources is None:
+            return None
+        if type(model_id) is not int or model_id not in sources:
+            raise ModelNotFound(f"model_id {model_id!r}: not a trained model of {self.path} "
+                                f"(its models: {_id_ranges(sorted(sources))})")
+        folder, source_id = sources[model_id]
+        folders = self.config[run_folder.POOLED_FROM]
+        if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)):
+            raise ReportError(f"{self.path}/config.json: model {model_id}'s source folder is not among pooled_from")
+        if folder not in self._loaded:
+            self._loaded[folder] = read_run(Path(folders[folder]))
+        return self._loaded[folder], source_id
+
+    def task(self):
+        """The task the run trained on, loaded from its settings (once): its splits, scores and ground truth."""
+        if "task" not in self._loaded:
+            settings = recorded_settings(self.path, self)
+            try:
+                self._loaded["task"] = KINDS[settings.task].load(settings)
+            except (ValueError, OSError) as error:
+                raise ReportError(f"{self.path}: the task cannot be loaded from its settings ({error})")
+        return self._loaded["task"]
+
+
+class ModelNotFound(ValueError):
+    """A model id, pack or split a run does not have (a caller's argument)."""
+
+
+def _id_ranges(ids: list[int]) -> str:
+    return f"{ids[0]} to {ids[-1]}" if ids else "none"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ since a pack's last checkpoint, and never leaves a half-written file where a rea
     DIR/packs/<i>.checkpoint.pt    the training state of pack i while it trains (removed when it is done)
     DIR/packs/<i>.step             the step pack i has reached, while a Ray or SLURM worker trains it: the
                                    driver's progress line reads it (removed when the pack is done)
-    DIR/packs/<i>/                 a finished pack: results.parquet, curves.parquet, pe_tables.npz
+    DIR/packs/<i>/                 a finished pack: results.parquet, curves.parquet, pe_tables.npz and its
+                                   trained models, weights.safetensors (unless --no-weights)
     DIR/results.parquet ...        at the end: every pack together, and summary.txt (results.parquet last,
                                    so its presence means the sweep finished)
 
@@ -37,6 +38,7 @@ PARTIAL = ".partial-"  # the infix of temporary files and folders
 CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
 RESULTS, CURVES, PE_TABLES, SUMMARY = "results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"
 REPORT, FIGURES = "report.md", "figures"
+WEIGHTS = "weights.safetensors"  # each finished pack's trained models (weights.py), unless --no-weights
 # config.json of a folder that pools finished sweeps (pe_fast.report.pooling) names them under this key: no packs
 POOLED_FROM = "pooled_from"
 # pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
@@ -306,8 +308,9 @@ def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -
 
 
 def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,
-               pe_tables: dict[str, np.ndarray]):
-    """DIR/packs/<index>/ appears whole or not at all; the pack's checkpoint and step file are removed after."""
+               pe_tables: dict[str, np.ndarray], save_weights: Callable[[Path], None] | None = None):
+    """DIR/packs/<index>/ appears whole or not at all; the pack's checkpoint and step file are removed after.
+    save_weights(path): writes the pack's trained models there (weights.py), unless --no-weights."""
     (out / "packs").mkdir(parents=True, exist_ok=True)
     # Assembled beside packs/, not in it: a reader of packs/*/ (the report) must never see a partial pack.
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
@@ -316,6 +319,9 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
         results.to_parquet(tmp / RESULTS, index=False)
         curves.to_parquet(tmp / CURVES, index=False)
         np.savez_compressed(tmp / PE_TABLES, **pe_tables)
+        if save_weights is not None:
+            save_weights(tmp / WEIGHTS)
+            os.chmod(tmp / WEIGHTS, 0o666 & ~_umask())  # safetensors writes 0600; results follow the umask
         for file in tmp.iterdir():
             with open(file, "rb+") as handle:
                 os.fsync(handle.fileno())

@@ -179,6 +179,10 @@ class Settings:
     no_report: bool = setting(
         False, runtime=True,
         help="skip report.md and the figures at the end (python -m pe_fast.report DIR writes them)")
+    no_weights: bool = setting(
+        False, runtime=True,
+        help="do not keep the trained models (by default each finished pack writes them to "
+             "DIR/packs/<i>/weights.safetensors, for pe_fast.load_run(DIR).model(i))")
     tensorboard: bool = setting(
         False, runtime=True,
         help="write every evaluation to DIR/tensorboard as it happens (tensorboard --logdir DIR/tensorboard)")

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from pe_fast import memory, precision
-from pe_fast.results import run_folder
+from pe_fast.results import run_folder, weights
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, live_curves
 from pe_fast.sweep.grid import pack_trainer
@@ -61,7 +61,10 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
         if local in result.pe_tables:
             pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
         pe_tables[f"{run_folder.ATTENTION_MAP}{model['model_id']}"] = result.attention_maps[local]
-    run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables)
+    def save_weights(path: Path):
+        weights.save_pack_weights(path, trainer.model, [m["model_id"] for m in pack], trainer.step, task.coordinates)
+    run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables,
+                          None if s.no_weights else save_weights)
     return {"trained_steps": result.steps - first_step}
 
 

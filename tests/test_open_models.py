@@ -1,0 +1,218 @@
+"""Trained models you can open: every finished pack keeps its weights (DIR/packs/<i>/weights.safetensors), and
+run.model(i) is model i alone as a plain module. Checked against what the sweep itself computed inside the pack
+(its results' scores and its mean attention maps, written before any weights were read back) and against the
+stacked model rebuilt from the file, for every PE kind; hooks against the values they must hold; the weights
+file's trust boundary against truncated, tampered and foreign files."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import pe_fast
+import pe_fast.sweep
+from pe_fast.models.transformer import PE_KINDS
+from pe_fast.results import run_folder
+from pe_fast.results.reading import ModelNotFound, ReportError
+
+LST_KINDS = ("learned", "random", "sin1d", "sin2d", "none", "rope", "rope2d", "relative")
+TINY = dict(preset="cpu", steps=6, eval_every=3, seeds=1, threads=1, no_report=True)
+
+
+def test_every_pe_kind_is_tried():
+    assert set(LST_KINDS) | {"sinnd"} == set(PE_KINDS)  # sinnd: over the fMRI regions' centroids (below)
+
+
+@pytest.fixture(scope="module")
+def lst_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("open") / "lst"
+    pe_fast.sweep.run(task="lst", pe=list(LST_KINDS), sigmas=[0.2, 2.0], out=str(out), **TINY)
+    return pe_fast.load_run(out)
+
+
+@pytest.fixture(scope="module")
+def fmri_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("open") / "fmri"
+    pe_fast.sweep.run(task="fmri", pe=["learned", "sinnd"], sigmas=[0.5], steps=4, eval_every=2, seeds=1,
+                      threads=1, no_report=True, out=str(out))
+    return pe_fast.load_run(out)
+
+
+def test_each_model_alone_scores_what_the_sweep_scored_in_its_pack(lst_run):
+    """The test accuracy of run.model(i) on the test split, computed here, is the sweep's own for model i; its
+    outputs equal the stacked model's rebuilt from the pack's file; its mean attention maps equal the ones the
+    sweep computed inside the pack."""
+    task = lst_run.task()
+    test = lst_run.task_inputs("test")
+    results = lst_run.results.set_index("model_id")
+    for model_id, model in lst_run.models():
+        assert model.config.pe == results.loc[model_id, "pe"]
+        with torch.no_grad():
+            outputs = model(test)
+        score = task.score(outputs[None], "test", torch.arange(len(test)))[0]  # the task's scoring, as the sweep's
+        assert score["test_acc"] == pytest.approx(results.loc[model_id, "test_acc"], abs=1e-6)
+        maps = model.attention(lst_run.task_inputs(task.attention_split)).mean(dim=(1, 2)).numpy()  # [L, N, N]
+        np.testing.assert_allclose(maps, lst_run.pe_tables[f"{run_folder.ATTENTION_MAP}{model_id}"], atol=2e-6)
+    for index in range(len(lst_run.config["packs"])):
+        pack = lst_run.pack(index)
+        with torch.no_grad():
+            stacked, _ = pack.model(test[:50].expand(pack.model.num_models, 50, *test.shape[1:]))
+            for position, model_id in enumerate(pack.model_ids):
+                np.testing.assert_allclose(lst_run.model(model_id)(test[:50]), stacked[position], atol=1e-5)
+
+
+def test_a_model_that_predicts_every_token_round_trips(fmri_run):
+    """fMRI: no readout token, one prediction per token, the N-dimensional sinusoidal PE (the regions' centroids)."""
+    results = fmri_run.results.set_index("model_id")
+    test = fmri_run.task_inputs("test")
+    for model_id, model in fmri_run.models():
+        with torch.no_grad():
+            outputs = model(test)
+        assert outputs.shape == (len(test), test.shape[1], 1)
+        maps = model.attention(fmri_run.task_inputs(fmri_run.task().attention_split)).mean(dim=(1, 2)).numpy()
+        np.testing.assert_allclose(maps, fmri_run.pe_tables[f"{run_folder.ATTENTION_MAP}{model_id}"], atol=2e-6)
+        task = fmri_run.task()
+        score = task.score(outputs[None], "test", torch.arange(len(test)))[0]
+        assert score["test_r2"] == pytest.approx(results.loc[model_id, "test_r2"], abs=1e-5)
+
+
+def test_the_hooks_hold_the_forwards_values_and_an_edit_changes_the_output(lst_run):
+    learned = next(i for i, row in lst_run.results.iterrows() if row.pe == "learned")
+    model = lst_run.model(int(lst_run.results.loc[learned, "model_id"]))
+    x = lst_run.task_inputs("test")[:32]
+    out, cache = model.run_with_cache(x)
+    names = {"hook_embed"} | {f"blocks.{l}.{n}" for l in range(model.config.depth) for n in (
+        "hook_pos_embed", "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid", "hook_mlp_out",
+        "hook_resid_post", "attn.hook_q", "attn.hook_k", "attn.hook_v")}
+    assert names <= set(cache)
+    np.testing.assert_allclose(cache["blocks.0.hook_pos_embed"][0], model.pos_embed[0].detach())
+    np.testing.assert_allclose(cache["blocks.0.attn.hook_pattern"].sum(-1), 1.0, atol=1e-6)
+    last = model.config.depth - 1
+    readout = cache[f"blocks.{last}.hook_resid_post"][:, model.config.readout_token]
+    np.testing.assert_allclose(model.head(readout).detach(), out, atol=1e-6)
+    # the PE zeroed at every block, by a test of the name: the output changes, and equals a model whose PE is 0
+    no_pe = model.run_with_hooks(x, [(lambda name: name.endswith("hook_pos_embed"), lambda v, hook: v * 0)])
+    assert not torch.allclose(no_pe, out, atol=1e-4)
+    with torch.no_grad():
+        for table in model.pos_embed:
+            table.zero_()
+        np.testing.assert_allclose(model(x), no_pe.detach(), atol=1e-6)
+    # one head's pattern replaced by the uniform one
+    uniform = lambda v, hook: torch.full_like(v, 1.0 / v.shape[-1])  # noqa: E731
+    assert not torch.allclose(model.run_with_hooks(x, [("blocks.0.attn.hook_pattern", uniform)]), no_pe, atol=1e-4)
+    with pytest.raises(KeyError, match="no hook point"):
+        model.run_with_hooks(x, [("blocks.0.hook_nothing", uniform)])
+
+
+def test_a_model_moves_to_another_dtype_and_device_whole(lst_run):
+    """A device move tested as a dtype move (CI has no GPU): every weight and PE buffer goes along."""
+    model = lst_run.model(int(lst_run.results.query("pe == 'sin2d'")["model_id"].iloc[0]))
+    x = lst_run.task_inputs("test")[:16]
+    wide = model.to(torch.float64)
+    assert {t.dtype for t in [*wide.parameters(), *wide.buffers()] if t.is_floating_point()} == {torch.float64}
+    np.testing.assert_allclose(wide(x.double()).detach(), lst_run.model(model_id=int(
+        lst_run.results.query("pe == 'sin2d'")["model_id"].iloc[0]))(x).detach(), atol=1e-5)
+
+
+def test_a_pooled_folder_opens_its_models_where_they_were_trained(tmp_path, lst_run):
+    other = tmp_path / "other"
+    pe_fast.sweep.run(task="lst", pe=["learned"], sigmas=[0.2, 2.0], seed_values=[6312], out=str(other), **{
+        k: v for k, v in TINY.items() if k != "seeds"})
+    first = tmp_path / "first"
+    shutil.copytree(lst_run.path, first)
+    from pe_fast.report.pooling import pool
+    pooled = pe_fast.load_run(pool([first, other], tmp_path / "pooled"))
+    x = lst_run.task_inputs("test")[:8]
+    source = pe_fast.load_run(other)
+    for row in pooled.results.query("seed == 6312").itertuples():
+        mine = source.results.query(f"sigma == {row.sigma}")["model_id"].iloc[0]
+        np.testing.assert_array_equal(pooled.model(int(row.model_id))(x).detach(),
+                                      source.model(int(mine))(x).detach())
+
+
+def test_no_weights_keeps_none_and_says_so(tmp_path):
+    out = tmp_path / "run"
+    pe_fast.sweep.run(task="lst", pe=["none"], no_weights=True, out=str(out), **TINY)
+    assert not (out / "packs" / "0" / run_folder.WEIGHTS).exists()
+    with pytest.raises(ReportError, match="--no-weights"):
+        pe_fast.load_run(out).model(0)
+
+
+def test_a_model_a_run_does_not_have_is_a_value_error_naming_it(lst_run):
+    for bad in (10**6, "0", True, -1):
+        with pytest.raises(ModelNotFound, match="model_id"):
+            lst_run.model(bad)
+    with pytest.raises(ValueError, match="split 'nope'"):
+        lst_run.task_inputs("nope")
+
+
+def spoiled(tmp_path, lst_run, spoil) -> pe_fast.results.reading.Run:
+    folder = tmp_path / "spoiled"
+    shutil.copytree(lst_run.path, folder)
+    spoil(folder / "packs" / "0" / run_folder.WEIGHTS)
+    return pe_fast.load_run(folder)
+
+
+def rewrite_header(path, change):
+    """The safetensors file with its JSON header changed (8-byte length, then the header, then the data)."""
+    data = path.read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    header = change(json.loads(data[8:8 + length]))
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+
+
+def bigger_model(header):
+    meta = json.loads(header["__metadata__"]["pe_fast"])
+    meta["model_config"]["width"] = 2**20  # would be terabytes if it were built
+    header["__metadata__"]["pe_fast"] = json.dumps(meta)
+    return header
+
+
+SPOILS = {
+    "truncated": lambda path: path.write_bytes(path.read_bytes()[:1000]),
+    "a pickle": lambda path: torch.save({"model": torch.zeros(3)}, path),
+    "empty": lambda path: path.write_bytes(b""),
+    "no metadata": lambda path: rewrite_header(path, lambda h: {k: v for k, v in h.items() if k != "__metadata__"}),
+    "a model too big": lambda path: rewrite_header(path, bigger_model),
+    "a tensor missing": lambda path: rewrite_header(path, lambda h: {k: v for k, v in h.items()
+                                                                       if k != "head.bias"}),
+    "a folder": lambda path: (path.unlink(), path.mkdir()),
+}
+
+
+@pytest.mark.parametrize("spoil", SPOILS)
+def test_a_spoiled_weights_file_is_one_error_naming_it(spoil, tmp_path, lst_run):
+    run = spoiled(tmp_path, lst_run, SPOILS[spoil])
+    model_id = run.config["packs"][0][0]
+    with pytest.raises(ReportError, match=run_folder.WEIGHTS):
+        run.model(model_id)
+
+
+def test_weights_follow_the_umask(lst_run):
+    mode = os.stat(lst_run.path / "packs" / "0" / run_folder.WEIGHTS).st_mode & 0o777
+    assert mode == os.stat(lst_run.path / "packs" / "0" / run_folder.RESULTS).st_mode & 0o777
+
+
+def test_without_pe_is_the_model_with_its_pe_set_to_nothing(lst_run):
+    """without_pe against each PE family's own zero: the added tables zeroed, the relative bias zeroed, RoPE's
+    rotation by angle 0."""
+    x = lst_run.task_inputs("test")[:16]
+    for kind in ("learned", "sin2d", "relative", "rope2d"):
+        model = lst_run.model(int(lst_run.results.query(f"pe == '{kind}'")["model_id"].iloc[0]))
+        ablated = model.without_pe(x).detach()
+        with torch.no_grad():
+            for table in [*model.pos_embed.parameters(), *model.pos_embed.buffers()] if model.pe_blocks else []:
+                table.zero_()
+            for table in model.relative_bias or []:
+                table.zero_()
+            if model.rope_cos is not None:
+                model.rope_cos.fill_(1.0)
+                model.rope_sin.zero_()
+            np.testing.assert_allclose(model(x), ablated, atol=1e-6)
