@@ -13,6 +13,7 @@ from pe_fast.results.reading import ReportError, check_alike
 from pe_fast.results.settings import FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, value_type
 from pe_fast.sweep import UsageError, api, resume
 from pe_fast.sweep.settings import build_parser, from_flags, parse_list
+from pe_fast.tasks import KINDS
 from sweep_harness import refuse_sweep
 
 # A grid of one netsim model, small enough to validate in milliseconds
@@ -143,3 +144,13 @@ def test_pooling_refuses_folders_that_differ_in_a_row_that_may_not(name, recorde
 def test_every_executor_the_flag_offers_is_one_the_sweep_has():
     from pe_fast.sweep.executors import EXECUTORS
     assert FLAGS["executor"].choices == tuple(EXECUTORS)
+
+
+@pytest.mark.parametrize("task,preset", [(task, preset) for task, kind in KINDS.items() for preset in kind.presets])
+def test_every_preset_is_settings_the_rows_accept(task, preset):
+    s = from_flags(build_parser().parse_args(["--task", task, "--preset", preset]))
+    assert s.preset == preset
+    for name, value in KINDS[task].presets[preset].items():
+        if name in FLAGS:
+            expected = parse_list(value, LIST_SETTINGS[name], name) if name in LIST_SETTINGS else value
+            assert getattr(s, name) == expected, name
