@@ -1,0 +1,60 @@
+"""Real handwritten digits as region data: each pixel of the 8 × 8 images a token, each image a time point.
+
+The 1,797 images of scikit-learn's `load_digits` (the UCI "Optical Recognition of Handwritten Digits" test set, E.
+Alpaydin and C. Kaynak, 1998; CC BY 4.0; shipped inside scikit-learn, no download) are cut into GROUPS groups of
+consecutive images, each one "run" of its own "subject", so that the masked-region task's split by subject is a
+fixed split by image (its last quarter of groups is the test set). The ground truth is exact: every pixel's grid
+position (row, column), the image quadrant it lies in (the "networks"), and the pixels' correlation over the training
+images (the "FC")."""
+from __future__ import annotations
+
+import numpy as np
+
+from pe_fast.data.regions import DataError, RegionData
+
+SIDE = 8
+GROUPS = 8  # runs of about 225 images: the last 2 (449 images) are the test set
+QUADRANTS = ("top left", "top right", "bottom left", "bottom right")
+
+
+def grid_coordinates() -> np.ndarray:
+    """[64, 2] (row, column) of every pixel, in the images' row-major order."""
+    rows, columns = np.divmod(np.arange(SIDE * SIDE), SIDE)
+    return np.stack([rows, columns], axis=1).astype(np.float64)
+
+
+def digit_images() -> tuple[np.ndarray, np.ndarray]:
+    """The images [1797, 64] (grey levels 0-16) and their digits [1797]."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("--task digits reads scikit-learn's digits: pip install scikit-learn")
+    digits = load_digits()
+    return digits.data.astype(np.float32), digits.target.astype(np.int64)
+
+
+def pixel_correlation(images: np.ndarray) -> np.ndarray:
+    """Pearson r between pixels over the images, a constant pixel (the blank border) correlated with none."""
+    images = np.asarray(images, dtype=np.float64)
+    centred = images - images.mean(0)
+    norm = np.linalg.norm(centred, axis=0)
+    scaled = centred / np.where(norm > 0, norm, 1.0)
+    corr = scaled.T @ scaled
+    np.fill_diagonal(corr, 1.0)
+    return corr
+
+
+def load_digit_regions() -> RegionData:
+    images, _ = digit_images()
+    groups = np.array_split(np.arange(len(images)), GROUPS)
+    train = np.concatenate(groups[:GROUPS - GROUPS // 4])  # the split by subject's training groups
+    grid = grid_coordinates()
+    quadrant = (grid[:, 0] >= SIDE // 2).astype(int) * 2 + (grid[:, 1] >= SIDE // 2).astype(int)
+    return RegionData(
+        runs=[images[index] for index in groups], subjects=[f"images{i}" for i in range(GROUPS)],
+        run_names=["all"] * GROUPS, labels=np.array([f"r{r}c{c}" for r, c in grid.astype(int)]),
+        # the grid as "centroids" (the region tasks' 3D positions): pixel units, in a plane
+        centroids=np.concatenate([grid, np.zeros((len(grid), 1))], axis=1), networks=quadrant,
+        network_names=list(QUADRANTS), fc=pixel_correlation(images[train]), coupling=None, kind="digits",
+        source=f"scikit-learn load_digits: {len(images)} handwritten digits, 8x8 pixels (UCI, CC BY 4.0)",
+        tr_seconds=None)
