@@ -38,6 +38,17 @@ def test_the_images_are_scikit_learns_split_by_image(task):
     assert task.coordinates.shape == (64, 2) and rows[9] == 1 and columns[9] == 1  # pixel 9: row 1, column 1
 
 
+def test_the_grid_probes_by_brute_force(task):
+    names = task.probe_names
+    for name, rule in (("same_row", lambda a, b: a // 8 == b // 8), ("same_column", lambda a, b: a % 8 == b % 8),
+                       ("neighbours", lambda a, b: abs(a // 8 - b // 8) + abs(a % 8 - b % 8) == 1)):
+        probe = task.probes[names.index(name)]
+        for a in range(64):
+            for b in range(64):
+                assert probe[a, b] == float(a != b and rule(a, b)), (name, a, b)
+    assert task.probes.shape == (len(names), 64, 64) and names[:3] == ["same_network", "near_3d", "fc"]
+
+
 def test_the_grid_as_a_pe_recovers_the_grid_and_a_random_one_does_not(task):
     grid = np.zeros((64, 16))
     grid[:, :2] = grid_coordinates()

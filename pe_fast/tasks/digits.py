@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+import torch
+
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.tasks.base import TaskKind
 from pe_fast.tasks.masked_regions import REGION_DEFAULTS, REGION_SETTINGS, REGION_VIEW, MaskedRegionTask
@@ -18,7 +21,16 @@ class DigitsTask(MaskedRegionTask):
     def __init__(self, data, name: str, **options):
         super().__init__(data, name, **options)
         from pe_fast.data.digits import grid_coordinates
-        self.coordinates = grid_coordinates()
+        self.coordinates = grid = grid_coordinates()
+        # the grid's own attention probes beside the region tasks' (quadrant, distance, pixel correlation)
+        rows, columns = grid[:, :1], grid[:, 1:]
+        grid_probes = {"same_row": rows == rows.T, "same_column": columns == columns.T,
+                       "neighbours": np.abs(rows - rows.T) + np.abs(columns - columns.T) == 1}
+        stacked = np.stack(list(grid_probes.values())).astype(np.float32)
+        stacked[:, np.arange(len(grid)), np.arange(len(grid))] = 0.0  # attention to itself says nothing
+        self.probe_names = [*self.probe_names, *grid_probes]
+        self.probes = torch.cat([self.probes, torch.from_numpy(stacked)])
+        self.description["probes"] = self.probe_names
 
 
 def load(s) -> DigitsTask:
@@ -38,7 +50,8 @@ KIND = TaskKind(
     summary=("train_mse", "test_mse", "test_r2", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity",
              "pe_effective_rank"),
     # the PE against the exact grid first, then against the pixels' correlation and the quadrants
-    view=dataclasses.replace(REGION_VIEW, similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr",
+    # attention alignment: the mass on each pixel's four grid neighbours
+    view=dataclasses.replace(REGION_VIEW, probe="neighbours", similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr",
                                                       "pe_modularity", "pe_segregation", "pe_gradient_corr")),
     load=load,
 )
