@@ -70,3 +70,31 @@ def test_a_short_sweep_through_every_2d_pe(tmp_path):
     assert results.loc["sin2d", "pe_dist_spearman"] > 0.5 and abs(results.loc["learned", "pe_dist_spearman"]) < 0.3
     with torch.no_grad():  # its trained models open like every task's
         assert run.model(0)(run.task_inputs("test")[:4]).shape == (4, 64, 1)
+
+
+def test_the_classification_task_reads_the_digit_at_a_blank_pixel(tmp_path):
+    """--task digits_class: the images and digits as scikit-learn has them, split like the masked task's; the
+    read-out pixel blank in all; the logistic regression reference scored on the same split by scikit-learn."""
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+    from pe_fast.tasks.digits import DigitClassTask
+    task = DigitClassTask()
+    digits = load_digits()
+    train, test = task.splits["train"], task.splits["test"]
+    np.testing.assert_array_equal(torch.cat([train.x, test.x]).squeeze(-1).numpy() * 16, digits.data)
+    np.testing.assert_array_equal(torch.cat([train.y, test.y]).numpy(), digits.target)
+    assert len(test) == len(DigitsTask(load_digit_regions(), "digits").splits["test"])
+    assert (digits.data[:, task.readout_token] == 0).all()
+    pixels = (digits.data / 16).astype(np.float32)  # the models' inputs
+    logistic = LogisticRegression(max_iter=2000).fit(pixels[:len(train)], digits.target[:len(train)])
+    row = next(r for r in task.baselines() if r["pe"] == "baseline:logistic")
+    assert row["test_acc"] == pytest.approx(logistic.score(pixels[len(train):], digits.target[len(train):]))
+    # a perfect model's logits score 1; the loss is the cross-entropy of each model
+    logits = torch.nn.functional.one_hot(test.y, 10).float()[None] * 10
+    assert task.score(logits, "test", torch.arange(len(test)))[0]["test_acc"] == 1.0
+    loss = task.loss(logits.expand(2, -1, -1), test.y.expand(2, -1))
+    np.testing.assert_allclose(loss, torch.nn.functional.cross_entropy(logits[0], test.y).expand(2), rtol=1e-6)
+    run = pe_fast.sweep.run(task="digits_class", pe=["learned", "sin2d"], sigmas=[0.1], seeds=1, steps=4,
+                            eval_every=2, threads=1, no_report=True, out=str(tmp_path / "class"))
+    assert {"learned", "sin2d", "baseline:logistic", "baseline:majority"} <= set(run.results["pe"])
+    assert run.model(0)(run.task_inputs("test")[:3]).shape == (3, 10)

@@ -2,4 +2,4 @@
 and one entry here."""
 from pe_fast.tasks import digits, fmri, lst, netsim
 
-KINDS = {kind.name: kind for kind in (fmri.KIND, lst.KIND, netsim.KIND, digits.KIND)}
+KINDS = {kind.name: kind for kind in (fmri.KIND, lst.KIND, netsim.KIND, digits.KIND, digits.CLASS_KIND)}

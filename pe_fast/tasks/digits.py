@@ -8,10 +8,25 @@ import dataclasses
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from pe_fast.models.transformer import PE_KINDS
-from pe_fast.tasks.base import TaskKind
+from pe_fast.tasks.base import TaskKind, TaskView
+from pe_fast.tasks.lst import IndexedBatches
 from pe_fast.tasks.masked_regions import REGION_DEFAULTS, REGION_SETTINGS, REGION_VIEW, MaskedRegionTask
+
+
+GRID_PROBES = ("same_row", "same_column", "neighbours")
+
+
+def grid_probes(grid: np.ndarray) -> torch.Tensor:
+    """[3, N, N] attention probes of the pixel grid (row, column): same row, same column, the 4 neighbours; zero
+    on the diagonal (attention to itself says nothing about structure)."""
+    rows, columns = grid[:, :1], grid[:, 1:]
+    stacked = np.stack([rows == rows.T, columns == columns.T,
+                        np.abs(rows - rows.T) + np.abs(columns - columns.T) == 1]).astype(np.float32)
+    stacked[:, np.arange(len(grid)), np.arange(len(grid))] = 0.0
+    return torch.from_numpy(stacked)
 
 
 class DigitsTask(MaskedRegionTask):
@@ -23,14 +38,83 @@ class DigitsTask(MaskedRegionTask):
         from pe_fast.data.digits import grid_coordinates
         self.coordinates = grid = grid_coordinates()
         # the grid's own attention probes beside the region tasks' (quadrant, distance, pixel correlation)
-        rows, columns = grid[:, :1], grid[:, 1:]
-        grid_probes = {"same_row": rows == rows.T, "same_column": columns == columns.T,
-                       "neighbours": np.abs(rows - rows.T) + np.abs(columns - columns.T) == 1}
-        stacked = np.stack(list(grid_probes.values())).astype(np.float32)
-        stacked[:, np.arange(len(grid)), np.arange(len(grid))] = 0.0  # attention to itself says nothing
-        self.probe_names = [*self.probe_names, *grid_probes]
-        self.probes = torch.cat([self.probes, torch.from_numpy(stacked)])
+        self.probe_names = [*self.probe_names, *GRID_PROBES]
+        self.probes = torch.cat([self.probes, grid_probes(grid)])
         self.description["probes"] = self.probe_names
+
+
+@dataclasses.dataclass
+class DigitSplit:
+    x: torch.Tensor  # [images, 64, 1]: grey levels scaled to [0, 1]
+    y: torch.Tensor  # [images] the digit
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+class DigitClassTask:
+    """The digit of each image from its pixels, in the shape of a small vision transformer: every pixel a token,
+    the answer read out at the top-left pixel (blank in every image, so it serves as a class token with a position
+    of its own). The same split by image as the masked task, the same grid measures of the PE."""
+
+    name = "digits_class"
+    num_tokens, token_dim, num_classes = 64, 1, 10
+    readout_token = 0
+    attention_split = "test"
+    probe_names = list(GRID_PROBES)
+
+    def __init__(self):
+        from pe_fast.data.digits import GROUPS, digit_images, grid_coordinates, load_digit_regions
+        images, digits = digit_images()
+        if np.abs(images[:, self.readout_token]).max() != 0:
+            raise ValueError("the read-out pixel is not blank in every image")
+        cut = sum(len(group) for group in np.array_split(np.arange(len(images)), GROUPS)[:GROUPS - GROUPS // 4])
+        x = torch.from_numpy(images / 16.0).float().unsqueeze(-1)
+        y = torch.from_numpy(digits)
+        self.splits = {"train": DigitSplit(x[:cut], y[:cut]), "test": DigitSplit(x[cut:], y[cut:])}
+        self.coordinates = grid_coordinates()
+        self.probes = grid_probes(self.coordinates)
+        self.measures = DigitsTask(load_digit_regions(), "digits")  # the PE against the grid, as the masked task's
+        self.data_kind, self.data_line = "digits", f"data: digits: {self.measures.data.source}"
+        self.description = {"task": self.name, "source": self.measures.data.source, "readout_pixel": 0,
+                            "sizes": {name: len(split) for name, split in self.splits.items()},
+                            "split": f"images 0-{cut - 1} train, {cut}-{len(images) - 1} test"}
+
+    def training_batches(self, seeds: list[int], device: torch.device) -> IndexedBatches:
+        train = self.splits["train"]
+        return IndexedBatches(train.x.to(device), train.y.to(device))
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of each model, [M]: outputs [M, B, 10] logits."""
+        M, B, C = outputs.shape
+        return F.cross_entropy(outputs.reshape(M * B, C), targets.reshape(M * B), reduction="none").view(M, B).mean(1)
+
+    def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
+        correct = (outputs.argmax(-1) == self.splits[split].y[items]).float()
+        return [{f"{split}_acc": float(row.mean())} for row in correct]
+
+    def pe_metrics(self, table: np.ndarray) -> dict:
+        return self.measures.pe_metrics(table)
+
+    def baselines(self) -> list[dict]:
+        """A logistic regression on the pixels (multinomial, scikit-learn's default regularisation), and the most
+        frequent training digit."""
+        from sklearn.linear_model import LogisticRegression
+        train, test = (self.splits[name] for name in ("train", "test"))
+        flat = {name: split.x.squeeze(-1).numpy() for name, split in self.splits.items()}
+        fit = LogisticRegression(max_iter=2000).fit(flat["train"], train.y.numpy())
+        common = int(torch.bincount(train.y).argmax())
+        rows = []
+        for kind, predict in (("baseline:logistic", lambda name: fit.predict(flat[name])),
+                              ("baseline:majority", lambda name: np.full(len(self.splits[name]), common))):
+            row = {"pe": kind, "sigma": float("nan")}
+            for name, split in self.splits.items():
+                row[f"{name}_acc"] = float(np.mean(predict(name) == split.y.numpy()))
+            rows.append(row)
+        return rows
+
+    def ground_truth(self) -> dict[str, np.ndarray]:
+        return {}  # the grid is fixed: pe_fast.data.digits.grid_coordinates()
 
 
 def load(s) -> DigitsTask:
@@ -55,3 +139,19 @@ KIND = TaskKind(
                                                       "pe_modularity", "pe_segregation", "pe_gradient_corr")),
     load=load,
 )
+
+CLASS_KIND = TaskKind(
+    name="digits_class",
+    # the masked task's model and training, read out at one token: converges within the budget on 2 cores
+    defaults={**REGION_DEFAULTS, "pe": "learned,sin2d,none", "batch_size": 64, "steps": 3000},
+    presets={"all-pes": dict(pe="learned,sin2d,rope2d,sin1d,random,none")},
+    pe_kinds=PE_KINDS,
+    settings=(),
+    summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_effective_rank"),
+    view=TaskView(score="test_acc", generalisation=("test_acc",),
+                  similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity"),
+                  summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr"),
+                  probe="neighbours", fit=None),
+    load=lambda s: DigitClassTask(),
+)
+
