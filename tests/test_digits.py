@@ -98,3 +98,20 @@ def test_the_classification_task_reads_the_digit_at_a_blank_pixel(tmp_path):
                             eval_every=2, threads=1, no_report=True, out=str(tmp_path / "class"))
     assert {"learned", "sin2d", "baseline:logistic", "baseline:majority"} <= set(run.results["pe"])
     assert run.model(0)(run.task_inputs("test")[:3]).shape == (3, 10)
+
+
+def test_a_small_training_set_keeps_the_first_images_and_the_whole_test_set(tmp_path):
+    from pe_fast.tasks.digits import DigitClassTask
+    full, small = DigitsTask(load_digit_regions(), "digits"), DigitsTask(load_digit_regions(), "digits",
+                                                                          train_images=300)
+    assert len(small.splits["train"]) == 300 and torch.equal(small.splits["train"].values,
+                                                             full.splits["train"].values[:300])
+    assert torch.equal(small.splits["test"].values, full.splits["test"].values)
+    values = full.splits["train"].values[:300, :, 0].double().numpy()
+    np.testing.assert_allclose(small.train_covariance, np.cov(values, rowvar=False), atol=1e-10)
+    assert len(DigitClassTask(300).splits["train"]) == 300
+    with pytest.raises(ValueError, match="--train-images 5000"):
+        DigitClassTask(5000)
+    from sweep_harness import refuse_sweep
+    refused = refuse_sweep("--task", "fmri", "--train-images", "300", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "--train-images applies to --task digits and digits_class only" in refused.stderr

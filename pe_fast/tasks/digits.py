@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from pe_fast.models.transformer import PE_KINDS
-from pe_fast.tasks.base import TaskKind, TaskView
+from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView
 from pe_fast.tasks.lst import IndexedBatches
 from pe_fast.tasks.masked_regions import REGION_DEFAULTS, REGION_SETTINGS, REGION_VIEW, MaskedRegionTask
 
@@ -29,12 +29,30 @@ def grid_probes(grid: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(stacked)
 
 
+# --train-images: the first N training images only (both digit tasks)
+TRAIN_IMAGES = TaskSetting("train_images", int, "train on the first N of the 1,348 training images (default all)",
+                           range=(1, None, "[)"))
+
+
+def check_train_images(count: int, available: int) -> int:
+    if count > available:
+        raise ValueError(f"--train-images {count}: the training split has {available} images")
+    return count
+
+
 class DigitsTask(MaskedRegionTask):
     """The masked-region task on the digits, its PEs built on the 2D pixel grid (the region tasks' sinnd and
     distance measures on the same grid, as the data's "centroids" in a plane)."""
 
-    def __init__(self, data, name: str, **options):
+    def __init__(self, data, name: str, train_images: int | None = None, **options):
         super().__init__(data, name, **options)
+        if train_images is not None:  # a small training set, where the PE's inductive bias should matter most
+            train = self.splits["train"]
+            keep = slice(0, check_train_images(train_images, len(train)))
+            self.splits["train"] = type(train)(train.values[keep], train.mask[keep], train.x[keep])
+            flat = train.values[keep].numpy().transpose(0, 2, 1).reshape(-1, self.num_tokens).astype(np.float64)
+            self.train_covariance = np.cov(flat, rowvar=False)  # the linear reference fits the same images
+            self.description["sizes"]["train"] = len(self.splits["train"])
         from pe_fast.data.digits import grid_coordinates
         self.coordinates = grid = grid_coordinates()
         # the grid's own attention probes beside the region tasks' (quadrant, distance, pixel correlation)
@@ -63,7 +81,7 @@ class DigitClassTask:
     attention_split = "test"
     probe_names = list(GRID_PROBES)
 
-    def __init__(self):
+    def __init__(self, train_images: int | None = None):
         from pe_fast.data.digits import GROUPS, digit_images, grid_coordinates, load_digit_regions
         images, digits = digit_images()
         if np.abs(images[:, self.readout_token]).max() != 0:
@@ -71,14 +89,15 @@ class DigitClassTask:
         cut = sum(len(group) for group in np.array_split(np.arange(len(images)), GROUPS)[:GROUPS - GROUPS // 4])
         x = torch.from_numpy(images / 16.0).float().unsqueeze(-1)
         y = torch.from_numpy(digits)
-        self.splits = {"train": DigitSplit(x[:cut], y[:cut]), "test": DigitSplit(x[cut:], y[cut:])}
+        kept = cut if train_images is None else check_train_images(train_images, cut)
+        self.splits = {"train": DigitSplit(x[:kept], y[:kept]), "test": DigitSplit(x[cut:], y[cut:])}
         self.coordinates = grid_coordinates()
         self.probes = grid_probes(self.coordinates)
         self.measures = DigitsTask(load_digit_regions(), "digits")  # the PE against the grid, as the masked task's
         self.data_kind, self.data_line = "digits", f"data: digits: {self.measures.data.source}"
         self.description = {"task": self.name, "source": self.measures.data.source, "readout_pixel": 0,
                             "sizes": {name: len(split) for name, split in self.splits.items()},
-                            "split": f"images 0-{cut - 1} train, {cut}-{len(images) - 1} test"}
+                            "split": f"images 0-{kept - 1} train, {cut}-{len(images) - 1} test"}
 
     def training_batches(self, seeds: list[int], device: torch.device) -> IndexedBatches:
         train = self.splits["train"]
@@ -119,7 +138,8 @@ class DigitClassTask:
 
 def load(s) -> DigitsTask:
     from pe_fast.data.digits import load_digit_regions
-    return DigitsTask(load_digit_regions(), s.task, mask_fraction=s.mask_fraction, window=s.window, split=s.split)
+    return DigitsTask(load_digit_regions(), s.task, train_images=s.train_images, mask_fraction=s.mask_fraction,
+                      window=s.window, split=s.split)
 
 
 KIND = TaskKind(
@@ -130,7 +150,7 @@ KIND = TaskKind(
              # a GPU's share: the finer σ grid and ten seeds
              "gpu": dict(pe="learned,sin2d,none", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=10)},
     pe_kinds=PE_KINDS,
-    settings=REGION_SETTINGS,
+    settings=(*REGION_SETTINGS, TRAIN_IMAGES),
     summary=("train_mse", "test_mse", "test_r2", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity",
              "pe_effective_rank"),
     # the PE against the exact grid first, then against the pixels' correlation and the quadrants
@@ -146,12 +166,12 @@ CLASS_KIND = TaskKind(
     defaults={**REGION_DEFAULTS, "pe": "learned,sin2d,none", "batch_size": 64, "steps": 3000},
     presets={"all-pes": dict(pe="learned,sin2d,rope2d,sin1d,random,none")},
     pe_kinds=PE_KINDS,
-    settings=(),
+    settings=(TRAIN_IMAGES,),
     summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_effective_rank"),
     view=TaskView(score="test_acc", generalisation=("test_acc",),
                   similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity"),
                   summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr"),
                   probe="neighbours", fit=None),
-    load=lambda s: DigitClassTask(),
+    load=lambda s: DigitClassTask(s.train_images),
 )
 
