@@ -14,10 +14,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # script: each takes 10 s or more on 2 cores (python -m pytest --durations=0). triton: they need triton installed
 # (the interpreter suites, the ahead-of-time compiles); gpu: a test that runs only on a CUDA device (by name).
 SLOW_FILES = {
-    "test_bad_data.py", "test_bad_input.py", "test_bench_measure.py", "test_bench_peers.py", "test_bench_scripts.py",
-    "test_compare_lst_logs.py", "test_cpp_kernels_ctest.py", "test_fused_sublayers.py", "test_interp_tools.py",
-    "test_live_curves.py", "test_open_models.py",
-    "test_migrate.py", "test_optimizer_axes.py", "test_pe_dropout.py", "test_precision.py",
+    "test_bad_data.py", "test_bad_input.py", "test_bench_measure.py", "test_bench_peers.py",
+    "test_bench_scripts.py", "test_compare_lst_logs.py", "test_cpp_kernels_ctest.py", "test_digits.py",
+    "test_fused_sublayers.py", "test_interp_tools.py", "test_live_curves.py", "test_migrate.py",
+    "test_open_models.py", "test_optimizer_axes.py", "test_pe_dropout.py", "test_precision.py",
     "test_precision_check.py", "test_python_api.py", "test_readme_commands.py", "test_report.py",
     "test_report_pooling.py", "test_rsa.py", "test_seed_values.py", "test_stands_alone.py", "test_sweep.py",
     "test_sweep_docs.py", "test_sweep_regions.py", "test_sweep_scale.py", "test_task_registry.py",
