@@ -115,3 +115,16 @@ def test_a_small_training_set_keeps_the_first_images_and_the_whole_test_set(tmp_
     from sweep_harness import refuse_sweep
     refused = refuse_sweep("--task", "fmri", "--train-images", "300", "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "--train-images applies to --task digits and digits_class only" in refused.stderr
+
+
+def test_the_report_lays_a_pe_out_on_its_square_grid(tmp_path):
+    """The learned-PE figure on any square grid: 64 pixels draw, 10 tokens are said not to lie on one."""
+    import pandas as pd
+    from pe_fast.report.figures import grid_pe_figure
+    results = pd.DataFrame({"pe": ["learned", "learned"], "sigma": [0.1, 2.0], "seed": [1, 1], "model_id": [0, 1]})
+    rng = np.random.default_rng(0)
+    tables = {f"model_{i}": rng.normal(size=(1, 64, 16)) for i in (0, 1)}
+    assert grid_pe_figure(results, tables, tmp_path / "grid.png") is None
+    assert (tmp_path / "grid.png").stat().st_size > 10_000
+    odd = {f"model_{i}": rng.normal(size=(1, 10, 16)) for i in (0, 1)}
+    assert "square grid" in grid_pe_figure(results, odd, tmp_path / "odd.png")

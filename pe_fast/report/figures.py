@@ -198,29 +198,36 @@ def chosen_models(results: pd.DataFrame, pe_tables: dict) -> list[pd.Series]:
     return []
 
 
-def lst_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | None:
-    """PCA (2 components) of the first block's 16 PE vectors next to the true 4×4 grid. Returns why it was not
-    drawn, or None."""
+def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | None:
+    """PCA (2 components) of the first block's PE vectors next to the true square grid of the tokens (the LST's
+    4×4 cells, the digits' 8×8 pixels; row-major). Returns why it was not drawn, or None."""
     chosen = chosen_models(results, pe_tables)
     if not chosen:
         return "no pe_tables.npz entry for a learned or random PE model."
-    cells = np.arange(16)
-    grid = np.stack([cells % 4, -(cells // 4)], axis=1).astype(float)  # x = column, y = −row: reads as a grid
+    count = len(pe_tables[f"model_{int(chosen[0].model_id)}"][0])
+    side = math.isqrt(count)
+    if side * side != count:
+        return f"the {count} tokens do not lie on a square grid."
+    cells = np.arange(count)
+    grid = np.stack([cells % side, -(cells // side)], axis=1).astype(float)  # x = column, y = −row: reads as a grid
     fig, axes = plt.subplots(1, 1 + len(chosen), figsize=(4.4 * (1 + len(chosen)), 4.6), layout="constrained")
 
     def draw(ax, points, title):
         colours = plt.get_cmap("tab10").colors
-        for r in range(4):  # lines join grid neighbours: a lattice shows as a lattice
-            ax.plot(points[r * 4:(r + 1) * 4, 0], points[r * 4:(r + 1) * 4, 1], color=colours[r], linewidth=1)
-            ax.plot(points[r::4, 0], points[r::4, 1], color="0.6", linewidth=0.8, linestyle=":")
+        for r in range(side):  # lines join grid neighbours: a lattice shows as a lattice
+            ax.plot(points[r * side:(r + 1) * side, 0], points[r * side:(r + 1) * side, 1],
+                    color=colours[r % len(colours)], linewidth=1)
+            ax.plot(points[r::side, 0], points[r::side, 1], color="0.6", linewidth=0.8, linestyle=":")
         for i, (x, y) in enumerate(points):
-            ax.scatter(x, y, color=colours[i // 4], s=60, zorder=3, edgecolors="k", linewidths=0.4)
-            ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.scatter(x, y, color=colours[(i // side) % len(colours)], s=60 if side <= 4 else 24, zorder=3,
+                       edgecolors="k", linewidths=0.4)
+            if side <= 4:
+                ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.set_aspect("equal", adjustable="datalim")
         ax.grid(alpha=0.3)
 
-    draw(axes[0], grid, "true 4×4 grid (cell index, colour = row)")
+    draw(axes[0], grid, f"true {side}×{side} grid ({'cell index, ' if side <= 4 else ''}colour = row)")
     axes[0].set_xlabel("column")
     axes[0].set_ylabel("− row")
     for ax, model in zip(axes[1:], chosen):
@@ -470,7 +477,7 @@ def draw_gradient(page: Page, path: Path) -> str | None:
 
 
 def draw_learned_pe_grid(page: Page, path: Path) -> str | None:
-    return lst_pe_figure(page.results, page.run.pe_tables, path)
+    return grid_pe_figure(page.results, page.run.pe_tables, path)
 
 
 def draw_learned_pe_fc(page: Page, path: Path) -> str | None:
@@ -519,7 +526,7 @@ FIGURE_TABLE = (
                          f"seeds): where training turns from rich to lazy."),
            "phase diagram"),
     Figure("learned_pe", in_view("learned_pe_grid"), draw_learned_pe_grid,
-           lambda page: "2D PCA of the first block's 16 learned PE vectors (small and large σ) next to the true grid.",
+           lambda page: "2D PCA of the first block's learned PE vectors (small and large σ) next to the true grid.",
            "learned PE"),
     Figure("learned_pe", in_view("learned_pe_fc"), draw_learned_pe_fc,
            lambda page: "Learned PE cosine similarity (small and large σ) next to FC, tokens ordered by network.",

@@ -155,6 +155,8 @@ KIND = TaskKind(
              "pe_effective_rank"),
     # the PE against the exact grid first, then against the pixels' correlation and the quadrants
     # attention alignment: the mass on each pixel's four grid neighbours
+    # (its learned-PE figure: the PE's similarity against the pixels' correlation, as fMRI's; digits_class draws the
+    # PE on the grid)
     view=dataclasses.replace(REGION_VIEW, probe="neighbours", similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr",
                                                       "pe_modularity", "pe_segregation", "pe_gradient_corr")),
     load=load,
@@ -171,7 +173,7 @@ CLASS_KIND = TaskKind(
     view=TaskView(score="test_acc", generalisation=("test_acc",),
                   similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity"),
                   summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr"),
-                  probe="neighbours", fit=None),
+                  probe="neighbours", fit=None, figures=("learned_pe_grid",)),
     load=lambda s: DigitClassTask(s.train_images),
 )
 
