@@ -128,3 +128,25 @@ def test_the_report_lays_a_pe_out_on_its_square_grid(tmp_path):
     assert (tmp_path / "grid.png").stat().st_size > 10_000
     odd = {f"model_{i}": rng.normal(size=(1, 10, 16)) for i in (0, 1)}
     assert "square grid" in grid_pe_figure(results, odd, tmp_path / "odd.png")
+
+
+def test_patches_are_the_images_two_by_two_on_a_four_by_four_grid(tmp_path):
+    from sklearn.datasets import load_digits
+    from pe_fast.tasks.digits import DigitClassTask
+    task = DigitClassTask(tokens="patches")
+    images = load_digits().data.reshape(-1, 8, 8) / 16
+    x = torch.cat([task.splits["train"].x, task.splits["test"].x]).numpy()
+    assert x.shape == (len(images), 16, 4) and task.num_tokens == 16 and task.token_dim == 4
+    for patch in range(16):  # by hand: patch (r, c) holds pixels (2r + i, 2c + j), i and j in 0, 1, row-major
+        r, c = divmod(patch, 4)
+        np.testing.assert_allclose(x[:, patch], images[:, 2 * r:2 * r + 2, 2 * c:2 * c + 2].reshape(-1, 4), atol=1e-7)
+    assert task.coordinates[5].tolist() == [1.0, 1.0] and task.probes.shape == (3, 16, 16)
+    grid = np.zeros((16, 8))
+    grid[:, :2] = task.coordinates
+    exact = task.pe_metrics(grid)
+    assert exact["pe_dist_spearman"] > 0.999 and exact["pe_procrustes"] < 1e-9
+    run = pe_fast.sweep.run(task="digits_class", tokens="patches", pe=["learned", "rope2d"], sigmas=[0.1], seeds=1,
+                            steps=4, eval_every=2, threads=1, no_report=True, out=str(tmp_path / "patches"))
+    assert {"learned", "rope2d", "baseline:logistic"} <= set(run.results["pe"])
+    assert run.task_inputs("test").shape[1:] == (16, 4)
+

@@ -17,6 +17,10 @@ GROUPS = 8  # runs of about 225 images: the last 2 (449 images) are the test set
 QUADRANTS = ("top left", "top right", "bottom left", "bottom right")
 
 
+def source(count: int) -> str:
+    return f"scikit-learn load_digits: {count} handwritten digits, 8x8 pixels (UCI, CC BY 4.0)"
+
+
 def grid_coordinates() -> np.ndarray:
     """[64, 2] (row, column) of every pixel, in the images' row-major order."""
     rows, columns = np.divmod(np.arange(SIDE * SIDE), SIDE)
@@ -56,5 +60,5 @@ def load_digit_regions() -> RegionData:
         # the grid as "centroids" (the region tasks' 3D positions): pixel units, in a plane
         centroids=np.concatenate([grid, np.zeros((len(grid), 1))], axis=1), networks=quadrant,
         network_names=list(QUADRANTS), fc=pixel_correlation(images[train]), coupling=None, kind="digits",
-        source=f"scikit-learn load_digits: {len(images)} handwritten digits, 8x8 pixels (UCI, CC BY 4.0)",
+        source=source(len(images)),
         tr_seconds=None)

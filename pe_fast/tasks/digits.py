@@ -5,11 +5,14 @@ grid, is exact rather than estimated. The tokens' coordinates are the grid's two
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pe_fast.metrics import gradients as gradient_metrics
+from pe_fast.metrics import pe_geometry
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView
 from pe_fast.tasks.lst import IndexedBatches
@@ -32,6 +35,11 @@ def grid_probes(grid: np.ndarray) -> torch.Tensor:
 # --train-images: the first N training images only (both digit tasks)
 TRAIN_IMAGES = TaskSetting("train_images", int, "train on the first N of the 1,348 training images (default all)",
                            range=(1, None, "[)"))
+
+
+TOKENS = ("pixels", "patches")
+TOKENS_SETTING = TaskSetting("tokens", str, "pixels (64 tokens, default) or patches (16 tokens of 2x2 pixels)",
+                             default="pixels", choices=TOKENS)
 
 
 def check_train_images(count: int, available: int) -> int:
@@ -71,31 +79,42 @@ class DigitSplit:
 
 
 class DigitClassTask:
-    """The digit of each image from its pixels, in the shape of a small vision transformer: every pixel a token,
-    the answer read out at the top-left pixel (blank in every image, so it serves as a class token with a position
-    of its own). The same split by image as the masked task, the same grid measures of the PE."""
+    """The digit of each image, in the shape of a small vision transformer: every pixel a token (or every 2 × 2
+    patch: 16 tokens of 4 grey levels on a 4 × 4 grid), the answer read out at the top-left token (the top-left pixel
+    is blank in every image, so it serves as a class token with a position of its own; the top-left patch is
+    nearly blank). The same split by image as the masked task; the PE measured against the token grid."""
 
     name = "digits_class"
-    num_tokens, token_dim, num_classes = 64, 1, 10
+    num_classes = 10
     readout_token = 0
     attention_split = "test"
     probe_names = list(GRID_PROBES)
 
-    def __init__(self, train_images: int | None = None):
-        from pe_fast.data.digits import GROUPS, digit_images, grid_coordinates, load_digit_regions
+    def __init__(self, train_images: int | None = None, tokens: str = "pixels"):
+        from pe_fast.data.digits import GROUPS, SIDE, digit_images, load_digit_regions, source
+        if tokens not in TOKENS:
+            raise ValueError(f"--tokens {tokens!r}: choose from {', '.join(TOKENS)}")
         images, digits = digit_images()
         if np.abs(images[:, self.readout_token]).max() != 0:
             raise ValueError("the read-out pixel is not blank in every image")
         cut = sum(len(group) for group in np.array_split(np.arange(len(images)), GROUPS)[:GROUPS - GROUPS // 4])
-        x = torch.from_numpy(images / 16.0).float().unsqueeze(-1)
+        x = torch.from_numpy(images / 16.0).float()
+        if tokens == "patches":  # [P, 8, 8] -> [P, 16 patches (row-major), 4 pixels (row-major within the patch)]
+            x = x.view(-1, SIDE // 2, 2, SIDE // 2, 2).permute(0, 1, 3, 2, 4).reshape(-1, (SIDE // 2) ** 2, 4)
+        else:
+            x = x.unsqueeze(-1)
+        self.num_tokens, self.token_dim = x.shape[1:]
         y = torch.from_numpy(digits)
         kept = cut if train_images is None else check_train_images(train_images, cut)
         self.splits = {"train": DigitSplit(x[:kept], y[:kept]), "test": DigitSplit(x[cut:], y[cut:])}
-        self.coordinates = grid_coordinates()
+        side = math.isqrt(self.num_tokens)
+        rows, columns = np.divmod(np.arange(self.num_tokens), side)
+        self.coordinates = np.stack([rows, columns], axis=1).astype(np.float64)
         self.probes = grid_probes(self.coordinates)
-        self.measures = DigitsTask(load_digit_regions(), "digits")  # the PE against the grid, as the masked task's
-        self.data_kind, self.data_line = "digits", f"data: digits: {self.measures.data.source}"
-        self.description = {"task": self.name, "source": self.measures.data.source, "readout_pixel": 0,
+        # pixels: the masked task's measures (the grid, the pixels' correlation, the quadrants); patches: the grid's
+        self.measures = DigitsTask(load_digit_regions(), "digits") if tokens == "pixels" else None
+        self.data_kind, self.data_line = "digits", f"data: digits: {source(len(images))}"
+        self.description = {"task": self.name, "source": source(len(images)), "tokens": tokens, "readout_token": 0,
                             "sizes": {name: len(split) for name, split in self.splits.items()},
                             "split": f"images 0-{kept - 1} train, {cut}-{len(images) - 1} test"}
 
@@ -113,14 +132,20 @@ class DigitClassTask:
         return [{f"{split}_acc": float(row.mean())} for row in correct]
 
     def pe_metrics(self, table: np.ndarray) -> dict:
-        return self.measures.pe_metrics(table)
+        if self.measures is not None:
+            return self.measures.pe_metrics(table)
+        centred = table - table.mean(0)
+        top3 = np.linalg.svd(centred, full_matrices=False)[2][:3]
+        return {"pe_dist_spearman": pe_geometry.distance_spearman(table, self.coordinates),
+                "pe_procrustes": pe_geometry.procrustes_disparity(centred @ top3.T, self.coordinates),
+                **gradient_metrics.rank_metrics(table)}
 
     def baselines(self) -> list[dict]:
         """A logistic regression on the pixels (multinomial, scikit-learn's default regularisation), and the most
         frequent training digit."""
         from sklearn.linear_model import LogisticRegression
         train, test = (self.splits[name] for name in ("train", "test"))
-        flat = {name: split.x.squeeze(-1).numpy() for name, split in self.splits.items()}
+        flat = {name: split.x.reshape(len(split), -1).numpy() for name, split in self.splits.items()}
         fit = LogisticRegression(max_iter=2000).fit(flat["train"], train.y.numpy())
         common = int(torch.bincount(train.y).argmax())
         rows = []
@@ -168,12 +193,12 @@ CLASS_KIND = TaskKind(
     defaults={**REGION_DEFAULTS, "pe": "learned,sin2d,none", "batch_size": 64, "steps": 3000},
     presets={"all-pes": dict(pe="learned,sin2d,rope2d,sin1d,random,none")},
     pe_kinds=PE_KINDS,
-    settings=(TRAIN_IMAGES,),
+    settings=(TRAIN_IMAGES, TOKENS_SETTING),
     summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_effective_rank"),
     view=TaskView(score="test_acc", generalisation=("test_acc",),
                   similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity"),
                   summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr"),
                   probe="neighbours", fit=None, figures=("learned_pe_grid",)),
-    load=lambda s: DigitClassTask(s.train_images),
+    load=lambda s: DigitClassTask(s.train_images, s.tokens),
 )
 
