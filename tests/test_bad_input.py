@@ -529,6 +529,25 @@ def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp
     assert snapshot(folder) == before  # no figure, no report.md written before the refusal
 
 
+@pytest.mark.parametrize("entries, must_name", [
+    ({"model_0": np.float64(3.0)}, "entry model_0 is a 0-axis"),
+    ({"model_0": np.array(["a", "b"])}, "entry model_0 is a 1-axis <U1"),
+    ({"model_0": np.zeros(4)}, "entry model_0 is a 1-axis float64"),
+    ({"model_0": np.zeros((2, 2), dtype=complex)}, "complex"),
+    ({"something_else": np.zeros((2, 2))}, "entry 'something_else' is not model_<id>"),
+])
+def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_path, capsys):
+    from pe_fast.results.reading import ReportError, load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    np.savez(folder / "pe_tables.npz", model_1=np.zeros((16, 8)), **entries)
+    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
+        load_run(folder)
+    assert must_name in str(refused.value)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before
+
+
 def test_curves_without_steps_are_one_error(tmp_path):
     from pe_fast.results.reading import ReportError, load_run
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD), pd.DataFrame({"model_id": [0], "ood_acc": [0.5]}))

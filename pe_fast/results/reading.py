@@ -191,6 +191,25 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
 
 
+# pe_tables.npz's keys (run_folder.py): a model's PE tables [N, D] or [L, N, D], its mean attention maps [L, N, N]
+PE_TABLE_KEY = re.compile(rf"(?:model_|{run_folder.ATTENTION_MAP})\d+")
+
+
+def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
+    """pe_tables.npz, every entry a real-valued table of 2 or 3 axes under a key the sweep writes, or one
+    ReportError naming the entry (a folder may come from anyone)."""
+    tables = read_npz(path)
+    for key, table in tables.items():
+        if not PE_TABLE_KEY.fullmatch(key):
+            raise ReportError(f"{path}: entry {key[:40]!r} is not model_<id> or {run_folder.ATTENTION_MAP}<id>; not "
+                              f"a pe_fast results folder")
+        if not (np.issubdtype(table.dtype, np.floating) or np.issubdtype(table.dtype, np.integer)) \
+                or table.ndim not in (2, 3):
+            raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array, not a table of "
+                              f"numbers [tokens, width] or [blocks, tokens, width]; not a pe_fast results folder")
+    return tables
+
+
 def _pack_count(config: dict) -> int | None:
     """How many packs the sweep planned: config["packs"] (a count or a list), else the models' "pack" field."""
     packs = config.get("packs")
@@ -244,7 +263,7 @@ def read_run(directory: Path) -> Run:
             notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
         else:
             raise ReportError(f"{directory}: no results.parquet, and curves.parquet lacks model_id / step")
-        pe_tables = read_npz(top[run_folder.PE_TABLES]) if top[run_folder.PE_TABLES].is_file() else {}
+        pe_tables = read_pe_tables(top[run_folder.PE_TABLES]) if top[run_folder.PE_TABLES].is_file() else {}
     else:
         packs = [run_folder.pack_folder(directory, index) for index in sorted(run_folder.finished_packs(directory))]
         if not packs:
@@ -256,7 +275,7 @@ def read_run(directory: Path) -> Run:
         pe_tables = {}
         for p in packs:
             if (p / run_folder.PE_TABLES).is_file():
-                pe_tables.update(read_npz(p / run_folder.PE_TABLES))
+                pe_tables.update(read_pe_tables(p / run_folder.PE_TABLES))
         planned, models = _pack_count(config), len(config.get("models") or [])
         of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
         of_models = f"{len(results)} of {models} models" if models else f"{len(results)} models"
