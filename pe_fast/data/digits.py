@@ -48,10 +48,22 @@ def pixel_correlation(images: np.ndarray) -> np.ndarray:
     return corr
 
 
-def load_digit_regions() -> RegionData:
-    images, _ = digit_images()
-    groups = np.array_split(np.arange(len(images)), GROUPS)
-    train = np.concatenate(groups[:GROUPS - GROUPS // 4])  # the split by subject's training groups
+def image_groups(count: int) -> list[np.ndarray]:
+    """The images' indices in GROUPS runs of consecutive images."""
+    return np.array_split(np.arange(count), GROUPS)
+
+
+def training_count(count: int) -> int:
+    """How many of the first images train: those of every group but the last quarter (the masked-region task's
+    split by subject, which both digit tasks follow)."""
+    return sum(len(group) for group in image_groups(count)[:GROUPS - GROUPS // 4])
+
+
+def load_digit_regions(images: np.ndarray | None = None) -> RegionData:
+    """The digits as region data; `images` [count, 64]: those of digit_images, already loaded."""
+    images = digit_images()[0] if images is None else images
+    groups = image_groups(len(images))
+    train = np.arange(training_count(len(images)))
     grid = grid_coordinates()
     quadrant = (grid[:, 0] >= SIDE // 2).astype(int) * 2 + (grid[:, 1] >= SIDE // 2).astype(int)
     return RegionData(

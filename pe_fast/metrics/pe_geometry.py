@@ -44,6 +44,14 @@ def procrustes_disparity(table: np.ndarray, target: np.ndarray) -> float:
     return float(max(0.0, 1.0 - nuclear ** 2))
 
 
+def top_components_procrustes(table: np.ndarray, positions: np.ndarray, components: int = 3) -> float:
+    """procrustes_disparity of the table's first principal components (token-centred) onto the tokens' positions:
+    whether the PE's main axes lay the tokens out as they lie."""
+    centred = table - table.mean(0)
+    top = np.linalg.svd(centred, full_matrices=False)[2][:components]
+    return procrustes_disparity(centred @ top.T, positions)
+
+
 def relative_drift(current: np.ndarray, initial: np.ndarray) -> float:
     """‖P_t − P_0‖ / ‖P_0‖: how far the PE moved from its initial value (rich vs lazy learning)."""
     return float(np.linalg.norm(current - initial) / max(np.linalg.norm(initial), 1e-12))

@@ -77,6 +77,14 @@ class Task(Protocol):
         """Arrays for DIR/ground_truth.npz (the report's brain figures); empty where there are none."""
 
 
+def per_model_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """The classification tasks' loss: each model's mean cross-entropy, [M]; outputs [M, B, classes] logits,
+    targets [M, B] class indices."""
+    M, B, C = outputs.shape
+    per_item = torch.nn.functional.cross_entropy(outputs.reshape(M * B, C), targets.reshape(M * B), reduction="none")
+    return per_item.view(M, B).mean(1)
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSetting:
     """A setting of one task's own, and its flag --NAME-WITH-DASHES: the sweep's parser, its validation, config.json

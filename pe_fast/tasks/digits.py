@@ -9,12 +9,11 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models.transformer import PE_KINDS
-from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView
+from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView, per_model_cross_entropy
 from pe_fast.tasks.lst import IndexedBatches
 from pe_fast.tasks.masked_regions import REGION_DEFAULTS, REGION_SETTINGS, REGION_VIEW, MaskedRegionTask
 
@@ -91,13 +90,13 @@ class DigitClassTask:
     probe_names = list(GRID_PROBES)
 
     def __init__(self, train_images: int | None = None, tokens: str = "pixels"):
-        from pe_fast.data.digits import GROUPS, SIDE, digit_images, load_digit_regions, source
+        from pe_fast.data.digits import SIDE, digit_images, load_digit_regions, source, training_count
         if tokens not in TOKENS:
             raise ValueError(f"--tokens {tokens!r}: choose from {', '.join(TOKENS)}")
         images, digits = digit_images()
         if np.abs(images[:, self.readout_token]).max() != 0:
             raise ValueError("the read-out pixel is not blank in every image")
-        cut = sum(len(group) for group in np.array_split(np.arange(len(images)), GROUPS)[:GROUPS - GROUPS // 4])
+        cut = training_count(len(images))
         x = torch.from_numpy(images / 16.0).float()
         if tokens == "patches":  # [P, 8, 8] -> [P, 16 patches (row-major), 4 pixels (row-major within the patch)]
             x = x.view(-1, SIDE // 2, 2, SIDE // 2, 2).permute(0, 1, 3, 2, 4).reshape(-1, (SIDE // 2) ** 2, 4)
@@ -112,7 +111,7 @@ class DigitClassTask:
         self.coordinates = np.stack([rows, columns], axis=1).astype(np.float64)
         self.probes = grid_probes(self.coordinates)
         # pixels: the masked task's measures (the grid, the pixels' correlation, the quadrants); patches: the grid's
-        self.measures = DigitsTask(load_digit_regions(), "digits") if tokens == "pixels" else None
+        self.measures = DigitsTask(load_digit_regions(images), "digits") if tokens == "pixels" else None
         self.data_kind, self.data_line = "digits", f"data: digits: {source(len(images))}"
         self.description = {"task": self.name, "source": source(len(images)), "tokens": tokens, "readout_token": 0,
                             "sizes": {name: len(split) for name, split in self.splits.items()},
@@ -124,8 +123,7 @@ class DigitClassTask:
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of each model, [M]: outputs [M, B, 10] logits."""
-        M, B, C = outputs.shape
-        return F.cross_entropy(outputs.reshape(M * B, C), targets.reshape(M * B), reduction="none").view(M, B).mean(1)
+        return per_model_cross_entropy(outputs, targets)
 
     def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
         correct = (outputs.argmax(-1) == self.splits[split].y[items]).float()
@@ -134,17 +132,15 @@ class DigitClassTask:
     def pe_metrics(self, table: np.ndarray) -> dict:
         if self.measures is not None:
             return self.measures.pe_metrics(table)
-        centred = table - table.mean(0)
-        top3 = np.linalg.svd(centred, full_matrices=False)[2][:3]
         return {"pe_dist_spearman": pe_geometry.distance_spearman(table, self.coordinates),
-                "pe_procrustes": pe_geometry.procrustes_disparity(centred @ top3.T, self.coordinates),
+                "pe_procrustes": pe_geometry.top_components_procrustes(table, self.coordinates),
                 **gradient_metrics.rank_metrics(table)}
 
     def baselines(self) -> list[dict]:
         """A logistic regression on the pixels (multinomial, scikit-learn's default regularisation), and the most
         frequent training digit."""
         from sklearn.linear_model import LogisticRegression
-        train, test = (self.splits[name] for name in ("train", "test"))
+        train = self.splits["train"]
         flat = {name: split.x.reshape(len(split), -1).numpy() for name, split in self.splits.items()}
         fit = LogisticRegression(max_iter=2000).fit(flat["train"], train.y.numpy())
         common = int(torch.bincount(train.y).argmax())
@@ -178,12 +174,12 @@ KIND = TaskKind(
     settings=(*REGION_SETTINGS, TRAIN_IMAGES),
     summary=("train_mse", "test_mse", "test_r2", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity",
              "pe_effective_rank"),
-    # the PE against the exact grid first, then against the pixels' correlation and the quadrants
-    # attention alignment: the mass on each pixel's four grid neighbours
-    # (its learned-PE figure: the PE's similarity against the pixels' correlation, as fMRI's; digits_class draws the
-    # PE on the grid)
-    view=dataclasses.replace(REGION_VIEW, probe="neighbours", similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr",
-                                                      "pe_modularity", "pe_segregation", "pe_gradient_corr")),
+    # the PE against the exact grid first, then against the pixels' correlation and the quadrants; attention
+    # alignment on each pixel's four grid neighbours; its learned-PE figure compares the PE's similarity with the
+    # pixels' correlation, as fMRI's does with FC (digits_class draws the PE on the grid)
+    view=dataclasses.replace(REGION_VIEW, probe="neighbours",
+                             similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity",
+                                         "pe_segregation", "pe_gradient_corr")),
     load=load,
 )
 

@@ -15,7 +15,7 @@ from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import sinusoidal_nd
-from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView
+from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView, per_model_cross_entropy
 from pe_fast.tasks.lst_puzzles import (CONDITIONS, DEFAULT_GENERALISATION, DEFAULT_OOD_MIN_DISTANCE,
                                        DEFAULT_OOD_PER_CONDITION, NUM_CELLS, NUM_SHAPES, NUM_SYMBOLS, Puzzles,
                                        authors_puzzles, default_generalisation_set, encode, generalisation_set,
@@ -128,10 +128,7 @@ class LSTTask:
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of each model, [M]: outputs [M,B,4] logits, targets [M,B] (shape − 1)."""
-        M, B, C = outputs.shape
-        per_item = torch.nn.functional.cross_entropy(outputs.reshape(M * B, C), targets.reshape(M * B),
-                                                     reduction="none")
-        return per_item.view(M, B).mean(1)
+        return per_model_cross_entropy(outputs, targets)
 
     def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
         """Accuracy of each model on the given items of a split, overall and per condition.

@@ -257,9 +257,7 @@ class MaskedRegionTask:
             metrics["pe_segregation"] = module_metrics.segregation(similarity, data.networks)
         if data.centroids is not None:
             metrics["pe_dist_spearman"] = pe_geometry.distance_spearman(table, data.centroids)
-            centred = table - table.mean(0)
-            top3 = np.linalg.svd(centred, full_matrices=False)[2][:3]
-            metrics["pe_procrustes"] = pe_geometry.procrustes_disparity(centred @ top3.T, data.centroids)
+            metrics["pe_procrustes"] = pe_geometry.top_components_procrustes(table, data.centroids)
         metrics.update(gradient_metrics.rank_metrics(table))
         # which of the PE's first principal components follows each connectivity gradient (issue 19)
         for k, (r, pc) in enumerate(gradient_metrics.gradient_alignment(table, self.gradients), start=1):
