@@ -23,6 +23,18 @@ def weight_drift(block: int) -> str:
 
 
 RICH_LAZY = (PE_DRIFT, weight_drift(0), REPR_CHANGE, ATTN_CHANGE)
+# the effective rank of what was learned: of the PE's change P_t − P_0 and of block b's weight changes W_t − W_0
+PE_CHANGE_RANK = "dpe_rank"
+
+
+def weight_change_rank(block: int) -> str:
+    return f"dw_rank_b{block}"
+
+
+def parse_change_rank_block(column: str) -> int | None:
+    """The block of a weight_change_rank column, else None."""
+    match = re.fullmatch(r"dw_rank_b(\d+)", column)
+    return int(match.group(1)) if match else None
 
 
 def attention_prefix(split: str | None = None) -> str:

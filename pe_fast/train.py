@@ -24,7 +24,7 @@ from pe_fast import columns, precision
 from pe_fast.host_to_device import upload
 from pe_fast.metrics import convergence, pe_geometry
 from pe_fast.metrics.attention_maps import AttentionMapSums, mean_attention_maps
-from pe_fast.metrics.rich_lazy import RichLazyProbe
+from pe_fast.metrics.rich_lazy import RichLazyProbe, effective_rank
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import PEDropout
 from pe_fast.ops import STAT_NAMES, extension
@@ -262,6 +262,9 @@ class PackEvaluation:
             if tables and model.config.pe == "learned":
                 rows[m][columns.PE_DRIFT] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
                                                                  np.stack([t[m].numpy() for t in self.initial_pe]))
+                change = torch.from_numpy(tables[0][m] - self.initial_pe[0][m].numpy())
+                rows[m][columns.PE_CHANGE_RANK] = float(effective_rank(change[None])[0]) \
+                    if torch.isfinite(change).all() else float("nan")
         return rows
 
     def attention_maps(self) -> np.ndarray:

@@ -83,3 +83,31 @@ def test_attention_change_against_a_softmax_written_out():
         want = 0.5 * (maps(m).detach() - before[m]).abs().sum(-1).mean()
         assert rows[m]["attn_change"] == pytest.approx(want.item(), rel=1e-10)
         assert 0 < rows[m]["attn_change"] < 1
+
+
+def test_effective_rank_of_k_equal_singular_values_is_k_and_of_no_change_zero():
+    from pe_fast.metrics.rich_lazy import effective_rank
+    g = torch.Generator().manual_seed(3)
+    u = torch.linalg.qr(torch.randn(9, 9, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(7, 7, generator=g, dtype=torch.float64))[0]
+    matrices = [2.5 * u[:, :k] @ v[:, :k].T for k in (1, 3, 7)] + [torch.zeros(9, 7, dtype=torch.float64)]
+    assert effective_rank(torch.stack(matrices)).tolist() == pytest.approx([1.0, 3.0, 7.0, 0.0], rel=1e-10)
+    # two unequal singular values s1, s2: exp of the entropy of (s1, s2) / (s1 + s2), written out
+    two = torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64))
+    p = np.array([0.75, 0.25])
+    assert effective_rank(two[None]).item() == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-12)
+
+
+def test_a_rank_one_update_of_a_block_has_change_rank_one_and_the_others_zero():
+    probe, model, _ = probe_and_model()
+    assert all(row["dw_rank_b0"] == 0 and row["dw_rank_b1"] == 0 for row in probe.measure(model))
+    with torch.no_grad():
+        w = model.blocks[1].get_parameter("mlp_in.weight")
+        g = torch.Generator().manual_seed(5)
+        a = torch.randn(w.shape[1], 1, generator=g, dtype=w.dtype)
+        b = torch.randn(1, w.shape[2], generator=g, dtype=w.dtype)
+        w[1] += a @ b  # model 1 only, one of the block's four matrices
+    rows = probe.measure(model)
+    assert rows[0]["dw_rank_b1"] == 0 and rows[1]["dw_rank_b0"] == 0
+    # the mean over the block's four matrices: one of rank one, three unchanged
+    assert rows[1]["dw_rank_b1"] == pytest.approx(1 / 4, rel=1e-10)

@@ -36,6 +36,11 @@ def test_tiny_sweep_writes_complete_results(tmp_path):
     assert "Attention-map alignment with the sin2d models" in (out / "report.md").read_text()
     curves = pd.read_parquet(out / "curves.parquet")
     assert sorted(curves["step"].unique()) == [0, 2, 4]
+    # the rank of what was learned: nothing at step 0, then at most the smaller side of the [16 × 16] PE table
+    learned_curves = curves[curves.pe == "learned"]
+    assert (learned_curves[learned_curves.step == 0][["dpe_rank", "dw_rank_b0"]] == 0).all().all()
+    assert learned["dpe_rank"].between(1, 16).all() and results["dw_rank_b0"].between(1, 16).all()
+    assert curves[curves.pe == "sin2d"]["dpe_rank"].isna().all()
     assert len(curves) == 3 * len(results)
     config = json.loads((out / "config.json").read_text())
     assert config["settings"]["steps"] == 4 and len(config["models"]) == len(results)

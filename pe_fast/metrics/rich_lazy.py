@@ -6,7 +6,9 @@ RichLazyProbe keeps a pack's step-0 state on one fixed batch and compares each e
 * repr_change: 1 − linear CKA (Kornblith et al. 2019) between the last block's token representations at step 0
   and now (0 = the features did not move: lazy);
 * attn_change: the first block's attention rows' total-variation distance from step 0, ½ Σ_j |p_t − p_0|, mean
-  over items, heads and query tokens (0 = the same maps; 1 = disjoint).
+  over items, heads and query tokens (0 = the same maps; 1 = disjoint);
+* dw_rank_b{b}: the effective rank of what block b learned, W_t − W_0, averaged over its four weight matrices
+  (under small initialisation the rank of the change grows step by step: Boix-Adsera et al., arXiv 2306.07042).
 """
 from __future__ import annotations
 
@@ -28,6 +30,17 @@ def linear_cka(x: Tensor, y: Tensor) -> Tensor:
     return cross / (torch.linalg.matrix_norm(x.transpose(1, 2) @ x) * torch.linalg.matrix_norm(y.transpose(1, 2) @ y))
 
 
+def effective_rank(changes: Tensor) -> Tensor:
+    """Effective rank (Roy & Vetterli 2007) of each matrix of changes [M, a, b]: exp of the entropy of its singular
+    values normalised to sum 1, [M]; 1 for a rank-one matrix, k for k equal singular values. A matrix that did not
+    change at all has rank 0 (nothing was learned)."""
+    singular = torch.linalg.svdvals(changes.double())
+    total = singular.sum(-1, keepdim=True)
+    share = singular / total.clamp_min(torch.finfo(torch.float64).tiny)
+    entropy = -(share * torch.log(share.clamp_min(1e-300))).sum(-1)
+    return torch.where(total[..., 0] > 0, torch.exp(entropy), torch.zeros_like(entropy))
+
+
 class RichLazyProbe:
     """The step-0 weights, last-block representations and first-block attention maps of a pack on `tokens`
     [B, N, token_dim] (the same items for every model), and each evaluation's distance from them. Build it on the
@@ -36,13 +49,12 @@ class RichLazyProbe:
 
     def __init__(self, model, tokens: Tensor, probes: Tensor | None):
         self.tokens, self.probes = tokens, probes
-        self.initial = {"weights": self._weights(model), **self._features(model)}
+        self.initial = {"matrices": self._matrices(model), **self._features(model)}
 
     @staticmethod
-    def _weights(model) -> list[Tensor]:
-        """Per block, its weight matrices flattened per model and joined: [M, P_b]."""
-        return [torch.cat([block.get_parameter(name).detach().flatten(1) for name in BLOCK_WEIGHTS], dim=1)
-                for block in model.blocks]
+    def _matrices(model) -> list[list[Tensor]]:
+        """Per block, copies of its weight matrices [M, a, b]."""
+        return [[block.get_parameter(name).detach().clone() for name in BLOCK_WEIGHTS] for block in model.blocks]
 
     @torch.no_grad()
     def _features(self, model) -> dict[str, Tensor]:
@@ -70,8 +82,11 @@ class RichLazyProbe:
         """One row of metrics per model."""
         now = self._features(model)
         moved = {}
-        for b, (w_now, w_start) in enumerate(zip(self._weights(model), self.initial["weights"])):
+        for b, (now_b, start_b) in enumerate(zip(self._matrices(model), self.initial["matrices"], strict=True)):
+            w_now, w_start = (torch.cat([w.flatten(1) for w in ws], dim=1) for ws in (now_b, start_b))
             moved[names.weight_drift(b)] = (w_now - w_start).norm(dim=1) / w_start.norm(dim=1)
+            moved[names.weight_change_rank(b)] = torch.stack(
+                [effective_rank(w - w0) for w, w0 in zip(now_b, start_b, strict=True)]).mean(0)
         moved[names.REPR_CHANGE] = 1 - linear_cka(self.initial["features"], now["features"])
         moved[names.ATTN_CHANGE] = 0.5 * (now["attention"] - self.initial["attention"]).abs().sum(-1).mean((1, 2, 3))
         return [{name: float(values[m]) for name, values in moved.items()} for m in range(model.num_models)]

@@ -453,6 +453,16 @@ def draw_rank_over_training(page: Page, path: Path) -> str | None:
                     "Effective rank of the PE over training", path)
 
 
+def draw_change_rank(page: Page, path: Path) -> str | None:
+    curves = page.curves
+    wanted = [columns.PE_CHANGE_RANK] + [c for c in curves.columns if columns.parse_change_rank_block(c) is not None]
+    panels = {("PE: P_t − P_0" if c == columns.PE_CHANGE_RANK else f"block {columns.parse_change_rank_block(c)}: "
+               "W_t − W_0"): curves[c] for c in wanted if c in curves and curves[c].notna().any()}
+    if not panels:
+        return "no dpe_rank or dw_rank_b* values in curves.parquet."
+    curves_by_sigma(curves, panels, page.styles, "Effective rank of what was learned, over training", path)
+
+
 def draw_rich_lazy(page: Page, path: Path) -> str | None:
     moved = page.present(columns.RICH_LAZY)
     if not moved:
@@ -515,6 +525,11 @@ FIGURE_TABLE = (
     Figure("pe_rank_over_training", always, draw_rank_over_training,
            lambda page: "Effective rank of the block-0 PE table against the training step, by σ.",
            "PE rank over training"),
+    Figure("change_rank_over_training", always, draw_change_rank,
+           lambda page: ("Effective rank (exp of the singular values' entropy) of the PE's change from its "
+                         "initialisation and of each block's weight changes (mean over its four matrices) against the "
+                         "training step, by σ: a change that grows in rank step by step is rich learning."),
+           "rank of what was learned"),
     Figure("pe_gradient", lambda page: "pe_gradient" in page.view.figures and page.ground_truth is not None,
            draw_gradient,
            lambda page: ("One panel per σ (first seed): each token's score on the PE principal component that best "
