@@ -111,3 +111,12 @@ def test_a_rank_one_update_of_a_block_has_change_rank_one_and_the_others_zero():
     assert rows[0]["dw_rank_b1"] == 0 and rows[1]["dw_rank_b0"] == 0
     # the mean over the block's four matrices: one of rank one, three unchanged
     assert rows[1]["dw_rank_b1"] == pytest.approx(1 / 4, rel=1e-10)
+
+
+def test_effective_rank_of_a_diverged_matrix_is_nan_and_leaves_the_others_scored():
+    from pe_fast.metrics.rich_lazy import effective_rank
+    diverged = torch.eye(3)
+    diverged[0, 1] = float("nan")
+    ranks = effective_rank(torch.stack([torch.eye(3), diverged, torch.diag(torch.tensor([1.0, 1.0, 0.0]))]))
+    assert ranks[0].item() == pytest.approx(3.0) and math.isnan(ranks[1].item())
+    assert ranks[2].item() == pytest.approx(2.0)

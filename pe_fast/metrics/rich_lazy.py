@@ -33,12 +33,14 @@ def linear_cka(x: Tensor, y: Tensor) -> Tensor:
 def effective_rank(changes: Tensor) -> Tensor:
     """Effective rank (Roy & Vetterli 2007) of each matrix of changes [M, a, b]: exp of the entropy of its singular
     values normalised to sum 1, [M]; 1 for a rank-one matrix, k for k equal singular values. A matrix that did not
-    change at all has rank 0 (nothing was learned)."""
-    singular = torch.linalg.svdvals(changes.double())
+    change at all has rank 0 (nothing was learned); a diverged (non-finite) one has rank NaN."""
+    finite = torch.isfinite(changes).flatten(1).all(1)
+    singular = torch.linalg.svdvals(torch.where(finite[:, None, None], changes, 0).double())
     total = singular.sum(-1, keepdim=True)
     share = singular / total.clamp_min(torch.finfo(torch.float64).tiny)
     entropy = -(share * torch.log(share.clamp_min(1e-300))).sum(-1)
-    return torch.where(total[..., 0] > 0, torch.exp(entropy), torch.zeros_like(entropy))
+    rank = torch.where(total[..., 0] > 0, torch.exp(entropy), torch.zeros_like(entropy))
+    return torch.where(finite, rank, torch.nan)
 
 
 class RichLazyProbe:
