@@ -31,6 +31,12 @@ def weight_change_rank(block: int) -> str:
     return f"dw_rank_b{block}"
 
 
+# the empirical tangent kernel on the probe items (metrics/tangent_kernel.py), over all parameters and the PE alone
+NTK_DISTANCE, NTK_VELOCITY, NTK_ALIGNMENT = "ntk_distance", "ntk_velocity", "ntk_alignment"
+NTK_PE_DISTANCE, NTK_PE_VELOCITY, NTK_PE_ALIGNMENT = "ntk_pe_distance", "ntk_pe_velocity", "ntk_pe_alignment"
+TANGENT_KERNEL = (NTK_DISTANCE, NTK_VELOCITY, NTK_ALIGNMENT, NTK_PE_DISTANCE, NTK_PE_VELOCITY, NTK_PE_ALIGNMENT)
+
+
 def parse_change_rank_block(column: str) -> int | None:
     """The block of a weight_change_rank column, else None."""
     match = re.fullmatch(r"dw_rank_b(\d+)", column)

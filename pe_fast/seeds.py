@@ -17,6 +17,7 @@ DATA_SEED_OFFSET = 2_000_003        # the order of the training batches (train.B
 PE_DROPOUT_SEED_OFFSET = 2_000_003  # the PE dropout's keep masks, hashed with the seed and step (models/absolute_pe)
 MASK_SEED_OFFSET = 3_000_017        # masked-region tasks: the masks of the training batches (tasks/masked_regions)
 EVAL_MASK_SEED = 12_345             # masked-region tasks: the one fixed mask per evaluation item, the same for all
+NTK_PROJECTION_SEED = 24_680        # the tangent kernel's random projection of an item's outputs (metrics/tangent_kernel)
 
 # stream -> (how it is seeded, its number): two streams of the same kind must not share a number
 STREAMS = {
@@ -26,4 +27,5 @@ STREAMS = {
     "training masks": ("torch.Generator(seed + offset)", MASK_SEED_OFFSET),
     "pe dropout": ("SeedSequence([offset, seed, step])", PE_DROPOUT_SEED_OFFSET),
     "evaluation masks": ("torch.Generator(fixed)", EVAL_MASK_SEED),
+    "tangent kernel projection": ("torch.Generator(fixed)", NTK_PROJECTION_SEED),
 }

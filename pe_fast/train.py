@@ -25,6 +25,7 @@ from pe_fast.host_to_device import upload
 from pe_fast.metrics import convergence, pe_geometry
 from pe_fast.metrics.attention_maps import AttentionMapSums, mean_attention_maps
 from pe_fast.metrics.rich_lazy import RichLazyProbe, effective_rank
+from pe_fast.metrics.tangent_kernel import TangentKernelProbe
 from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import PEDropout
 from pe_fast.ops import STAT_NAMES, extension
@@ -70,6 +71,8 @@ class TrainConfig:
     # intermediate evaluations score at most this many items of each split but the task's attention split (in
     # full: the convergence check compares its scores); the last evaluation scores every item
     eval_items: int = 2048
+    # the tangent kernel's probe items (evenly spaced over the attention split): metrics/tangent_kernel.py; 0: none
+    ntk_items: int = 0
     precision: str = "fp32"  # pe_fast.precision: fp32, tf32, bf16 or fp16 (autocast; float32 weights and optimizer)
     compile: str = "off"  # COMPILE_MODES: torch.compile of the training step's forward and loss (and their backward)
     # UNTIL: "budget" trains every step; "converged" ends the pack at the first evaluation where every model's
@@ -219,6 +222,12 @@ class PackEvaluation:
         watched = self.tokens[task.attention_split]
         pick = torch.linspace(0, len(watched) - 1, min(RICH_LAZY_ITEMS, len(watched))).round().long()
         self.rich_lazy = RichLazyProbe(model, watched[pick.to(device)], probes)
+        self.tangent_kernel = None
+        if config.ntk_items:
+            pick = torch.linspace(0, len(watched) - 1, min(config.ntk_items, len(watched))).round().long()
+            targets = task.targets(task.attention_split, pick, model.num_models)
+            targets = tuple(t.to(device) for t in targets) if isinstance(targets, tuple) else targets.to(device)
+            self.tangent_kernel = TangentKernelProbe(model, task, watched[pick.to(device)], targets, probes)
         self.final_maps = None  # the mean attention maps, gathered by the final evaluation
 
     def rows(self, step: int, final: bool, lrs: list[float], window: tuple[np.ndarray, np.ndarray] | None
@@ -254,6 +263,9 @@ class PackEvaluation:
         tables = [t.detach().cpu().numpy() for t in model.pe_tables()]
         for m, moved in enumerate(self.rich_lazy.measure(model)):
             rows[m].update(moved)
+        if self.tangent_kernel is not None:
+            for m, kernel_rows in enumerate(self.tangent_kernel.measure(model, step)):
+                rows[m].update(kernel_rows)
         for m in range(M):
             # a diverged model (NaN or inf weights: too large a learning rate) keeps NaN PE metrics; the SVDs and
             # correlations behind them cannot take it, and the pack's other models train on
@@ -263,8 +275,7 @@ class PackEvaluation:
                 rows[m][columns.PE_DRIFT] = pe_geometry.relative_drift(np.stack([t[m] for t in tables]),
                                                                  np.stack([t[m].numpy() for t in self.initial_pe]))
                 change = torch.from_numpy(tables[0][m] - self.initial_pe[0][m].numpy())
-                rows[m][columns.PE_CHANGE_RANK] = float(effective_rank(change[None])[0]) \
-                    if torch.isfinite(change).all() else float("nan")
+                rows[m][columns.PE_CHANGE_RANK] = float(effective_rank(change[None])[0])
         return rows
 
     def attention_maps(self) -> np.ndarray:
@@ -282,15 +293,17 @@ class PackTrainer:
     Its evaluations are a PackEvaluation's."""
 
     # A checkpoint, key by key: where the trainer holds each (an object with a state_dict of its own saves and
-    # loads through it); "torch_rng" is torch's global generator. "scaler" is missing from checkpoints written
-    # before fp16, which load as unscaled; a checkpoint without one of the others is not this class's
-    # (run_folder.check_checkpoint).
+    # loads through it); "torch_rng" is torch's global generator. A checkpoint without one of the keys but the
+    # OPTIONAL_STATE_KEYS is not this class's (run_folder.check_checkpoint).
     STATE = {"step": "step", "model": "model", "optimizer": "optimizer", "scheduler": "scheduler",
              "sampler": "sampler", "batches": "batches", "loss_buffer": "loss_buffer", "stats_buffer": "stats_buffer",
              "filled": "filled", "curves": "curves", "initial_pe": "evaluation.initial_pe", "seconds": "seconds",
-             "torch_rng": None, "scaler": "scaler"}
+             "torch_rng": None, "scaler": "scaler", "tangent_kernel": "evaluation.tangent_kernel"}
     STATE_KEYS = tuple(STATE)
-    REQUIRED_STATE_KEYS = tuple(key for key in STATE if key != "scaler")
+    # missing from checkpoints written before they existed: "scaler" (fp16) and "tangent_kernel" (the previous
+    # evaluation's kernels: a pack resumed from such a checkpoint has no velocity at its first evaluation)
+    OPTIONAL_STATE_KEYS = ("scaler", "tangent_kernel")
+    REQUIRED_STATE_KEYS = tuple(sorted(set(STATE) - set(OPTIONAL_STATE_KEYS), key=STATE_KEYS.index))
 
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
                  sigmas: list[float | None], device: torch.device):
@@ -438,7 +451,7 @@ class PackTrainer:
 
     def load_state_dict(self, state: dict):
         for key, where in self.STATE.items():
-            if key not in state:  # "scaler": a checkpoint from before fp16, none of which scaled its loss
+            if key not in state:  # OPTIONAL_STATE_KEYS: "scaler" before fp16, none of which scaled its loss
                 continue
             value = state[key]
             if where is None:

@@ -64,6 +64,9 @@ class ToyTask:
         return torch.nn.functional.cross_entropy(outputs.reshape(M * B, C), targets.reshape(M * B),
                                                  reduction="none").view(M, B).mean(1)
 
+    def targets(self, split, items, num_models):
+        return self.splits[split].y[items].expand(num_models, -1)
+
     def score(self, outputs, split, items):
         correct = (outputs.argmax(-1) == self.splits[split].y[items]).float()
         return [{f"{split}_acc": float(row.mean())} for row in correct]

@@ -463,6 +463,23 @@ def draw_change_rank(page: Page, path: Path) -> str | None:
     curves_by_sigma(curves, panels, page.styles, "Effective rank of what was learned, over training", path)
 
 
+def draw_tangent_kernel_over_training(page: Page, path: Path) -> str | None:
+    curves = page.curves
+    panels = {f"{name} ({'PE alone' if 'pe' in name else 'all parameters'})": curves[name]
+              for name in columns.TANGENT_KERNEL if name in curves and curves[name].notna().any()}
+    if not panels:
+        return "no ntk_* values in curves.parquet (a sweep with --ntk-items 0, or from before the tangent kernel)."
+    curves_by_sigma(curves, panels, page.styles, "The empirical tangent kernel over training", path)
+
+
+def draw_tangent_kernel(page: Page, path: Path) -> str | None:
+    moved = page.present(columns.TANGENT_KERNEL)
+    if not moved:
+        return "no ntk_* columns in the results (a sweep with --ntk-items 0, or from before the tangent kernel)."
+    metric_vs_sigma(page.models, moved, page.styles,
+                    "The empirical tangent kernel at the end of training (mean ± sd over seeds)", path)
+
+
 def draw_rich_lazy(page: Page, path: Path) -> str | None:
     moved = page.present(columns.RICH_LAZY)
     if not moved:
@@ -536,6 +553,15 @@ FIGURE_TABLE = (
                          "follows connectivity gradient 1, against gradient 1."),
            "PE vs connectivity gradient"),
     Figure("rich_lazy_vs_sigma", always, draw_rich_lazy, rich_lazy_caption, "rich vs lazy"),
+    Figure("tangent_kernel_vs_sigma", always, draw_tangent_kernel,
+           lambda page: ("The empirical tangent kernel on the fixed probe items at the end of training against σ: "
+                         "its distance from the step-0 kernel (0 = lazy: the kernel did not move), its velocity "
+                         "(distance from the previous evaluation's kernel per 1,000 steps) and its alignment with "
+                         "the targets, over all parameters and over the PE alone."),
+           "tangent kernel vs σ"),
+    Figure("tangent_kernel_over_training", always, draw_tangent_kernel_over_training,
+           lambda page: "The same kernel measures against the training step, by σ.",
+           "tangent kernel over training"),
     Figure("phase_diagram", always, draw_phase_diagram,
            lambda page: (f"{page.view.score}, PE drift and representation change over σ × learning rate (mean over "
                          f"seeds): where training turns from rich to lazy."),

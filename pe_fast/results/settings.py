@@ -23,6 +23,8 @@ MAX_WIDTH = 2**16
 MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
 MAX_DEPTH = 1000
 MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
+# the tangent kernel's probe items: each costs a forward and 4 backwards per evaluation, and 4 gradients' memory
+MAX_NTK_ITEMS = 256
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
 
 # the values of the settings that have a fixed set
@@ -98,6 +100,11 @@ class Settings:
         2048, range=(1, None, "[)"),
         help="intermediate evaluations score at most this many items of the splits other than the held-out one the "
              "convergence check follows (always in full); the last scores all")
+    # 0 in records from before the tangent kernel: their runs did not measure it
+    ntk_items: int = setting(
+        0, range=(0, MAX_NTK_ITEMS, "[]"), new_sweep=8,
+        help="probe items of the empirical tangent kernel measured at every evaluation (kernel distance, velocity, "
+             "target alignment); 0: not measured (default 8)")
     # or "converged": a pack ends once its models have levelled off (train.UNTIL)
     until: str = setting(
         "budget", choices=UNTIL,

@@ -66,6 +66,10 @@ class Task(Protocol):
 
     def loss(self, outputs: Tensor, targets) -> Tensor: ...
 
+    def targets(self, split: str, items: Tensor, num_models: int):
+        """The targets of the given items of a split as loss() takes them, the same for each of num_models
+        models (the tangent kernel's alignment: metrics/tangent_kernel.py)."""
+
     def score(self, outputs: Tensor, split: str, items: Tensor) -> list[dict]: ...
 
     def pe_metrics(self, table: np.ndarray) -> dict: ...

@@ -125,6 +125,9 @@ class DigitClassTask:
         """Cross-entropy of each model, [M]: outputs [M, B, 10] logits."""
         return per_model_cross_entropy(outputs, targets)
 
+    def targets(self, split: str, items: torch.Tensor, num_models: int) -> torch.Tensor:
+        return self.splits[split].y[items].expand(num_models, -1)
+
     def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
         correct = (outputs.argmax(-1) == self.splits[split].y[items]).float()
         return [{f"{split}_acc": float(row.mean())} for row in correct]

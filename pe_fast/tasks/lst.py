@@ -130,6 +130,9 @@ class LSTTask:
         """Cross-entropy of each model, [M]: outputs [M,B,4] logits, targets [M,B] (shape − 1)."""
         return per_model_cross_entropy(outputs, targets)
 
+    def targets(self, split: str, items: torch.Tensor, num_models: int) -> torch.Tensor:
+        return self.splits[split].y[items].expand(num_models, -1)
+
     def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
         """Accuracy of each model on the given items of a split, overall and per condition.
         outputs [M, len(items), 4]."""

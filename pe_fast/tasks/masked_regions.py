@@ -228,6 +228,12 @@ class MaskedRegionTask:
         weight = mask.to(squared.dtype)
         return (squared * weight).sum((1, 2)) / weight.sum((1, 2))
 
+    def targets(self, split: str, items: Tensor, num_models: int) -> tuple[Tensor, Tensor]:
+        """(values, mask) of the items under the split's fixed evaluation mask."""
+        part = self.splits[split]
+        values, mask = part.values[items], part.mask[items]
+        return values.expand(num_models, *values.shape), mask.expand(num_models, *mask.shape)
+
     def score(self, outputs: Tensor, split: str, items: Tensor) -> list[dict]:
         """MSE and R² on the masked tokens. R² = 1 − MSE / mean(target²): each run is z-scored, so the
         reference predictor is each region's run mean."""
