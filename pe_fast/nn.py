@@ -27,7 +27,29 @@ def normal_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ..
 
 
 def xavier_uniform_per_model(generators: Sequence[torch.Generator], fan_in: int, fan_out: int) -> Tensor:
-    return uniform_per_model(generators, (fan_in, fan_out), math.sqrt(6.0 / (fan_in + fan_out)))
+    return uniform_per_model(generators, (fan_in, fan_out), xavier_bound(fan_in, fan_out))
+
+
+def xavier_bound(fan_in: int, fan_out: int) -> float:
+    return math.sqrt(6.0 / (fan_in + fan_out))
+
+
+def uniform_std(bound: float) -> float:
+    """The standard deviation of U(-bound, bound)."""
+    return bound / math.sqrt(3.0)
+
+
+def scale_to_fan_in_power(weight: Tensor, drawn_std: float, gammas: Sequence[float | None]):
+    """Rescale model m's slice of a weight [M, fan_in, fan_out], drawn with std `drawn_std`, to std fan_in^-γ_m
+    (the initialisation scale of Zhang et al., arXiv 2405.05409); γ None leaves the model's slice as drawn. The
+    draws themselves stay, so models of one seed differ in scale only."""
+    if len(gammas) != weight.shape[0]:
+        raise ValueError(f"{len(gammas)} init gammas for {weight.shape[0]} models")
+    fan_in = weight.shape[1]
+    with torch.no_grad():
+        for m, gamma in enumerate(gammas):
+            if gamma is not None:
+                weight[m].mul_(fan_in ** -float(gamma) / drawn_std)
 
 
 class StackedLinear(nn.Module):
@@ -37,6 +59,7 @@ class StackedLinear(nn.Module):
         super().__init__()
         bound = 1.0 / math.sqrt(d_in)
         self.weight = nn.Parameter(uniform_per_model(generators, (d_in, d_out), bound))
+        self.drawn_std = uniform_std(bound)  # the weight's, for scale_to_fan_in_power
         self.bias = nn.Parameter(uniform_per_model(generators, (d_out,), bound)) if bias else None
 
     def forward(self, x: Tensor, *, gelu: bool = False, add_bias: bool = True) -> Tensor:
@@ -93,6 +116,7 @@ class PEAttention(nn.Module):
         elif len(generators) != num_models:
             raise ValueError(f"{len(generators)} generators for {num_models} models")
         self.w_qkv = nn.Parameter(xavier_uniform_per_model(generators, width, 3 * width))
+        self.qkv_drawn_std = uniform_std(xavier_bound(width, 3 * width))  # for scale_to_fan_in_power
         self.b_qkv = nn.Parameter(torch.zeros(num_models, 3 * width)) if bias else None
         self.out = StackedLinear(generators, width, width) if out_proj else None
         if self.out is not None:

@@ -306,9 +306,10 @@ class PackTrainer:
     REQUIRED_STATE_KEYS = tuple(sorted(set(STATE) - set(OPTIONAL_STATE_KEYS), key=STATE_KEYS.index))
 
     def __init__(self, task, model_config: ModelConfig, train_config: TrainConfig, seeds: list[int],
-                 sigmas: list[float | None], device: torch.device):
+                 sigmas: list[float | None], device: torch.device, init_gammas: list[float | None] | None = None):
+        """init_gammas: each model's initialisation scale γ (StackedTransformer), None: the default one."""
         self.task, self.model_config, self.config, self.device = task, model_config, train_config, device
-        self.model = StackedTransformer(model_config, seeds, sigmas, task.coordinates).to(device)
+        self.model = StackedTransformer(model_config, seeds, sigmas, task.coordinates, init_gammas).to(device)
         self.M = M = self.model.num_models
         self.probes = task.probes.to(device)
         self.batches = task.training_batches(seeds, device)

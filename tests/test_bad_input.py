@@ -39,6 +39,10 @@ def without(flags: list[str], flag: str) -> list[str]:
 # replaced by files made for the case (inputs()).
 CASES = [
     ("weight decay nan", LST + ["--weight-decay", "nan"], "--weight-decay"),
+    ("init gamma negative", LST + ["--init-gamma", "0.5,-1"], "--init-gamma"),
+    ("init gamma past its range", LST + ["--init-gamma", "5"], "--init-gamma"),
+    ("init gamma nan", LST + ["--init-gamma", "nan"], "--init-gamma"),
+    ("init gamma naming a value twice", LST + ["--init-gamma", "0.5,1,0.5"], "--init-gamma"),
     ("negative momentum", LST + ["--optimizer", "sgd", "--momentum", "-1"], "--momentum"),
     ("momentum for adamw", LST + ["--momentum", "0.9"], "--momentum applies to --optimizer sgd"),
     ("momentum 1", LST + ["--optimizer", "sgd", "--momentum", "1"], "--momentum"),

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
-from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear
+from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, scale_to_fan_in_power
 from pe_fast.ops import sublayer_ends
 from pe_fast.ops.backends import BACKENDS
 from pe_fast.models.relative_pe import RelativePE
@@ -125,17 +125,24 @@ class StackedTransformer(nn.Module):
     """M models in one module. forward(tokens [M,B,N,token_dim]) -> (outputs, stats [L,M,H,S])."""
 
     def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float | None],
-                 coordinates: np.ndarray | None = None):
-        """sigmas: each model's σ of its N(0, σ²) PE (learned and random PEs); None for a PE without one."""
+                 coordinates: np.ndarray | None = None, init_gammas: Sequence[float | None] | None = None):
+        """sigmas: each model's σ of its N(0, σ²) PE (learned and random PEs); None for a PE without one.
+        init_gammas: each model's γ (None: the default initialisation), whose embedding, attention and MLP weights
+        then start with std fan_in^-γ; the readout head, biases, norms and the PE (σ) keep theirs."""
         super().__init__()
         if len(sigmas) != len(seeds):
             raise ValueError("one σ per model is needed")
+        if init_gammas is not None and len(init_gammas) != len(seeds):
+            raise ValueError("one init gamma per model is needed")
         self.config, self.seeds = config, list(seeds)
         self.sigmas = [None if s is None else float(s) for s in sigmas]
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.embed = StackedLinear(generators, config.token_dim, config.width)
         self.blocks = nn.ModuleList(Block(generators, config) for _ in range(config.depth))
         self.head = StackedLinear(generators, config.width, config.out_dim)
+        if init_gammas is not None:
+            for weight, drawn_std in self.gamma_scaled_weights():
+                scale_to_fan_in_power(weight, drawn_std, init_gammas)
         M, head_dim = len(seeds), config.width // config.heads
         pe_blocks = config.depth if config.pe_at == "every" else 1
         self.absolute = self.rotary = self.relative = None
@@ -147,6 +154,16 @@ class StackedTransformer(nn.Module):
             self.rotary = RotaryPE(config.pe, config.num_tokens, head_dim, coordinates)
         else:
             self.relative = RelativePE(M, pe_blocks, config.heads, config.num_tokens, coordinates)
+
+    def gamma_scaled_weights(self) -> list[tuple[Tensor, float]]:
+        """The weights init_gammas rescales, each with the std it was drawn with: the embedding, and every
+        block's QKV, attention output and MLP matrices."""
+        weights = [(self.embed.weight, self.embed.drawn_std)]
+        for block in self.blocks:
+            weights.append((block.attention.w_qkv, block.attention.qkv_drawn_std))
+            weights.extend((layer.weight, layer.drawn_std)
+                           for layer in (block.attention.out, block.mlp_in, block.mlp_out) if layer is not None)
+        return weights
 
     @property
     def num_models(self) -> int:

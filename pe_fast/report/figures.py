@@ -309,12 +309,17 @@ def gradient_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     return None
 
 
-def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path) -> str | None:
-    """Heatmaps over σ × learning rate of each metric, mean over seeds, for the learned (else random) PE and each
-    optimizer kind. Returns why it was not drawn, or None."""
+# the grid axes a phase diagram puts against σ: axis -> its label and the flag that makes it a list
+PHASE_AXES = {"lr": ("learning rate", "--lr"), "init_gamma": ("init γ (std = fan_in^-γ)", "--init-gamma")}
+
+
+def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path, axis: str = "lr") -> str | None:
+    """Heatmaps over σ × a grid axis (PHASE_AXES) of each metric, mean over seeds, for the learned (else random)
+    PE and each optimizer kind. Returns why it was not drawn, or None."""
+    label, flag = PHASE_AXES[axis]
     models = results[results["pe"].isin(["learned", "random"]) & results["sigma"].notna()]
-    if "lr" not in models or models["sigma"].nunique() < 2 or models["lr"].nunique() < 2:
-        return "needs σ and the learning rate to vary (--sigmas and --lr lists)."
+    if axis not in models or models["sigma"].nunique() < 2 or models[axis].nunique() < 2:
+        return f"needs σ and the {label.split(' (')[0]} to vary (--sigmas and {flag} lists)."
     models = models[models["pe"] == models["pe"].iloc[0]]
     kinds = list(dict.fromkeys(models["optimizer"])) if "optimizer" in models else [None]
     fig, axes = plt.subplots(len(kinds), len(metrics), figsize=(4.2 * len(metrics), 3.6 * len(kinds)),
@@ -322,7 +327,7 @@ def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path) -> str 
     for row, kind in zip(axes, kinds):
         of_kind = models if kind is None else models[models["optimizer"] == kind]
         for ax, metric in zip(row, metrics):
-            table = of_kind.groupby(["lr", "sigma"])[metric].mean().unstack("sigma")
+            table = of_kind.groupby([axis, "sigma"])[metric].mean().unstack("sigma")
             image = ax.imshow(table.to_numpy(), origin="lower", aspect="auto", cmap="viridis")
             for (i, j), value in np.ndenumerate(table.to_numpy()):
                 light = image.norm(value) > 0.6  # dark text on the bright end of viridis
@@ -330,10 +335,10 @@ def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path) -> str 
             ax.set_xticks(range(table.shape[1]), [f"{v:g}" for v in table.columns])
             ax.set_yticks(range(table.shape[0]), [f"{v:g}" for v in table.index])
             ax.set_xlabel("σ")
-            ax.set_ylabel("learning rate")
+            ax.set_ylabel(label)
             ax.set_title(f"{metric}" + (f" ({kind})" if kind else ""), fontsize=9)
             fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(f"{models['pe'].iloc[0]} PE: σ × learning rate, mean over seeds")
+    fig.suptitle(f"{models['pe'].iloc[0]} PE: σ × {label.split(' (')[0]}, mean over seeds")
     save(fig, path)
     return None
 
@@ -495,8 +500,14 @@ def rich_lazy_caption(page: Page) -> str:
             + (f" Pooled over {', '.join(axes)}." if axes else ""))
 
 
-def draw_phase_diagram(page: Page, path: Path) -> str | None:
-    return phase_diagram(page.results, page.present((page.view.score, columns.PE_DRIFT, columns.REPR_CHANGE)), path)
+def draw_phase_diagram(page: Page, path: Path, axis: str = "lr") -> str | None:
+    return phase_diagram(page.results, page.present((page.view.score, columns.PE_DRIFT, columns.REPR_CHANGE)), path,
+                         axis)
+
+
+def draw_gamma_phase_diagram(page: Page, path: Path) -> str | None:
+    metrics = page.present((page.view.score, columns.PE_DRIFT, columns.NTK_DISTANCE, columns.PE_CHANGE_RANK))
+    return phase_diagram(page.results, metrics, path, "init_gamma")
 
 
 def draw_gradient(page: Page, path: Path) -> str | None:
@@ -566,6 +577,11 @@ FIGURE_TABLE = (
            lambda page: (f"{page.view.score}, PE drift and representation change over σ × learning rate (mean over "
                          f"seeds): where training turns from rich to lazy."),
            "phase diagram"),
+    Figure("phase_diagram_gamma", always, draw_gamma_phase_diagram,
+           lambda page: (f"{page.view.score}, PE drift, tangent-kernel distance and the PE change's rank over σ × "
+                         f"the initialisation scale γ (weights' std = fan_in^-γ; mean over seeds): the phase diagram "
+                         f"of Zhang et al. (2024) with the PE's σ as a second axis."),
+           "phase diagram σ × γ"),
     Figure("learned_pe", in_view("learned_pe_grid"), draw_learned_pe_grid,
            lambda page: "2D PCA of the first block's learned PE vectors (small and large σ) next to the true grid.",
            "learned PE"),

@@ -18,7 +18,7 @@ import pandas as pd
 from pe_fast.results import run_folder
 from pe_fast.results.reading import ReportError, Run, check_alike, read_npz, read_run, recorded_settings, task_name
 from pe_fast.results.settings import Settings, pe_dropout_of
-from pe_fast.results.summary import OPTIMIZER_AXES, attention_map_alignment, is_baseline, sigma_label, summary_table
+from pe_fast.results.summary import GRID_AXES, attention_map_alignment, is_baseline, sigma_label, summary_table
 from pe_fast.tasks import KINDS
 
 def pooled_dropout(settings: dict[Path, Settings]) -> tuple[float, list[str]]:
@@ -101,7 +101,7 @@ def pool(directories: list[Path], out: Path) -> Path:
         parts.append(renumbered(run, offset))
         offset += len(parts[-1][3])
     results = pd.concat([p[0] for p in parts], ignore_index=True)
-    key = ["pe", "sigma", "seed", *[a for a in OPTIMIZER_AXES if a in results]]
+    key = ["pe", "sigma", "seed", *[a for a in GRID_AXES if a in results]]
     twice = results[results.duplicated(key, keep=False)]
     if len(twice):
         row = twice.iloc[0]

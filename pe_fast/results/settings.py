@@ -25,6 +25,7 @@ MAX_DEPTH = 1000
 MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 # the tangent kernel's probe items: each costs a forward and 4 backwards per evaluation, and 4 gradients' memory
 MAX_NTK_ITEMS = 256
+MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
 
 # the values of the settings that have a fixed set
@@ -116,6 +117,11 @@ class Settings:
     # SGD's; the other optimizers' models have none
     momentum: tuple[float, ...] = setting((0.0,), range=(0, 1, "[)"), applies_only_with=("optimizer", ("sgd",)),
                                           help="SGD momentum; a comma-separated list is a grid axis")
+    # None: the layers' own initialisation (nn.Linear's, Xavier's for QKV); the PE keeps σ
+    init_gamma: tuple[float, ...] | None = setting(
+        None, range=(0, MAX_INIT_GAMMA, "[]"), metavar="GAMMAS",
+        help="initialisation scale: the embedding, attention and MLP weights start with std fan_in^-γ (Zhang et al. "
+             "2024); a comma-separated list is a grid axis (default: the layers' own initialisation)")
     # the seeds themselves, instead of the first --seeds
     seed_values: tuple[int, ...] | None = setting(
         None, range=(0, 2**32, "[)"), may_differ=True, metavar="SEEDS",  # plus its stream offsets: still a torch seed

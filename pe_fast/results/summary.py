@@ -1,5 +1,5 @@
 """What a results folder's models sum up to, for the sweep (summary.txt, attn_map_alignment at the end of a sweep),
-the report and pooling alike: the baselines' rows, the grid's optimizer axes, the summary table, the attention-map
+the report and pooling alike: the baselines' rows, the grid's axes besides PE and σ, the summary table, the attention-map
 alignment with the task's ground-truth PE models."""
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ def is_baseline(pe: pd.Series) -> pd.Series:
 
 
 # Grid axes besides PE and σ: the summaries keep apart the models that differ in any of them
-OPTIMIZER_AXES = ("optimizer", "lr", "weight_decay", "momentum")
+GRID_AXES = ("optimizer", "lr", "weight_decay", "momentum", "init_gamma")
 
 
 def varying_axes(results: pd.DataFrame) -> list[str]:
-    """The optimizer axes whose trained models do not all share one value (none in a run without those axes)."""
+    """The grid axes whose trained models do not all share one value (none in a run without those axes)."""
     models = results[~is_baseline(results["pe"])]
-    return [a for a in OPTIMIZER_AXES if a in models and models[a].nunique(dropna=True) > 1]
+    return [a for a in GRID_AXES if a in models and models[a].nunique(dropna=True) > 1]
 
 
 def axis_label(axis: str, value) -> str:

@@ -36,14 +36,19 @@ def optimizer_points(s: Settings) -> list[dict]:
 
 
 def expand_grid(s: Settings) -> list[dict]:
-    """One entry per model: its PE kind, σ (None where the PE has none), optimizer numbers and seed, in a stable
-    order (a grid without optimizer axes numbers its models as before them)."""
+    """One entry per model: its PE kind, σ (None where the PE has none), optimizer numbers, init γ (where
+    --init-gamma is given) and seed, in a stable order (a grid without optimizer or γ axes numbers its models as
+    before them)."""
     models = []
+    gammas = [None] if s.init_gamma is None else s.init_gamma
     for kind in s.pe:
         for point in optimizer_points(s):
-            for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
-                for seed in model_seeds(s):
-                    models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed, **point))
+            for gamma in gammas:
+                with_gamma = {} if gamma is None else {"init_gamma": gamma}
+                for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
+                    for seed in model_seeds(s):
+                        models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed, **point,
+                                           **with_gamma))
     return models
 
 
@@ -98,8 +103,9 @@ def train_config(s: Settings, pack: list[dict]) -> TrainConfig:
 
 def pack_trainer(s: Settings, task, pack: list[dict]) -> PackTrainer:
     """The trainer of one pack of models, as the sweep builds it (on --device)."""
+    gammas = None if s.init_gamma is None else [m["init_gamma"] for m in pack]
     return PackTrainer(task, model_config(s, task, pack[0]["pe"]), train_config(s, pack), [m["seed"] for m in pack],
-                       [m["sigma"] for m in pack], torch.device(s.device))
+                       [m["sigma"] for m in pack], torch.device(s.device), gammas)
 
 
 def choose_pack_size(s: Settings, task) -> int:

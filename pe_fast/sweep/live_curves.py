@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 from pe_fast import columns
-from pe_fast.results.summary import OPTIMIZER_AXES
+from pe_fast.results.summary import GRID_AXES
 
 FOLDER = "tensorboard"
 
@@ -63,12 +63,12 @@ class LiveCurves:
         for model, row, writer in zip(self.pack, final_rows, self.writers):
             settings = {"pe": model["pe"], "sigma": math.nan if model["sigma"] is None else model["sigma"],
                         "seed": model["seed"],
-                        **{axis: math.nan if model[axis] is None else model[axis] for axis in OPTIMIZER_AXES}}
+                        **{axis: math.nan if model.get(axis) is None else model[axis] for axis in GRID_AXES}}
             writer.add_hparams(settings, {f"final/{k}": v for k, v in numbers(row).items()}, run_name=".",
                                global_step=step)
             writer.close()
 
 
 def varying_axes(s) -> tuple[str, ...]:
-    """The optimizer axes the sweep's settings give more than one value."""
-    return tuple(axis for axis in OPTIMIZER_AXES if len(getattr(s, axis)) > 1)
+    """The grid axes the sweep's settings give more than one value."""
+    return tuple(axis for axis in GRID_AXES if len(getattr(s, axis) or ()) > 1)

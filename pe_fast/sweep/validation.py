@@ -137,7 +137,7 @@ def check_grid(s: dict) -> int:
         raise UsageError(f"--seeds {s['seeds']} does not count --seed-values {','.join(map(str, s['seed_values']))}")
     optimizer_points = sum(len(s["momentum"]) if name == "sgd" else 1 for name in s["optimizer"])
     models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
-              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points)
+              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points * len(s["init_gamma"] or [None]))
     if models > MAX_MODELS:
         raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
     return models
