@@ -29,11 +29,11 @@ def run_sweep(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedPro
     return subprocess.run(sweep_command(*args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
-def refuse_sweep(*args, cwd=None) -> subprocess.CompletedProcess:
-    """run_sweep for a command the sweep must refuse before it runs anything: the same main, called in this process
-    (a process of its own spends about 4 s starting Python and importing torch, for a refusal that takes
-    milliseconds). Its exit code, stdout and stderr as run_sweep gives them; torch's threads and the working folder
-    as they were."""
+def sweep_in_process(*args, cwd=None) -> subprocess.CompletedProcess:
+    """run_sweep without a process of its own: the same main, called in this process (a process spends about 4 s
+    starting Python and importing torch). Its exit code, stdout and stderr as run_sweep gives them; torch's threads
+    and the working folder as they were. For a test of what the sweep computes or refuses; a test of the command as
+    typed (its exit, its signals, its environment) runs run_sweep."""
     from pe_fast.sweep.program import main
     out, err = io.StringIO(), io.StringIO()
     threads, here = torch.get_num_threads(), os.getcwd()
@@ -50,13 +50,18 @@ def refuse_sweep(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
+def refuse_sweep(*args, cwd=None) -> subprocess.CompletedProcess:
+    """sweep_in_process for a command the sweep must refuse before it runs anything."""
+    return sweep_in_process(*args, cwd=cwd)
+
+
 def start_sweep(*args) -> subprocess.Popen:
     return subprocess.Popen(sweep_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def sweep_results(out, *args) -> pd.DataFrame:
-    """results.parquet of a sweep that must succeed (no report: the tests read the table)."""
-    done = run_sweep(*args, "--no-report", "--out", str(out))
+    """results.parquet of a sweep that must succeed (no report: the tests read the table), run in this process."""
+    done = sweep_in_process(*args, "--no-report", "--out", str(out))
     assert done.returncode == 0, done.stderr
     return pd.read_parquet(out / "results.parquet")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from sweep_harness import TINY_NETSIM, sweep_results
+from sweep_harness import TINY_NETSIM, run_sweep
 
 import pe_fast
 import pe_fast.sweep
@@ -30,7 +30,9 @@ def keep_threads():
 
 def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     flags = ["--pe", "learned,none", "--sigmas", "0.1,2", "--seeds", "2", "--steps", "6", "--eval-every", "3"]
-    reference = sweep_results(tmp_path / "cli", *TINY_NETSIM, *flags)
+    typed = run_sweep(*TINY_NETSIM, *flags, "--no-report", "--out", str(tmp_path / "cli"))  # the command as typed
+    assert typed.returncode == 0, typed.stderr
+    reference = pd.read_parquet(tmp_path / "cli" / "results.parquet")
     run = pe_fast.sweep.run(**TINY, pe=["learned", "none"], sigmas=[0.1, 2], seeds=2, steps=6, eval_every=3,
                             no_report=True, out=str(tmp_path / "api"))
     assert run.path == tmp_path / "api"
