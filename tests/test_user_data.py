@@ -199,6 +199,15 @@ def test_nan_and_inf_are_located_in_a_chunked_scan(tmp_path, monkeypatch):
     raises("-inf at subject 'subject1' run0, time 5, region 0", tmp_path / "inf.npz")
 
 
+def test_finite_values_too_large_to_correlate_are_refused_in_one_line(tmp_path):
+    """1.7e308 is finite, but its square is not: the FC would be NaN (issue 55)."""
+    bad = SERIES.astype(np.float64)  # float32 would hold it as inf
+    bad[0, 3, 2] = 1.7e308
+    np.save(tmp_path / "huge.npy", bad)
+    msg = raises(r"1\.7e\+308 at subject 'subject0' run0, time 3, region 2", tmp_path / "huge.npy")
+    assert "rescale the series" in msg
+
+
 def test_constant_region_is_refused(tmp_path):
     flat = SERIES.copy()
     flat[0, :, 3] = 5.0

@@ -49,6 +49,8 @@ from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_c
 PathLike = str | os.PathLike
 
 _CHUNK_ELEMENTS = 1 << 22  # values per slice when scanning a run (32 MB of float64)
+# the FC sums T squared values in float64: |x| at most 1e150 keeps even 1e8 time points finite
+MAX_ABS_VALUE = 1e150
 # What each file the user names must be, for the message that refuses a folder or a missing file
 DATA_FILE = "a .npy, .npz, .h5/.hdf5 or .dtseries.nii file"
 REGIONS_FILE = "a regions table, a CSV file with the header line label[,x,y,z][,network]"
@@ -386,6 +388,11 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
                 t, k = np.argwhere(bad)[0]
                 raise DataError(f"{where}: {x[t, k]} at subject {s!r} {name}, time {a + t}, region {k}: "
                                 f"remove or interpolate the non-finite values")
+            huge = np.abs(x) > MAX_ABS_VALUE
+            if huge.any():
+                t, k = np.argwhere(huge)[0]
+                raise DataError(f"{where}: {x[t, k]:g} at subject {s!r} {name}, time {a + t}, region {k}: "
+                                f"values beyond ±{MAX_ABS_VALUE:g} overflow the correlations; rescale the series")
             lo, hi = np.minimum(lo, x.min(0)), np.maximum(hi, x.max(0))
         flat = np.flatnonzero(lo == hi)
         if flat.size:
