@@ -24,11 +24,10 @@ SLOW_FILES = {
     "test_triton_attention.py", "test_triton_compile.py", "test_until_converged.py",
 }
 TRITON_FILES = {"test_fused_sublayers.py", "test_triton_attention.py", "test_triton_compile.py"}
-# The longest files (--durations on 2 cores) collected before the rest: --dist loadfile hands files to the workers in
-# collection order, and the README's commands (over 3 minutes in one test) collected late left one worker running
-# them alone for minutes at the end of the suite. test_sweep_scale.py comes after two others: its Ray tests and the
-# README's take turns with one lock, and started together one waits for the other
-LONGEST_FIRST = ("test_readme_commands.py", "test_sweep_regions.py", "test_precision.py", "test_sweep_scale.py")
+# The longest files, longest first (--durations on 2 cores), collected before the rest: --dist loadfile hands files
+# to the workers in collection order, and the README's commands (over 3 minutes in one test) collected late left one
+# worker running them alone for minutes at the end of the suite
+LONGEST_FIRST = ("test_readme_commands.py", "test_sweep_scale.py", "test_sweep_regions.py", "test_precision.py")
 MARKERS = {"slow": "10 s or more a file: sweeps, processes, compiles (left out of the quick loop)",
            "triton": "needs triton: the interpreter suites and the ahead-of-time compiles",
            "gpu": "runs only on a CUDA device"}
