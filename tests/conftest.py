@@ -24,10 +24,6 @@ SLOW_FILES = {
     "test_triton_attention.py", "test_triton_compile.py", "test_until_converged.py",
 }
 TRITON_FILES = {"test_fused_sublayers.py", "test_triton_attention.py", "test_triton_compile.py"}
-# The longest files, longest first (--durations on 2 cores), collected before the rest: --dist loadfile hands files
-# to the workers in collection order, and the README's commands (over 3 minutes in one test) collected late left one
-# worker running them alone for minutes at the end of the suite
-LONGEST_FIRST = ("test_readme_commands.py", "test_sweep_scale.py", "test_sweep_regions.py", "test_precision.py")
 MARKERS = {"slow": "10 s or more a file: sweeps, processes, compiles (left out of the quick loop)",
            "triton": "needs triton: the interpreter suites and the ahead-of-time compiles",
            "gpu": "runs only on a CUDA device"}
@@ -40,8 +36,6 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     import pytest
-    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST
-               else len(LONGEST_FIRST))  # stable: the other files, and each file's tests, keep their order
     for item in items:
         file = item.path.name
         if file in SLOW_FILES:
