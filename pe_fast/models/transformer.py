@@ -132,8 +132,6 @@ class StackedTransformer(nn.Module):
         super().__init__()
         if len(sigmas) != len(seeds):
             raise ValueError("one σ per model is needed")
-        if init_gammas is not None and len(init_gammas) != len(seeds):
-            raise ValueError("one init gamma per model is needed")
         self.config, self.seeds = config, list(seeds)
         self.sigmas = [None if s is None else float(s) for s in sigmas]
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]

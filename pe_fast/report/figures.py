@@ -309,17 +309,17 @@ def gradient_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     return None
 
 
-# the grid axes a phase diagram puts against σ: axis -> its label and the flag that makes it a list
-PHASE_AXES = {"lr": ("learning rate", "--lr"), "init_gamma": ("init γ (std = fan_in^-γ)", "--init-gamma")}
+# the grid axes a phase diagram puts against σ: axis -> its name, what its value means, the flag that makes it a list
+PHASE_AXES = {"lr": ("learning rate", "", "--lr"), "init_gamma": ("init γ", " (std = fan_in^-γ)", "--init-gamma")}
 
 
 def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path, axis: str = "lr") -> str | None:
     """Heatmaps over σ × a grid axis (PHASE_AXES) of each metric, mean over seeds, for the learned (else random)
     PE and each optimizer kind. Returns why it was not drawn, or None."""
-    label, flag = PHASE_AXES[axis]
+    name, meaning, flag = PHASE_AXES[axis]
     models = results[results["pe"].isin(["learned", "random"]) & results["sigma"].notna()]
     if axis not in models or models["sigma"].nunique() < 2 or models[axis].nunique() < 2:
-        return f"needs σ and the {label.split(' (')[0]} to vary (--sigmas and {flag} lists)."
+        return f"needs σ and the {name} to vary (--sigmas and {flag} lists)."
     models = models[models["pe"] == models["pe"].iloc[0]]
     kinds = list(dict.fromkeys(models["optimizer"])) if "optimizer" in models else [None]
     fig, axes = plt.subplots(len(kinds), len(metrics), figsize=(4.2 * len(metrics), 3.6 * len(kinds)),
@@ -335,10 +335,10 @@ def phase_diagram(results: pd.DataFrame, metrics: list[str], path: Path, axis: s
             ax.set_xticks(range(table.shape[1]), [f"{v:g}" for v in table.columns])
             ax.set_yticks(range(table.shape[0]), [f"{v:g}" for v in table.index])
             ax.set_xlabel("σ")
-            ax.set_ylabel(label)
+            ax.set_ylabel(name + meaning)
             ax.set_title(f"{metric}" + (f" ({kind})" if kind else ""), fontsize=9)
             fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(f"{models['pe'].iloc[0]} PE: σ × {label.split(' (')[0]}, mean over seeds")
+    fig.suptitle(f"{models['pe'].iloc[0]} PE: σ × {name}, mean over seeds")
     save(fig, path)
     return None
 
@@ -500,9 +500,8 @@ def rich_lazy_caption(page: Page) -> str:
             + (f" Pooled over {', '.join(axes)}." if axes else ""))
 
 
-def draw_phase_diagram(page: Page, path: Path, axis: str = "lr") -> str | None:
-    return phase_diagram(page.results, page.present((page.view.score, columns.PE_DRIFT, columns.REPR_CHANGE)), path,
-                         axis)
+def draw_phase_diagram(page: Page, path: Path) -> str | None:
+    return phase_diagram(page.results, page.present((page.view.score, columns.PE_DRIFT, columns.REPR_CHANGE)), path)
 
 
 def draw_gamma_phase_diagram(page: Page, path: Path) -> str | None:
