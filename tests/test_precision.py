@@ -118,7 +118,7 @@ def lst_task():
 
 
 def lst_trainer(task, **train):
-    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=32, depth=2, heads=2, mlp_width=64,
+    config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=32, depth=1, heads=2, mlp_width=64,
                          readout_token=task.readout_token)
     return PackTrainer(task, config, TrainConfig(steps=100, batch_size=32, lr=1e-3, eval_every=100, **train),
                        [1, 2], [0.2, 1.0], torch.device("cpu"))
