@@ -105,7 +105,7 @@ def lst_task():
 
 
 def lst_trainer(task, seeds, p=0.1, compile="off"):
-    model = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=2, heads=1, mlp_width=32, pe="sin2d",
+    model = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=16, depth=1, heads=1, mlp_width=32, pe="sin2d",
                         readout_token=task.readout_token, pe_dropout=p)
     train = TrainConfig(steps=100, batch_size=16, lr=1e-3, eval_every=100, compile=compile)
     return PackTrainer(task, model, train, seeds, [None] * len(seeds), CPU)
