@@ -1,5 +1,6 @@
 """`python -m pe_fast.sweep --task fmri | netsim`: small real runs and the one-line errors for bad input."""
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -83,11 +84,21 @@ def test_fmri_sweep_on_real_hcp_data(tmp_path):
 def test_fmri_user_data_sweep(tmp_path):
     rng = np.random.default_rng(0)
     data = rng.normal(size=(3, 80, 10)).astype(np.float32)
-    np.save(tmp_path / "bold.npy", data)
+    bold = tmp_path / "bold,subject 1.npy"  # a name may hold a comma: the whole value names one existing file
+    np.save(bold, data)
     out = tmp_path / "run"
-    done = sweep("--task", "fmri", "--data", str(tmp_path / "bold.npy"), "--pe", "learned,sin1d", "--sigmas", "0.5",
+    done = sweep("--task", "fmri", "--data", str(bold), "--pe", "learned,sin1d", "--sigmas", "0.5",
                  *TINY, "--out", str(out))
     assert done.returncode == 0, done.stderr
+    assert json.loads((out / "config.json").read_text())["settings"]["data"] == str(bold)
+    # several files in a folder whose name holds a comma: their record (absolute, comma-separated) could not be
+    # split back on --resume, so they are refused, nothing written
+    folder = tmp_path / "scans,2024"
+    folder.mkdir()
+    for name in ("a.npy", "b.npy"):
+        np.save(folder / name, data)
+    several = refuse_sweep("--task", "fmri", "--data", "a.npy,b.npy", *TINY, "--out", "x", cwd=folder)
+    assert several.returncode == 2 and "holds a comma" in several.stderr and not (folder / "x").exists()
     assert set(pd.read_parquet(out / "results.parquet")["pe"]) >= {"learned", "sin1d", "baseline:linear"}
     assert "brain maps: the run's data are the user's own" in (out / "report.md").read_text()  # a note, no error
 

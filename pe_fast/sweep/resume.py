@@ -9,7 +9,7 @@ from pe_fast.results import migrate, run_folder
 from pe_fast.results.settings import EXECUTOR_FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, Settings, default_of
 from pe_fast.sweep.settings import parse_list
 from pe_fast.sweep import UsageError
-from pe_fast.sweep.validation import conform, split_paths, validate
+from pe_fast.sweep.validation import conform, validate
 from pe_fast.tasks import KINDS
 
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
@@ -21,7 +21,7 @@ def as_recorded(name: str, value, task: str):
         return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
     files = {setting.name: setting for setting in KINDS[task].settings if setting.files} if task in KINDS else {}
     if name in files:
-        return ",".join(str(Path(path).resolve()) for path in split_paths(value, files[name]))
+        return ",".join(str(Path(path).resolve()) for path in files[name].paths(value))
     return value
 
 

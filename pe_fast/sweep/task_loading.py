@@ -5,7 +5,6 @@ from __future__ import annotations
 from pe_fast.data import DataError
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError
-from pe_fast.sweep.validation import split_paths
 from pe_fast.tasks import KINDS
 
 
@@ -20,7 +19,7 @@ def with_flag(message: str, s: Settings) -> str:
     """The message with the flag in front that named the file (or the folder of the file) it opens with: the data
     layer names files, as it is also a library, and the user typed flags."""
     named = [(path, setting.name) for setting in KINDS[s.task].settings if setting.files and getattr(s, setting.name)
-             for path in split_paths(getattr(s, setting.name), setting)]
+             for path in setting.paths(getattr(s, setting.name))]
     for path, flag in sorted(named, key=lambda named_path: -len(named_path[0])):  # a file in a named folder: its own
         if message.startswith(path) and message[len(path):len(path) + 1] in (":", " ", "/"):
             return f"--{flag.replace('_', '-')} {message}"

@@ -219,19 +219,16 @@ def check_executor_flags(s: dict):
     s["slurm_option"] = tuple(options)
 
 
-def split_paths(value: str, setting: TaskSetting) -> list[str]:
-    """The files a setting names: one, or several comma-separated (TaskSetting.files)."""
-    return value.split(",") if setting.files == "several" else [value]
-
-
 def resolve_paths(value: str, setting: TaskSetting) -> str:
     """The files a setting names, checked and made absolute, as config.json records them."""
     flag = f"--{setting.name.replace('_', '-')}"
-    paths = split_paths(value, setting)
+    paths = setting.paths(value)
     for path in paths:
         if not path:
             raise UsageError(f"{flag} {value!r}: names no file")
         if not Path(path).exists():
             raise UsageError(f"{flag}: {path} does not exist")
+        if len(paths) > 1 and "," in str(Path(path).resolve()):  # the record could not be split back
+            raise UsageError(f"{flag}: {Path(path).resolve()} holds a comma: name it alone, or rename it")
     return ",".join(str(Path(path).resolve()) for path in paths)
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Protocol
 
@@ -100,6 +101,13 @@ class TaskSetting:
     choices: tuple | None = None
     range: tuple | None = None  # (lowest, highest or None, which ends belong: "[]", "[)", "()")
     files: str | None = None    # "one" or "several" (comma-separated): checked to exist, recorded absolute
+
+    def paths(self, value: str) -> list[str]:
+        """The files the setting's value names: one, or several comma-separated. A value that is itself an existing
+        path is one file: a file's name may hold a comma."""
+        if self.files != "several" or os.path.exists(value):
+            return [value]
+        return value.split(",")
 
 
 @dataclasses.dataclass(frozen=True)

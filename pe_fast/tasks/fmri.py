@@ -11,10 +11,15 @@ from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGI
 ATLASES = ("schaefer100", "glasser360")
 
 
+# --data: its several-file rule is read where the data load too
+DATA = TaskSetting("data", str, "your parcellated time series (.npy/.npz/.h5: subjects × time × regions) or CIFTI "
+                                ".dtseries.nii runs, comma-separated, one subject each", files="several")
+
+
 def region_data(s):
     if s.data:
         from pe_fast.data.user_data import load_user_data
-        paths = s.data.split(",")  # several CIFTI runs, one subject each
+        paths = DATA.paths(s.data)  # several CIFTI runs, one subject each
         return load_user_data(paths if len(paths) > 1 else paths[0], regions=s.regions, parcellation=s.parcellation)
     from pe_fast.data import brain_atlas
     if s.atlas == "glasser360":
@@ -43,8 +48,7 @@ KIND = TaskKind(
     settings=(TaskSetting("atlas", str,
                           "schaefer100 = real HCP BOLD (default); glasser360 = simulated from real HCP FC",
                           default="schaefer100", choices=ATLASES),
-              TaskSetting("data", str, "your parcellated time series (.npy/.npz/.h5: subjects × time × regions) or "
-                                       "CIFTI .dtseries.nii runs, comma-separated, one subject each", files="several"),
+              DATA,
               TaskSetting("regions", str, "regions table for --data (CSV: label,x,y,z,network)", files="one"),
               TaskSetting("parcellation", str, "the .dlabel.nii that parcellates a CIFTI --data", files="one"),
               *REGION_SETTINGS),
