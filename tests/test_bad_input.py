@@ -19,7 +19,7 @@ from pe_fast.results import run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
-from sweep_harness import TINY_NETSIM, run_sweep, start_sweep
+from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
 
 LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
        "--pe", "learned", "--sigmas", "0.5", "--no-report"]
@@ -191,6 +191,19 @@ def test_an_empty_out_writes_nothing_where_the_sweep_runs(out, tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "--out" in lines[0], done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("inside", ["packs/new", "figures/a/b"])
+def test_an_out_inside_another_results_folder_is_refused(inside, tmp_path):
+    """A sweep inside another run's folder would be read as part of it (its packs/, its report's figures/)."""
+    other = tmp_path / "other"
+    (other / "packs").mkdir(parents=True)
+    (other / "config.json").write_text("{}")
+    before = sorted(other.rglob("*"))
+    done = refuse_sweep(*LST, "--out", str(other / inside))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and f"inside the results folder {other}" in lines[0], done.stderr
+    assert sorted(other.rglob("*")) == before
 
 
 @pytest.fixture(scope="module")

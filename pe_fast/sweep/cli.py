@@ -32,6 +32,11 @@ def check_out_folder(out: Path):
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as error:
         raise UsageError(f"--out {out}: cannot write in {existing} ({error.strerror or error})")
+    # inside another results folder (its packs/, say) the sweep would be read as part of it, and that folder's
+    # --resume or report would trip over it
+    home = next((p for p in out.resolve().parents if (p / run_folder.CONFIG).is_file()), None)
+    if home is not None:
+        raise UsageError(f"--out {out} lies inside the results folder {home}; choose a folder outside it")
 
 
 def check_against_task(s: Settings, task):
