@@ -20,6 +20,13 @@ from pe_fast.results.summary import is_baseline, sigma_label
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
 
+def inert(text: object, cell: bool = True) -> str:
+    """Text from a folder (its config.json, file names in it) as it may stand in report.md: on one line (no heading
+    or block of its own), HTML shown rather than run, and in a table `cell` no column break."""
+    text = " ".join(str(text).split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|") if cell else text
+
+
 def config_markdown(config: dict) -> str:
     if not config:
         return "No config.json in the folder."
@@ -28,17 +35,17 @@ def config_markdown(config: dict) -> str:
     for key, value in settings.items():
         if isinstance(value, list):
             value = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
-        lines.append(f"| {key} | {value} |")
+        lines.append(f"| {inert(key)} | {inert(value)} |")
     for key in ("torch", "time"):
         if key in config:
-            lines.append(f"| {key} | {config[key]} |")
+            lines.append(f"| {key} | {inert(config[key])} |")
     if "models" in config:
         lines.append(f"| models planned | {len(config['models'])} |")
     task = config.get("task") or {}
     for key in ("pool_source", "ood_source", "sizes", "ood_min_distance_achieved", "source", "tokens"):
         if key in task:
             value = json.dumps(task[key]) if isinstance(task[key], (dict, list)) else task[key]
-            lines.append(f"| task {key} | {value} |")
+            lines.append(f"| task {key} | {inert(value)} |")
     return "\n".join(lines)
 
 
@@ -75,7 +82,7 @@ def always(report: Report) -> bool:
 
 def title_lines(r: Report) -> list[str]:
     lines = [f"# pe_fast report: {r.name}", ""]
-    lines += [f"> {note}" for note in r.run.notes] + ([""] if r.run.notes else [])
+    lines += [f"> {inert(note, cell=False)}" for note in r.run.notes] + ([""] if r.run.notes else [])
     baselines = int(is_baseline(r.results["pe"]).sum())
     kinds = r.results["data_kind"].dropna() if "data_kind" in r.results else pd.Series(dtype=str)
     data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
@@ -143,7 +150,7 @@ def figures_section(r: Report) -> list[str]:
     for name, caption in r.drawn.items():
         lines += [f"### {name.replace('_', ' ')}", "", caption, "", f"![{name}](figures/{name}.png)", ""]
     if r.skipped:
-        lines += ["Not drawn:", ""] + [f"* {s}" for s in r.skipped] + [""]
+        lines += ["Not drawn:", ""] + [f"* {inert(s, cell=False)}" for s in r.skipped] + [""]
     return lines
 
 
