@@ -31,6 +31,21 @@ def data_files(tmp_path: Path) -> dict[str, str]:
         with h5py.File(path, "w") as f:
             f.create_dataset("timeseries", shape=shape, dtype="f4", chunks=True, maxshape=(None, None, 10))
         files[name] = str(path)
+    series = np.random.default_rng(0).normal(size=(2, 60, 10)).astype("f4")
+    series.tofile(tmp_path / "raw.bin")
+    with h5py.File(tmp_path / "external.h5", "w") as f:  # its data in raw.bin, beside it
+        f.create_dataset("timeseries", shape=series.shape, dtype="f4", external=[(str(tmp_path / "raw.bin"), 0,
+                                                                                 series.nbytes)])
+    with h5py.File(tmp_path / "source.h5", "w") as f:
+        f["timeseries"] = series
+    layout = h5py.VirtualLayout(shape=series.shape, dtype="f4")
+    layout[...] = h5py.VirtualSource(tmp_path / "source.h5", "timeseries", shape=series.shape)
+    with h5py.File(tmp_path / "virtual.h5", "w") as f:
+        f.create_virtual_dataset("timeseries", layout)
+    with h5py.File(tmp_path / "huge.h5", "w") as f:  # a few kB on disk, 4 PiB declared
+        f.create_dataset("timeseries", shape=(10**6, 10**6, 1000), dtype="f4", chunks=(1, 100, 100))
+    files.update(EXTERNAL=str(tmp_path / "external.h5"), VIRTUAL=str(tmp_path / "virtual.h5"),
+                 HUGE=str(tmp_path / "huge.h5"))
     files["NOT_LATIN"] = str(tmp_path / "not_latin.csv")  # its second puzzle shows shape 1 twice in its first row
     Path(files["NOT_LATIN"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,2000500234001000,4\n"
                                         "1,,Binary,1100500000000000,2\n")
@@ -51,6 +66,12 @@ CASES = [
      "--data {NO_SUBJECTS}: the file holds no subjects"),
     ("chunked h5 without time points", FMRI + ["--data", "NO_TIME"],
      "--data {NO_TIME}: subject 'subject0' has shape (0, 10)"),
+    ("h5 data in an external file", FMRI + ["--data", "EXTERNAL"],
+     "--data {EXTERNAL}: dataset 'timeseries' keeps its data in an external file"),
+    ("h5 virtual dataset", FMRI + ["--data", "VIRTUAL"],
+     "--data {VIRTUAL}: dataset 'timeseries' is a virtual dataset, mapping data of other files"),
+    ("h5 declaring more than memory", FMRI + ["--data", "HUGE"],
+     "--data {HUGE}: dataset 'timeseries' declares shape (1000000, 1000000, 1000)"),
     ("window longer than the data", FMRI + ["--data", "NPY", "--window", "100000"],
      "--window 100000 is longer than the shortest run of the data (60 time points)"),
     ("window longer than the simulation", NETSIM + ["--window", "100000"],

@@ -227,6 +227,9 @@ def _read_npz(p: Path, key: str | None):
     return runs, subjects, run_names, fmt + f", {len(arrays)} subject arrays"
 
 
+_MEMORY_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _read_h5(p: Path, name: str | None):
     import h5py
 
@@ -250,7 +253,18 @@ def _read_h5(p: Path, name: str | None):
                 raise DataError(f"{p}: cannot tell which of its datasets {found[:10]} holds the time series: "
                                 f"name it 'timeseries' or pass dataset=...")
         ds = f[name]
+        # data from outside the file named would be read: an external raw file, or a virtual dataset's sources
+        if ds.is_virtual:
+            raise DataError(f"{p}: dataset {name!r} is a virtual dataset, mapping data of other files: save its data "
+                            f"in the file itself")
+        if ds.external:
+            raise DataError(f"{p}: dataset {name!r} keeps its data in an external file ({ds.external[0][0]}): save "
+                            f"its data in the file itself")
         _check_dtype(ds, p)
+        declared = ds.size * 4  # bytes as float32, the form it is read into
+        if declared > _MEMORY_BYTES:
+            raise DataError(f"{p}: dataset {name!r} declares shape {ds.shape} ({declared / 2**30:.0f} GiB as float32), "
+                            f"more than this machine's memory ({_MEMORY_BYTES / 2**30:.0f} GiB)")
         offset = ds.id.get_offset()
         if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0:
             arr = np.memmap(p, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
