@@ -1,12 +1,15 @@
 """Every kind of bad input to the sweep and the report, through the real command-line entry points: exit code 2,
 exactly one line on stderr naming the flag or file, no traceback, no results folder created, and an existing
 folder left byte for byte as it was. One case per line in CASES / RESUME_CASES: add yours there."""
+import contextlib
 import dataclasses
 import errno
 import hashlib
 import json
 import os
 import shutil
+import socket
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +207,48 @@ def test_an_out_inside_another_results_folder_is_refused(inside, tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and f"inside the results folder {other}" in lines[0], done.stderr
     assert sorted(other.rglob("*")) == before
+
+
+@pytest.mark.parametrize("service, must_name", [("silent", "does not answer as a Ray cluster within 1 s"),
+                                                ("http", "the service there is not a Ray cluster")])
+def test_a_ray_address_of_another_service_is_refused_within_seconds(service, must_name, tmp_path, capsys,
+                                                                     monkeypatch):
+    """A TCP service that is not Ray's: ray.init would wait for it for ever, after the folder was written."""
+    from pe_fast.sweep import runtime
+    monkeypatch.setattr(runtime, "RAY_CONNECT_TIMEOUT_S", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():  # accepts; the http service answers as a web server does, the silent one never
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                connection, _ = listener.accept()
+                if service == "http":
+                    connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                stop.wait(3)
+                connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        code = sweep_main(LST + ["--executor", "ray", "--ray-address", address, "--out", str(tmp_path / "run")])
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert_one_line(capsys, code, must_name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ray_address_auto_without_a_cluster_is_refused(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray looks for this machine's cluster: none there
+    code = sweep_main(LST + ["--executor", "ray", "--ray-address", "auto", "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "--ray-address auto: no Ray cluster is running on this machine")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")

@@ -15,20 +15,49 @@ from pe_fast.sweep import UsageError
 from pe_fast.train import compile_problem
 
 RAY_CONNECT_TIMEOUT_S = 10
+# A gRPC server (Ray's GCS, a Ray Client server) answers HTTP/2's client preface with a SETTINGS frame (type 4, the
+# fourth byte of its header); a TCP service of another kind stays silent or answers otherwise
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
 def check_ray_address(address: str | None):
-    """A host:port that does not answer is one line within seconds (ray.init would retry it for ever)."""
-    if not address or address in ("auto", "local"):
+    """An address where no Ray cluster answers is one line within seconds, before the folder is written: ray.init
+    would retry a silent port for ever. auto is resolved as ray.init resolves it (RAY_ADDRESS, then the cluster
+    started on this machine)."""
+    if not address or address == "local":
         return
+    if address == "auto":
+        address = running_ray_cluster()
+        if address is None:
+            return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--ray-address {address!r}: expected auto or HOST:PORT")
+    advice = "start one with ray start --head, or use --ray-address auto"
     try:
-        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S) as connection:
+            connection.sendall(HTTP2_PREFACE)
+            reply = connection.recv(9)
+    except socket.timeout:
+        raise UsageError(f"--ray-address {address}: the service there does not answer as a Ray cluster within "
+                         f"{RAY_CONNECT_TIMEOUT_S} s; {advice}")
     except OSError as error:
-        raise UsageError(f"--ray-address {address}: no Ray cluster answers there ({error.strerror or error}); "
-                         f"start one with ray start --head, or use --ray-address auto")
+        raise UsageError(f"--ray-address {address}: no Ray cluster answers there ({error.strerror or error}); {advice}")
+    if len(reply) < 4 or reply[3] != 4:
+        raise UsageError(f"--ray-address {address}: the service there is not a Ray cluster; {advice}")
+
+
+def running_ray_cluster() -> str | None:
+    """The address --ray-address auto means here, or None where this Ray cannot say (ray.init will look itself)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # no Ray (refused below), or a Ray that keeps this elsewhere
+        return None
+    try:
+        return canonicalize_bootstrap_address("auto")
+    except ConnectionError:
+        raise UsageError("--ray-address auto: no Ray cluster is running on this machine; start one with "
+                         "ray start --head, or name one with --ray-address HOST:PORT") from None
 
 
 def resolve(s: dict):
