@@ -342,6 +342,7 @@ RESUME_CASES = [
     ("config missing a key", config_without("pe"), [], "config.json"),
     ("config not JSON", config_text("{not json"), [], "config.json"),
     ("config not an object", config_text("[1, 2]"), [], "config.json"),
+    ("config nested too deep", config_text("[" * 100_000 + "]" * 100_000), [], "config.json"),
     ("config with a bad number", config_without("steps"), [], "config.json"),
     ("changed setting", None, ["--steps", "50"], "--steps 50 differs"),
     ("changed PE", None, ["--pe", "none"], "--pe none differs"),

@@ -19,8 +19,9 @@ from pe_fast.results.settings import FLAGS, Settings
 from pe_fast.tasks import KINDS
 
 
-class ReportError(Exception):
-    """A results folder the report cannot read: reported as one line, exit code 2."""
+class ReportError(ValueError):
+    """A results folder the report cannot read: reported as one line, exit code 2; to a Python caller of
+    load_run, a bad argument (a ValueError)."""
 
 
 @dataclasses.dataclass

@@ -167,8 +167,12 @@ def write_start(out: Path, config: dict, ground_truth: dict[str, np.ndarray]):
 
 
 def read_config(out: Path) -> dict:
-    """DIR/config.json, written at the start of a sweep (FileNotFoundError; ValueError where it is not JSON)."""
-    return json.loads((out / CONFIG).read_text())
+    """DIR/config.json, written at the start of a sweep (FileNotFoundError; ValueError where it is not JSON, or
+    nests too deep for the parser: Python's JSON reader recurses, so a crafted file would end in a RecursionError)."""
+    try:
+        return json.loads((out / CONFIG).read_text())
+    except RecursionError:
+        raise ValueError("nested too deep to be a pe_fast config.json") from None
 
 
 def is_finished(out: Path) -> bool:
