@@ -280,6 +280,17 @@ def garbage_checkpoint(folder: Path):
     (folder / "packs" / "0.checkpoint.pt").write_bytes(b"\x80\x04garbage")
 
 
+def checkpoint_of_another_width(folder: Path):
+    """Pack 0's checkpoint as a sweep of another --width writes it: it loads safely, but its tensors do not fit."""
+    from pe_fast.sweep import grid
+    from pe_fast.sweep.task_loading import load_task
+    config = json.loads((folder / "config.json").read_text())
+    s = dataclasses.replace(Settings.from_json(config["settings"], packs=()), width=32)
+    pack = [next(m for m in config["models"] if m["model_id"] == i) for i in config["packs"][0]]
+    trainer = grid.pack_trainer(s, load_task(s), pack)
+    run_folder.save_checkpoint(folder, 0, trainer.state_dict())
+
+
 def config_without(key: str):
     def change(folder: Path):
         config = json.loads((folder / "config.json").read_text())
@@ -339,6 +350,8 @@ def link_out(name: str):
 RESUME_CASES = [
     ("crafted checkpoint runs nothing", evil_checkpoint, [], "0.checkpoint.pt cannot be loaded safely"),
     ("garbage checkpoint", garbage_checkpoint, [], "delete it"),
+    ("checkpoint of another width", checkpoint_of_another_width, [],
+     "0.checkpoint.pt does not fit pack 0 of this sweep (embed.weight has shape (1, 2, 32), the pack's (1, 2, 16))"),
     ("config missing a key", config_without("pe"), [], "config.json"),
     ("config not JSON", config_text("{not json"), [], "config.json"),
     ("config not an object", config_text("[1, 2]"), [], "config.json"),

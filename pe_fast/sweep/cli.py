@@ -116,6 +116,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         for index in todo:  # every checkpoint readable (and safely so) before any training
             try:
                 run_folder.check_checkpoint(out, index, PackTrainer.REQUIRED_STATE_KEYS, s.steps)
+                executors.check_checkpoint_fits(s, task, packs[index], out, index)
             except run_folder.UnreadableCheckpoint as error:
                 raise UsageError(str(error))
         if s.executor == "slurm":  # the jobs a stopped driver recorded, readable before any is waited for

@@ -35,6 +35,25 @@ def apply_runtime(s: Settings):
         torch.set_num_threads(min(s.threads, len(os.sched_getaffinity(0))))
 
 
+def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index: int):
+    """Raise UnreadableCheckpoint where pack `index`'s checkpoint (which loads safely) holds model tensors of other
+    shapes than this pack's (another sweep's, of another --width, say): before any pack trains."""
+    state = run_folder.load_checkpoint(out, index)
+    if state is None:
+        return
+    with torch.random.fork_rng(devices=[]):  # building a model must not move the sweep's random stream
+        model = pack_trainer(s, task, pack).model
+    found = state["model"] if isinstance(state.get("model"), dict) else {}
+    wrong = next(((key, tensor.shape, tuple(getattr(found.get(key), "shape", ())))
+                  for key, tensor in model.state_dict().items()
+                  if not isinstance(found.get(key), torch.Tensor) or found[key].shape != tensor.shape), None)
+    if wrong is not None:
+        key, want, got = wrong
+        raise run_folder.UnreadableCheckpoint(
+            f"{run_folder.checkpoint_path(out, index)} does not fit pack {index} of this sweep ({key} has shape "
+            f"{got}, the pack's {tuple(want)}); delete it to retrain pack {index} from its start")
+
+
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:
     """Train pack `index` (from its checkpoint, if it has one), checkpointing as it goes, and write
     DIR/packs/<index>/. Returns {trained_steps}: the steps trained here, after the checkpoint it started from."""
