@@ -507,6 +507,26 @@ def test_a_full_disk_is_one_line_and_resume_continues(unfinished, tmp_path, caps
     assert (pd.read_parquet(folder / "results.parquet")["pack"] == 0).sum() == 1
 
 
+def test_a_disk_that_fills_during_a_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):
+    """The checkpoint is written as every other file is, so a full disk there is the same one line."""
+    write_bytes = Path.write_bytes
+
+    def full_for_checkpoints(path, data):
+        if ".checkpoint.pt" in path.name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return write_bytes(path, data)
+    monkeypatch.setattr(Path, "write_bytes", full_for_checkpoints)
+    threads = torch.get_num_threads()
+    try:
+        code = sweep_main([*NETSIM, "--checkpoint-every", "2", "--out", str(tmp_path / "run")])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert code == 1 and "Traceback" not in err, err
+    assert len(lines) == 1 and os.strerror(errno.ENOSPC) in lines[0] and "--resume" in lines[0], err
+
+
 def test_two_sweeps_on_one_new_folder_exactly_one_proceeds(tmp_path):
     """The folder check repeats under the lock: of a netsim and an LST sweep started at once on one new --out,
     one trains and the other stops with one line, and the folder holds one sweep's files only."""

@@ -17,6 +17,7 @@ Every file is written to a temporary name beside its target, flushed to disk, an
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -261,7 +262,11 @@ def finished_packs(out: Path) -> set[int]:
 def save_checkpoint(out: Path, index: int, state: dict):
     path = checkpoint_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda tmp: torch.save(state, tmp))
+    # serialised in memory, then written as any file is: torch.save writing the file itself turns a full disk's
+    # OSError into a RuntimeError of its own (a traceback, not the sweep's one line)
+    serialised = io.BytesIO()
+    torch.save(state, serialised)
+    write_atomic(path, lambda tmp: tmp.write_bytes(serialised.getbuffer()))
 
 
 class UnreadableCheckpoint(Exception):
