@@ -110,7 +110,7 @@ def view_rgba(values: np.ndarray, shading: np.ndarray, hemisphere: str, view: st
     """One view's image [H, W, 4]: per-vertex values (NaN: none) in the colour map over grey sulcal shading, lit by
     each face's angle to the viewer; transparent off the surface."""
     image, vertex_of_face, lighting = face_image(hemisphere, view)
-    grey = np.where(shading > 0, 0.45, 0.7)[:, None]  # sulci dark, gyri light
+    grey = np.where(shading > 0, 0.45, 0.7)[:, None]  # the two signs of the sulcal depth; off the cortex (0) light
     colour = np.where(np.isnan(values)[:, None], grey, cmap(norm(np.nan_to_num(values)))[:, :3])[vertex_of_face]
     colour = colour * (0.55 + 0.45 * lighting)[:, None]
     rgba = np.zeros((*image.shape, 4))
