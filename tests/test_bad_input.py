@@ -507,6 +507,46 @@ def test_a_full_disk_is_one_line_and_resume_continues(unfinished, tmp_path, caps
     assert (pd.read_parquet(folder / "results.parquet")["pack"] == 0).sum() == 1
 
 
+@pytest.fixture(scope="module")
+def half_finished(tmp_path_factory):
+    """A netsim sweep of two packs stopped after its first: packs/0/ finished, pack 1 still to train."""
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main([*without(NETSIM, "--sigmas"), "--sigmas", "0.5,1", "--max-pack", "1", "--threads", "1",
+                           "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "packs" / "1")
+    return out
+
+
+def tamper_pe_tables(pack: Path):
+    np.savez(pack / "pe_tables.npz", model_0=np.array([{"a": 1}], dtype=object))
+
+
+def tamper_seed_as_text(pack: Path):
+    results = pd.read_parquet(pack / "results.parquet")
+    results.assign(seed=results["seed"].astype(str)).to_parquet(pack / "results.parquet")
+
+
+@pytest.mark.parametrize("tamper, must_name", [
+    (lambda pack: (pack / "curves.parquet").write_bytes(os.urandom(5000)), "curves.parquet is not a readable parquet"),
+    (tamper_pe_tables, "pe_tables.npz is not a readable .npz file"),
+    (tamper_seed_as_text, "results column seed is stored as"),
+], ids=["curves random bytes", "pe tables of objects", "seed stored as text"])
+def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, must_name, half_finished, tmp_path,
+                                                                        capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(half_finished, folder)
+    tamper(folder / "packs" / "0")
+    before = snapshot(folder)
+    assert_one_line(capsys, resume_in_process(folder), must_name)
+    assert snapshot(folder) == before  # pack 1 not trained, nothing written
+
+
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):
     """The checkpoint is written as every other file is, so a full disk there is the same one line."""
     write_bytes = Path.write_bytes

@@ -211,6 +211,24 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
     return tables
 
 
+def read_pack(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
+    """A finished pack's results, curves and PE tables (DIR/packs/<index>/), each checked as the report checks a
+    folder's (one ReportError naming the file): the sweep joins them into its results, and --resume checks them
+    before any pack trains."""
+    results, curves = _read_parquet(folder / run_folder.RESULTS), _read_parquet(folder / run_folder.CURVES)
+    pe_tables = read_pe_tables(folder / run_folder.PE_TABLES)
+    if "pe" not in results or "sigma" not in results:
+        raise ReportError(f"{folder}: results lack the columns pe and sigma; not a pe_fast pack")
+    check_columns(folder, results, curves)
+    # stored as the sweep stores them, since they are joined with the other packs' into one table
+    stored = next((name for name in ("sigma", "seed", "model_id", "steps") if name in results
+                   and not pd.api.types.is_numeric_dtype(results[name])), None)
+    if stored is not None:
+        raise ReportError(f"{folder}: results column {stored} is stored as {results[stored].dtype}, not as numbers; "
+                          f"not a pe_fast pack")
+    return results, curves, pe_tables
+
+
 def _pack_count(config: dict) -> int | None:
     """How many packs the sweep planned: config["packs"] (a count or a list), else the models' "pack" field."""
     packs = config.get("packs")

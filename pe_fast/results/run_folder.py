@@ -342,15 +342,3 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
         raise
     checkpoint_path(out, index).unlink(missing_ok=True)
     step_path(out, index).unlink(missing_ok=True)
-
-
-def read_packs(out: Path, count: int) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
-    """Every pack's results, curves and PE tables, in pack order."""
-    results, curves, pe_tables = [], [], {}
-    for index in range(count):
-        folder = pack_folder(out, index)
-        results.append(pd.read_parquet(folder / RESULTS))
-        curves.append(pd.read_parquet(folder / CURVES))
-        with np.load(folder / PE_TABLES) as tables:
-            pe_tables.update({key: tables[key] for key in tables.files})
-    return pd.concat(results, ignore_index=True), pd.concat(curves, ignore_index=True), pe_tables

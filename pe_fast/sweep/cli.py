@@ -13,7 +13,7 @@ import torch
 
 from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.results import run_folder
+from pe_fast.results import reading, run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, executors, folder, grid, resume, settings
 from pe_fast.sweep.progress import Progress
@@ -113,6 +113,11 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
             run_folder.remove_partials(out)
         finished = run_folder.finished_packs(out)
         todo = [i for i in range(len(packs)) if i not in finished]
+        for index in sorted(finished):  # every finished pack readable as the results will read it, before training
+            try:
+                reading.read_pack(run_folder.pack_folder(out, index))
+            except reading.ReportError as error:
+                raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
         for index in todo:  # every checkpoint readable (and safely so) before any training
             try:
                 run_folder.check_checkpoint(out, index, PackTrainer.REQUIRED_STATE_KEYS, s.steps)

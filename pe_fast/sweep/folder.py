@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pe_fast.results import run_folder
+from pe_fast.results import reading, run_folder
 from pe_fast.results.summary import attention_map_alignment, summary_table
 from pe_fast.results.settings import Settings
 from pe_fast.tasks import KINDS
@@ -26,7 +26,10 @@ def start_folder(s: Settings, out: Path, task, models: list[dict], packs: list[l
 
 def finish_folder(s: Settings, out: Path, task, models: list[dict], num_packs: int) -> pd.DataFrame:
     """Every pack together, with the task's baselines and the summary table."""
-    results, curves, pe_tables = run_folder.read_packs(out, num_packs)
+    parts = [reading.read_pack(run_folder.pack_folder(out, index)) for index in range(num_packs)]
+    results = pd.concat([part[0] for part in parts], ignore_index=True)
+    curves = pd.concat([part[1] for part in parts], ignore_index=True)
+    pe_tables = {key: table for part in parts for key, table in part[2].items()}
     results["attn_map_alignment"] = attention_map_alignment(results, pe_tables, KINDS[s.task].view.reference_pe)
     baselines = [dict(task=s.task, model_id=len(models) + i, seed=math.nan, steps=0, pack=-1, **row)
                  for i, row in enumerate(task.baselines())]
