@@ -217,3 +217,20 @@ def test_without_pe_is_the_model_with_its_pe_set_to_nothing(lst_run):
                 model.rope_cos.fill_(1.0)
                 model.rope_sin.zero_()
             np.testing.assert_allclose(model(x), ablated, atol=1e-6)
+
+
+def test_read_only_coordinates_are_saved_without_a_warning(tmp_path, recwarn):
+    """The tasks hand out read-only coordinate arrays; torch warns on the user's screen about a tensor that shares
+    one (seen in the main job's output), so the file gets a copy, and the same values come back."""
+    from pe_fast.models import ModelConfig, StackedTransformer
+    from pe_fast.results.weights import load_pack_weights, save_pack_weights
+    coordinates = np.random.default_rng(0).normal(size=(5, 3))
+    coordinates.flags.writeable = False
+    config = ModelConfig(num_tokens=5, token_dim=2, out_dim=1, width=8, depth=1, mlp_width=8, pe="sinnd")
+    model = StackedTransformer(config, seeds=[1, 2], sigmas=[None, None], coordinates=coordinates)
+    save_pack_weights(tmp_path / "w.safetensors", model, [0, 1], step=3, coordinates=coordinates)
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
+    loaded = load_pack_weights(tmp_path / "w.safetensors")
+    x = torch.randn(2, 4, 5, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x)[0], model(x)[0])

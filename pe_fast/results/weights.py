@@ -29,7 +29,8 @@ def save_pack_weights(path: Path, model: StackedTransformer, model_ids: list[int
     from safetensors.torch import save_file
     tensors = {name: value.detach().to("cpu", copy=True).contiguous() for name, value in model.state_dict().items()}
     if coordinates is not None:
-        tensors[COORDINATES] = torch.as_tensor(np.asarray(coordinates, dtype=np.float64))
+        # a copy: the task's coordinates may be a read-only view, which torch warns about on the user's screen
+        tensors[COORDINATES] = torch.tensor(np.asarray(coordinates, dtype=np.float64))
     metadata = {"format": FORMAT, "step": step, "model_ids": [int(i) for i in model_ids],
                 "seeds": list(model.seeds), "sigmas": list(model.sigmas),
                 "model_config": dataclasses.asdict(model.config)}
