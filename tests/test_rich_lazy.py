@@ -109,8 +109,12 @@ def test_a_rank_one_update_of_a_block_has_change_rank_one_and_the_others_zero():
         w[1] += a @ b  # model 1 only, one of the block's four matrices
     rows = probe.measure(model)
     assert rows[0]["dw_rank_b1"] == 0 and rows[1]["dw_rank_b0"] == 0
-    # the mean over the block's four matrices: one of rank one, three unchanged
-    assert rows[1]["dw_rank_b1"] == pytest.approx(1 / 4, rel=1e-10)
+    # the mean over the block's matrices that changed: the one of rank one
+    assert rows[1]["dw_rank_b1"] == pytest.approx(1.0, rel=1e-10)
+    with torch.no_grad():  # a second matrix of the block changed by a rank-three update: the mean of 1 and 3
+        w = model.blocks[1].get_parameter("attention.out.weight")
+        w[1] += torch.diag(torch.tensor([2.0, 2.0, 2.0] + [0.0] * (w.shape[1] - 3), dtype=w.dtype))
+    assert probe.measure(model)[1]["dw_rank_b1"] == pytest.approx(2.0, rel=1e-10)
 
 
 def test_effective_rank_of_a_diverged_matrix_is_nan_and_leaves_the_others_scored():

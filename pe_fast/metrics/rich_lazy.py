@@ -7,8 +7,9 @@ RichLazyProbe keeps a pack's step-0 state on one fixed batch and compares each e
   and now (0 = the features did not move: lazy);
 * attn_change: the first block's attention rows' total-variation distance from step 0, ½ Σ_j |p_t − p_0|, mean
   over items, heads and query tokens (0 = the same maps; 1 = disjoint);
-* dw_rank_b{b}: the effective rank of what block b learned, W_t − W_0, averaged over its four weight matrices
-  (under small initialisation the rank of the change grows step by step: Boix-Adsera et al., arXiv 2306.07042).
+* dw_rank_b{b}: the effective rank of what block b learned, W_t − W_0, averaged over those of its four weight matrices
+  that changed (0 where none did), so that a rank-one update reads 1 (under small initialisation the rank of the
+  change grows step by step: Boix-Adsera et al., arXiv 2306.07042).
 """
 from __future__ import annotations
 
@@ -87,8 +88,9 @@ class RichLazyProbe:
         for b, (now_b, start_b) in enumerate(zip(self._matrices(model), self.initial["matrices"], strict=True)):
             w_now, w_start = (torch.cat([w.flatten(1) for w in ws], dim=1) for ws in (now_b, start_b))
             moved[names.weight_drift(b)] = (w_now - w_start).norm(dim=1) / w_start.norm(dim=1)
-            moved[names.weight_change_rank(b)] = torch.stack(
-                [effective_rank(w - w0) for w, w0 in zip(now_b, start_b, strict=True)]).mean(0)
+            ranks = torch.stack([effective_rank(w - w0) for w, w0 in zip(now_b, start_b, strict=True)])
+            changed = (ranks != 0).sum(0)  # a NaN rank (diverged) counts, and keeps the mean NaN
+            moved[names.weight_change_rank(b)] = torch.where(changed > 0, ranks.sum(0) / changed.clamp_min(1), 0.0)
         moved[names.REPR_CHANGE] = 1 - linear_cka(self.initial["features"], now["features"])
         moved[names.ATTN_CHANGE] = 0.5 * (now["attention"] - self.initial["attention"]).abs().sum(-1).mean((1, 2, 3))
         return [{name: float(values[m]) for name, values in moved.items()} for m in range(model.num_models)]
