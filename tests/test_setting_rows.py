@@ -113,8 +113,11 @@ def changed(name: str) -> object:
 
 @pytest.mark.parametrize("name", [name for name in FLAGS if name not in RUNTIME_FLAGS and name != "out"])
 def test_resume_refuses_a_change_of_any_row_that_says_what_trains(name, recorded):
-    with pytest.raises(UsageError, match=f"{flag_of(name)} .* differs from its"):
+    with pytest.raises(UsageError, match=f"{flag_of(name)} .* differs from its") as refused:
         resume.from_resume(api.arguments({"resume": True, "out": str(recorded), name: changed(name)}))
+    # and names every flag that may change, from the rows
+    named = str(refused.value).split("may change: ")[1]
+    assert all(flag_of(row) in named for row in RUNTIME_FLAGS if not FLAGS[row].executor)
 
 
 @pytest.mark.parametrize("name,value", [("threads", 1), ("checkpoint_every", 7), ("no_report", True),

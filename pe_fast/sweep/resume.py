@@ -13,6 +13,9 @@ from pe_fast.sweep.validation import conform, validate
 from pe_fast.tasks import KINDS
 
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
+# the runtime rows in words, the executors' own flags as one item
+MAY_CHANGE = ", ".join([*(f"--{name.replace('_', '-')}" for name in RUNTIME_FLAGS if name not in EXECUTOR_FLAGS),
+                        "the executor's own flags"])
 
 
 def as_recorded(name: str, value, task: str):
@@ -52,8 +55,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
     for name, value in given.items():
         if as_recorded(name, value, s.get("task")) != s.get(name):
             raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
-                             f"differs from its {s.get(name)!r} (may change: --threads, --device, --executor and its "
-                             f"flags, --checkpoint-every, --compile, --tensorboard)")
+                             f"differs from its {s.get(name)!r} (may change: {MAY_CHANGE})")
     s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
     if args.executor not in (None, s.get("executor")):  # the recorded executor's own flags go with it
         for name in EXECUTOR_FLAGS:
