@@ -23,6 +23,7 @@ import pandas as pd
 
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics.pe_geometry import cosine_similarity_matrix
+from pe_fast.results import run_folder
 from pe_fast.tasks.fmri import ATLASES
 
 VIEWS = (("L", "left", "lateral"), ("L", "left", "medial"), ("R", "right", "lateral"), ("R", "right", "medial"))
@@ -157,13 +158,13 @@ def brain_figures(results: pd.DataFrame, pe_tables: dict, truth: dict, regions: 
     """Draw what the run allows; (drawn name -> caption, notes on what was not drawn)."""
     drawn, skipped = {}, []
     learned = results[(results["pe"] == "learned") & results["sigma"].notna()]
-    learned = learned[[f"model_{i}" in pe_tables for i in learned["model_id"]]]
+    learned = learned[[run_folder.pe_table_key(i) in pe_tables for i in learned["model_id"]]]
     if learned.empty or "fc" not in truth:
         return drawn, ["brain maps: no learned-PE table, or no FC in ground_truth.npz."]
     if len(truth["fc"]) != regions.max():
         return drawn, [f"brain maps: ground_truth.npz holds {len(truth['fc'])} regions, the surface map "
                        f"{regions.max()}."]
-    table = lambda model_id: pe_tables[f"model_{int(model_id)}"][0]  # noqa: E731
+    table = lambda model_id: pe_tables[run_folder.pe_table_key(model_id)][0]  # noqa: E731
     sigmas = sorted(learned["sigma"].unique())
     rows = []
     for sigma in dict.fromkeys([sigmas[0], sigmas[-1]]):

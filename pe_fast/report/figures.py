@@ -190,7 +190,7 @@ def chosen_models(results: pd.DataFrame, pe_tables: dict) -> list[pd.Series]:
     """The first-seed learned (else random) PE models at the smallest and the largest σ that have a table."""
     for kind in ("learned", "random"):
         rows = results[(results["pe"] == kind) & results["sigma"].notna()]
-        rows = rows[[f"model_{i}" in pe_tables for i in rows["model_id"]]]
+        rows = rows[[run_folder.pe_table_key(i) in pe_tables for i in rows["model_id"]]]
         if len(rows):
             rows = rows.sort_values(["sigma", "model_id"])
             small, large = rows.iloc[0], rows[rows["sigma"] == rows["sigma"].max()].iloc[0]
@@ -204,7 +204,7 @@ def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | 
     chosen = chosen_models(results, pe_tables)
     if not chosen:
         return "no pe_tables.npz entry for a learned or random PE model."
-    count = len(pe_tables[f"model_{int(chosen[0].model_id)}"][0])
+    count = len(pe_tables[run_folder.pe_table_key(chosen[0].model_id)][0])
     side = math.isqrt(count)
     if side * side != count:
         return f"the {count} tokens do not lie on a square grid."
@@ -231,7 +231,7 @@ def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | 
     axes[0].set_xlabel("column")
     axes[0].set_ylabel("− row")
     for ax, model in zip(axes[1:], chosen):
-        table = pe_tables[f"model_{int(model.model_id)}"][0]
+        table = pe_tables[run_folder.pe_table_key(model.model_id)][0]
         centred = table - table.mean(0)
         u, s, _ = np.linalg.svd(centred, full_matrices=False)
         explained = (s[:2] ** 2).sum() / max((s ** 2).sum(), 1e-30)
@@ -259,7 +259,7 @@ def brain_pe_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     bounds = (np.flatnonzero(networks[order][1:] != networks[order][:-1]) + 0.5) if networks is not None else []
     matrices = [("functional connectivity (FC)", truth["fc"])]
     for model in chosen:
-        similarity = pe_geometry.cosine_similarity_matrix(pe_tables[f"model_{int(model.model_id)}"][0])
+        similarity = pe_geometry.cosine_similarity_matrix(pe_tables[run_folder.pe_table_key(model.model_id)][0])
         corr = f", pe_fc_corr {fmt(model['pe_fc_corr'], 2)}" if "pe_fc_corr" in model else ""
         matrices.append((f"PE cosine similarity, {model.pe} σ={model.sigma:g}{corr}", similarity))
     axis_label = "token (ordered by network)" if networks is not None else "token (no network labels)"
@@ -288,13 +288,13 @@ def gradient_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
         return f"{ground_truth.name} has no 'gradients' array (a results folder from before issue 19)."
     gradient = truth["gradients"][:, 0]
     models = results[(results["pe"] == "learned") & results["sigma"].notna()]
-    models = models[[f"model_{i}" in pe_tables for i in models["model_id"]]]
+    models = models[[run_folder.pe_table_key(i) in pe_tables for i in models["model_id"]]]
     if models.empty:
         return "no pe_tables.npz entry for a learned PE model."
     chosen = models.sort_values(["sigma", "model_id"]).groupby("sigma", sort=True).head(1)
     fig, axes = panel_grid(len(chosen), width=3.6, height=3.4)
     for ax, model in zip(axes, chosen.itertuples()):
-        table = pe_tables[f"model_{int(model.model_id)}"][0]
+        table = pe_tables[run_folder.pe_table_key(model.model_id)][0]
         (r, pc), = gradient_metrics.gradient_alignment(table, gradient[:, None])
         scores, shares = gradient_metrics.pe_principal_components(table, pc + 1)
         sign = np.sign(np.corrcoef(scores[:, pc], gradient)[0, 1]) or 1.0  # a PC's sign is arbitrary

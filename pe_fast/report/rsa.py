@@ -48,8 +48,8 @@ def ground_truth_dissimilarities(task: str, directory: Path) -> dict[str, np.nda
 
 def model_dissimilarities(run: Run) -> tuple[pd.DataFrame, np.ndarray]:
     """(the trained models that have a PE table: results rows, their RDMs [models, pairs])."""
-    models = run.results[[f"model_{int(i)}" in run.pe_tables for i in run.results["model_id"]]]
-    rdms = [upper_triangle(1 - cosine_similarity_matrix(run.pe_tables[f"model_{int(i)}"][0]))
+    models = run.results[[run_folder.pe_table_key(i) in run.pe_tables for i in run.results["model_id"]]]
+    rdms = [upper_triangle(1 - cosine_similarity_matrix(run.pe_tables[run_folder.pe_table_key(i)][0]))
             for i in models["model_id"]]
     # no PE tables (a folder kept without pe_tables.npz, as docs/results keeps them): no RDMs, an empty [0, 0]
     return models.reset_index(drop=True), (np.array(rdms) if rdms else np.empty((0, 0)))
@@ -71,7 +71,7 @@ def as_rdms(run: Run, task: str, directory: Path):
     return RDMs(np.vstack([rdms, *truth.values()]) if count else np.zeros((0, 0)),
                 dissimilarity_measure="1 − cosine similarity (models)",
                 rdm_descriptors={"kind": ["model"] * len(models) + ["ground truth"] * len(truth),
-                                 "name": [f"model_{int(i)}" for i in models["model_id"]] + [
+                                 "name": [run_folder.pe_table_key(i) for i in models["model_id"]] + [
                                      hdf5_text(name) for name in truth],
                                  "pe": list(models["pe"]) + [""] * len(truth),
                                  "sigma": list(models["sigma"].astype(float)) + [np.nan] * len(truth),

@@ -44,7 +44,7 @@ class Run:
     def pe_table(self, model_id: int) -> np.ndarray:
         """The final PE table of one model (learned, random or fixed PEs): [N, D], or [L, N, D] with one per
         block."""
-        key = f"model_{model_id}"
+        key = run_folder.pe_table_key(model_id)
         if key not in self.pe_tables:
             raise KeyError(f"model {model_id} has no PE table in {self.path} (a PE kind without one, or diverged)")
         return self.pe_tables[key]
@@ -193,7 +193,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 # pe_tables.npz's keys (run_folder.py): a model's PE tables [N, D] or [L, N, D], its mean attention maps [L, N, N]
-PE_TABLE_KEY = re.compile(rf"(?:model_|{run_folder.ATTENTION_MAP})\d+")
+PE_TABLE_KEY = re.compile(rf"(?:{run_folder.PE_TABLE}|{run_folder.ATTENTION_MAP})\d+")
 
 
 def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
@@ -202,8 +202,8 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
     tables = read_npz(path)
     for key, table in tables.items():
         if not PE_TABLE_KEY.fullmatch(key):
-            raise ReportError(f"{path}: entry {key[:40]!r} is not model_<id> or {run_folder.ATTENTION_MAP}<id>; not "
-                              f"a pe_fast results folder")
+            raise ReportError(f"{path}: entry {key[:40]!r} is not {run_folder.PE_TABLE}<id> or "
+                              f"{run_folder.ATTENTION_MAP}<id>; not a pe_fast results folder")
         if not (np.issubdtype(table.dtype, np.floating) or np.issubdtype(table.dtype, np.integer)) \
                 or table.ndim not in (2, 3):
             raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array, not a table of "

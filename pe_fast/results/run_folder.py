@@ -43,8 +43,17 @@ WEIGHTS = "weights.safetensors"  # each finished pack's trained models (weights.
 # config.json of a folder that pools finished sweeps (pe_fast.report.pooling) names them under this key: no packs
 POOLED_FROM = "pooled_from"
 # pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
-# attention maps [L, N, N] on the task's attention split under "attention_map_<i>" (every model)
-ATTENTION_MAP = "attention_map_"
+# attention maps [L, N, N] on the task's attention split under "attention_map_<i>" (every model): the keys are
+# built by these two functions alone, and read back by reading.PE_TABLE_KEY
+PE_TABLE, ATTENTION_MAP = "model_", "attention_map_"
+
+
+def pe_table_key(model_id) -> str:
+    return f"{PE_TABLE}{int(model_id)}"
+
+
+def attention_map_key(model_id) -> str:
+    return f"{ATTENTION_MAP}{int(model_id)}"
 
 
 class FolderLocked(Exception):

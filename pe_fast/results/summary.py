@@ -61,8 +61,8 @@ def summary_table(results: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFra
 def attention_map_alignment(results: pd.DataFrame, pe_tables: dict, reference_pe: str | None) -> np.ndarray:
     """Per results row, the alignment of the model's mean attention maps with those of the task's ground-truth
     PE models (metrics.attention_maps.map_alignment); NaN where the task has none or the run trained none."""
-    maps = {i: pe_tables[f"{run_folder.ATTENTION_MAP}{i}"] for i in results["model_id"]
-            if f"{run_folder.ATTENTION_MAP}{i}" in pe_tables}
+    maps = {i: pe_tables[run_folder.attention_map_key(i)] for i in results["model_id"]
+            if run_folder.attention_map_key(i) in pe_tables}
     reference_ids = list(results.loc[results["pe"] == reference_pe, "model_id"]) if reference_pe else []
     scores = attention_maps.map_alignment(maps, reference_ids)
     return results["model_id"].map(scores).astype(float).to_numpy()

@@ -78,8 +78,8 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
         curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}
                           for row in result.curves if row["model"] == local)
         if local in result.pe_tables:
-            pe_tables[f"model_{model['model_id']}"] = result.pe_tables[local]
-        pe_tables[f"{run_folder.ATTENTION_MAP}{model['model_id']}"] = result.attention_maps[local]
+            pe_tables[run_folder.pe_table_key(model['model_id'])] = result.pe_tables[local]
+        pe_tables[run_folder.attention_map_key(model['model_id'])] = result.attention_maps[local]
     def save_weights(path: Path):
         weights.save_pack_weights(path, trainer.model, [m["model_id"] for m in pack], trainer.step, task.coordinates)
     run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables,
