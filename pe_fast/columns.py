@@ -1,6 +1,10 @@
-"""The names of the result columns pe_fast generates, built and read here only: the trainer and the rich/lazy probe
-write them, the report and the live curves read them back, through these functions (results.parquet, curves.parquet
-and the TensorBoard tags hold them).
+"""The names of the result columns pe_fast generates, built and read here only: the tasks, the trainer and the
+rich/lazy probe write them, the report and the live curves read them back, through these functions
+(results.parquet, curves.parquet and the TensorBoard tags hold them).
+
+Task scores: {split}_{metric} (test_r2, ood_acc), and an accuracy on one condition's items {split}_acc_{condition}
+(ood_acc_binary); what a metric means for the report and the stopping rule (lower is better, shown in percent) is
+said once, in METRICS.
 
 Attention statistics: {prefix}_l{layer}_h{head}_{stat}, prefix "attn" for the training window's and "{split}_attn"
 for a split's (test_attn, ood_attn), stat one of the op's STAT_NAMES or probe_{name} for a probe's mass.
@@ -9,6 +13,44 @@ from __future__ import annotations
 
 import dataclasses
 import re
+
+ACCURACY, MSE, R2 = "acc", "mse", "r2"
+# metric -> (lower is better, shown in percent)
+METRICS = {ACCURACY: (False, True), MSE: (True, False), R2: (False, False)}
+
+
+def score(split: str, metric: str, condition: str | None = None) -> str:
+    """A task's score column: test_r2, ood_acc, or ood_acc_binary (the accuracy on one condition's items)."""
+    if metric not in METRICS or "_" in split:
+        raise ValueError(f"no score column for split {split!r} and metric {metric!r}")
+    return f"{split}_{metric}" if condition is None else f"{split}_{metric}_{condition}"
+
+
+def _score_parts(column: str) -> tuple[str, str] | None:
+    """(split, metric) of a score column, else None."""
+    parts = column.split("_")
+    return (parts[0], parts[1]) if len(parts) >= 2 and parts[1] in METRICS else None
+
+
+def score_split(column: str) -> str:
+    """The split a score column scores (test_r2 -> test)."""
+    parts = _score_parts(column)
+    if parts is None:
+        raise ValueError(f"{column!r} is not a task's score column")
+    return parts[0]
+
+
+def lower_is_better(column: str) -> bool:
+    """Whether a score improves as it falls (an MSE) rather than as it rises (an accuracy, an R²)."""
+    parts = _score_parts(column)
+    return parts is not None and METRICS[parts[1]][0]
+
+
+def in_percent(column: str) -> bool:
+    """Whether the report shows the column in percent (the accuracies)."""
+    parts = _score_parts(column)
+    return parts is not None and METRICS[parts[1]][1]
+
 
 TRAINING_WINDOW = "attn"
 PROBE = "probe_"

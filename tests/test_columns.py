@@ -2,6 +2,7 @@
 the report and the live curves read, part for part."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from pe_fast import columns
 from pe_fast.ops import STAT_NAMES
@@ -35,3 +36,28 @@ def test_what_the_trainer_writes_the_report_and_live_curves_read():
         np.testing.assert_allclose(mean.to_numpy(), expected)
     assert tag(columns.attention_column("ood_attn", 1, 0, "entropy")) == "ood_attn/l1_h0_entropy"
     assert tag("test_r2") == "test_r2"
+
+
+def test_score_columns_say_their_split_direction_and_scale():
+    assert columns.score("test", columns.R2) == "test_r2"
+    assert columns.score("ood", columns.ACCURACY, "binary") == "ood_acc_binary"
+    assert [columns.score_split(c) for c in ("test_r2", "ood_acc", "ood_acc_binary", "train_mse")] == \
+        ["test", "ood", "ood", "train"]
+    assert [columns.lower_is_better(c) for c in ("train_mse", "test_r2", "ood_acc", "pe_fc_corr")] == \
+        [True, False, False, False]
+    assert [columns.in_percent(c) for c in ("ood_acc", "ood_acc_binary", "test_r2", "pe_rsa", "test_mse")] == \
+        [True, True, False, False, False]
+    for bad in (("test", "auc"), ("my_split", columns.R2)):
+        with pytest.raises(ValueError):
+            columns.score(*bad)
+    with pytest.raises(ValueError):
+        columns.score_split("pe_fc_corr")
+
+
+def test_every_task_view_names_score_columns():
+    """The report and the stopping rule read each registered task's score, fit and generalisation columns through
+    columns.score_split / lower_is_better: each must parse as a score of one of the splits."""
+    from pe_fast.tasks import KINDS
+    for name, kind in KINDS.items():
+        for column in filter(None, (kind.view.score, kind.view.fit, *kind.view.generalisation)):
+            assert columns.score_split(column) in ("train", "test", "ood"), (name, column)

@@ -15,11 +15,6 @@ MIN_EVALUATIONS = 4       # fewer evaluations (the one at step 0 included) canno
 FIT_THRESHOLD = 0.99      # a training accuracy below this at the end: the model does not fit its training set
 
 
-def lower_is_better(score: str) -> bool:
-    """Whether a score improves as it falls (an MSE) rather than as it rises (an accuracy, an R²)."""
-    return score.endswith("mse")
-
-
 def quarter_gains(steps, scores, lower_is_better: bool) -> tuple[float, float]:
     """(gain over the last quarter, gain over the quarter before) of a curve evaluated at increasing steps from 0;
     a gain is an improvement (a fall for a lower-is-better score)."""

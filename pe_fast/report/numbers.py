@@ -10,8 +10,8 @@ import pandas as pd
 from scipy import stats
 
 from pe_fast import columns
-from pe_fast.metrics.convergence import (FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, lower_is_better,
-                                         quarter_gains)
+from pe_fast.columns import lower_is_better
+from pe_fast.metrics.convergence import FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, quarter_gains
 from pe_fast.results.reading import Run
 from pe_fast.results.summary import axis_label, is_baseline, sigma_label, varying_axes
 from pe_fast.tasks.base import TaskView
@@ -55,7 +55,7 @@ class Alignment:
 def alignment(results: pd.DataFrame, view: TaskView) -> Alignment | None:
     """Attention mass on the task's ground-truth probe against generalisation, across all models. The attention
     is taken on the split the score comes from (ood_attn_* for ood_acc) when recorded, else the training window."""
-    split = view.score.split("_")[0]
+    split = columns.score_split(view.score)
     for prefix in (columns.attention_prefix(split), columns.attention_prefix()):
         x = layer_head_mean(results, prefix, columns.probe_stat(view.probe))
         if x is not None and x.notna().any():

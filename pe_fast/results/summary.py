@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from pe_fast import columns as names
 from pe_fast.metrics import attention_maps
 from pe_fast.results import run_folder
 
@@ -50,7 +51,7 @@ def summary_table(results: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFra
                **{a: axis_label(a, v) for a, v in zip(axes, values)}, "seeds": len(group)}
         for metric in metrics:
             values = group[metric].to_numpy(dtype=float)
-            scale = 100.0 if metric.endswith("acc") or "_acc_" in metric else 1.0
+            scale = 100.0 if names.in_percent(metric) else 1.0
             digits = 1 if scale == 100.0 else 3
             row[metric] = f"{np.nanmean(values) * scale:.{digits}f} ± {np.nanstd(values) * scale:.{digits}f}" \
                 if np.isfinite(values).any() else "-"

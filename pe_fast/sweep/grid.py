@@ -8,7 +8,7 @@ import math
 import torch
 
 from pe_fast import memory
-from pe_fast.metrics.convergence import lower_is_better
+from pe_fast.columns import lower_is_better
 from pe_fast.models import ModelConfig
 from pe_fast.models.transformer import FUSED
 from pe_fast.models.absolute_pe import SIGMA_PES

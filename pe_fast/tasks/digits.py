@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 
+from pe_fast import columns
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models.transformer import PE_KINDS
@@ -24,9 +25,9 @@ GRID_PROBES = ("same_row", "same_column", "neighbours")
 def grid_probes(grid: np.ndarray) -> torch.Tensor:
     """[3, N, N] attention probes of the pixel grid (row, column): same row, same column, the 4 neighbours; zero
     on the diagonal (attention to itself says nothing about structure)."""
-    rows, columns = grid[:, :1], grid[:, 1:]
-    stacked = np.stack([rows == rows.T, columns == columns.T,
-                        np.abs(rows - rows.T) + np.abs(columns - columns.T) == 1]).astype(np.float32)
+    rows, cols = grid[:, :1], grid[:, 1:]
+    stacked = np.stack([rows == rows.T, cols == cols.T,
+                        np.abs(rows - rows.T) + np.abs(cols - cols.T) == 1]).astype(np.float32)
     stacked[:, np.arange(len(grid)), np.arange(len(grid))] = 0.0
     return torch.from_numpy(stacked)
 
@@ -107,8 +108,8 @@ class DigitClassTask:
         kept = cut if train_images is None else check_train_images(train_images, cut)
         self.splits = {"train": DigitSplit(x[:kept], y[:kept]), "test": DigitSplit(x[cut:], y[cut:])}
         side = math.isqrt(self.num_tokens)
-        rows, columns = np.divmod(np.arange(self.num_tokens), side)
-        self.coordinates = np.stack([rows, columns], axis=1).astype(np.float64)
+        rows, cols = np.divmod(np.arange(self.num_tokens), side)
+        self.coordinates = np.stack([rows, cols], axis=1).astype(np.float64)
         self.probes = grid_probes(self.coordinates)
         # pixels: the masked task's measures (the grid, the pixels' correlation, the quadrants); patches: the grid's
         self.measures = DigitsTask(load_digit_regions(images), "digits") if tokens == "pixels" else None
@@ -130,7 +131,7 @@ class DigitClassTask:
 
     def score(self, outputs: torch.Tensor, split: str, items: torch.Tensor) -> list[dict]:
         correct = (outputs.argmax(-1) == self.splits[split].y[items]).float()
-        return [{f"{split}_acc": float(row.mean())} for row in correct]
+        return [{columns.score(split, columns.ACCURACY): float(row.mean())} for row in correct]
 
     def pe_metrics(self, table: np.ndarray) -> dict:
         if self.measures is not None:
@@ -152,7 +153,7 @@ class DigitClassTask:
                               ("baseline:majority", lambda name: np.full(len(self.splits[name]), common))):
             row = {"pe": kind, "sigma": float("nan")}
             for name, split in self.splits.items():
-                row[f"{name}_acc"] = float(np.mean(predict(name) == split.y.numpy()))
+                row[columns.score(name, columns.ACCURACY)] = float(np.mean(predict(name) == split.y.numpy()))
             rows.append(row)
         return rows
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pe_fast import columns
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import pe_geometry
 from pe_fast.models import PE_KINDS
@@ -141,10 +142,10 @@ class LSTTask:
         correct = (outputs.argmax(-1) == truth).float()  # [M, count]
         rows = []
         for m in range(len(outputs)):
-            row = {f"{split}_acc": float(correct[m].mean())}
+            row = {columns.score(split, columns.ACCURACY): float(correct[m].mean())}
             for c, name in enumerate(CONDITIONS):
                 members = condition == c
-                row[f"{split}_acc_{name}"] = float(correct[m][members].mean()) if members.any() else float("nan")
+                row[columns.score(split, columns.ACCURACY, name)] = float(correct[m][members].mean()) if members.any() else float("nan")
             rows.append(row)
         return rows
 

@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from pe_fast import columns
 from pe_fast.data.regions import median_centroid_distance
 from pe_fast.host_to_device import upload
 from pe_fast.metrics import gradients as gradient_metrics
@@ -245,7 +246,8 @@ class MaskedRegionTask:
         rows = []
         for m in range(len(outputs)):
             mse = float((((outputs[m].double() - values.double()) ** 2) * weight).sum() / total)
-            rows.append({f"{split}_mse": mse, f"{split}_r2": 1.0 - mse / float(reference)})
+            rows.append({columns.score(split, columns.MSE): mse,
+                         columns.score(split, columns.R2): 1.0 - mse / float(reference)})
         return rows
 
     def pe_metrics(self, table: np.ndarray) -> dict:
