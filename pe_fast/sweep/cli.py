@@ -109,10 +109,10 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         if not resume:
             print(f"pe_fast sweep: pack size {s.max_pack} ({how})", file=sys.stderr)
             folder.start_folder(s, out, task, models, packs)
-        if s.executor != "slurm":  # a stopped driver's SLURM jobs may still be writing
-            run_folder.remove_partials(out)
+        executor = executors.EXECUTORS[s.executor]
         finished = run_folder.finished_packs(out)
         todo = [i for i in range(len(packs)) if i not in finished]
+        executor.prepare_folder(out, todo)
         for index in sorted(finished):  # every finished pack readable as the results will read it, before training
             try:
                 reading.read_pack(run_folder.pack_folder(out, index))
@@ -124,8 +124,6 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
                 executors.check_checkpoint_fits(s, task, packs[index], out, index)
             except run_folder.UnreadableCheckpoint as error:
                 raise UsageError(str(error))
-        if s.executor == "slurm":  # the jobs a stopped driver recorded, readable before any is waited for
-            executors.recorded_jobs(out, todo)
         if task.data_line is not None:
             print(task.data_line, file=sys.stderr)
         print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "

@@ -101,6 +101,11 @@ class Job(Protocol):
 class Executor(Protocol):
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress): ...
 
+    @staticmethod
+    def prepare_folder(out: Path, todo: list[int]) -> None:
+        """Before any pack of todo trains (a started or resumed sweep): what a stopped driver left in the folder,
+        cleared or checked, one UsageError where it cannot be used."""
+
     def submit(self, todo: list[int]) -> dict[int, Job]:
         """Every pack of todo, by index: submitted at once (SLURM: one job array), each to train elsewhere or
         when its result is asked for."""
@@ -135,8 +140,14 @@ class LocalJob:
         return train_and_store_pack(self.s, self.index, self.pack, self.out, self.task, on_step=self.progress.update)
 
 
+def remove_partials(out: Path, todo: list[int]):
+    """A pack folder half-written by a process that stopped: no one else writes it, so it goes."""
+    run_folder.remove_partials(out)
+
+
 class LocalExecutor:
     """--executor local: the packs one after the other, here."""
+    prepare_folder = staticmethod(remove_partials)
 
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
         self.s, self.packs, self.out, self.task, self.progress = s, packs, out, task, progress
@@ -201,6 +212,7 @@ class RayJob:
 class RayExecutor:
     """--executor ray: each pack is one Ray task with its CPUs (--threads, default 1) or one GPU; the workers write
     the pack folders themselves (on a cluster, --out must be a folder every node sees)."""
+    prepare_folder = staticmethod(remove_partials)  # a stopped driver's Ray tasks stopped with it
 
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
         self.s, self.packs, self.out = s, packs, out
@@ -308,6 +320,12 @@ class SlurmExecutor:
     """--executor slurm: one job per pack, submitted as one job array; --out must be a folder the compute nodes
     see. A driver that is stopped and rerun with --resume waits for the jobs still running instead of submitting
     their packs again."""
+
+    @staticmethod
+    def prepare_folder(out: Path, todo: list[int]):
+        """A stopped driver's jobs may still be writing their packs: nothing is removed, and the jobs it recorded
+        must be readable before any is waited for."""
+        recorded_jobs(out, todo)
 
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
         self.s, self.packs, self.out = s, packs, out
