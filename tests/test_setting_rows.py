@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from pe_fast.results.reading import ReportError, check_alike
-from pe_fast.results.settings import FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, value_type
-from pe_fast.sweep import UsageError, api, resume
+from pe_fast.results import summary
+from pe_fast.results.settings import FLAGS, GRID_AXES, LIST_SETTINGS, RUNTIME_FLAGS, value_type
+from pe_fast.sweep import UsageError, api, grid, resume, validation
 from pe_fast.sweep.settings import build_parser, from_flags, parse_list
 from pe_fast.tasks import KINDS
 from sweep_harness import refuse_sweep
@@ -81,6 +82,32 @@ def test_a_flag_where_its_condition_fails_is_refused(name):
     done = refuse_sweep(*BASE, *APPLIES[name], "--out", "unused")
     assert done.returncode == 2
     assert f"{flag_of(name)} applies to --{FLAGS[name].applies_only_with[0]}" in done.stderr
+
+
+def test_the_grid_axes_are_the_rows_marked_grid_axis_and_validation_counts_their_grid():
+    """GRID_AXES (the summaries', pooling's and expand_grid's) is the rows with grid_axis, outermost first; a
+    conditional axis nests inside the axis it applies with. check_grid's size, which refuses a typo grid before
+    anything is listed, is expand_grid's number of models."""
+    marked = sorted((flag.grid_axis, name) for name, flag in FLAGS.items() if flag.grid_axis is not None)
+    assert GRID_AXES == summary.GRID_AXES == tuple(name for _, name in marked)
+    assert len({place for place, _ in marked}) == len(marked)  # one place of the nesting each
+    # the nesting numbers the models (model_id, config.json's packs): a change would renumber recorded runs
+    assert GRID_AXES == ("optimizer", "lr", "weight_decay", "momentum", "init_gamma")
+    assert all(name in LIST_SETTINGS for name in GRID_AXES)
+    for name in GRID_AXES:
+        if FLAGS[name].applies_only_with:
+            outer = FLAGS[name].applies_only_with[0]
+            assert outer in GRID_AXES[:GRID_AXES.index(name)], name
+    flags = ["--task", "netsim", "--pe", "learned,none", "--sigmas", "0.1,1", "--seeds", "2", "--optimizer",
+             "adam,sgd", "--lr", "1e-3,3e-3", "--weight-decay", "0,0.01", "--momentum", "0,0.5,0.9",
+             "--init-gamma", "0.5,1", "--out", "unused"]
+    s = from_flags(build_parser().parse_args(flags))
+    models = grid.expand_grid(s)
+    # (learned: 2 σ + none) × (adam: 2 lr × 2 wd + sgd: 2 lr × 2 wd × 3 momenta) × 2 γ × 2 seeds
+    assert validation.check_grid(s.flat()) == len(models) == 3 * (4 + 12) * 2 * 2
+    assert [m["model_id"] for m in models] == list(range(len(models)))
+    keys = {tuple(m.get(axis) for axis in ("pe", "sigma", "seed", *GRID_AXES)) for m in models}
+    assert len(keys) == len(models)  # each model a point of its own
 
 
 def test_the_parser_reads_each_lists_values_and_each_rows_type():

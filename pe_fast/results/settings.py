@@ -53,6 +53,11 @@ class Flag:
     # the setting it depends on and the values under which it means something (or the setting that lists them)
     applies_only_with: tuple | None = None
     executor: str | None = None     # the executor whose flag it is (--executor NAME only)
+    # a grid axis: every model trains with one value of the list. The number is its place in the grid's nesting,
+    # outermost first, which orders and numbers the models (model_id, and so config.json's packs): not the row's
+    # place among the fields, which only orders config.json and --help. An axis that applies only with values of
+    # another (applies_only_with) nests inside that one, and its models elsewhere have None.
+    grid_axis: int | None = None
     new_sweep: object = KEEP        # a new sweep's value where no task default, preset or flag gives one
     metavar: str | None = None
     repeatable: bool = False        # given once per value (--slurm-option)
@@ -89,11 +94,11 @@ class Settings:
     mlp_width: int = setting(range=(1, MAX_MLP_WIDTH, "[]"), new_sweep=None,  # None: 4·width
                              help="MLP hidden width (default 4·width)")
     batch_size: int = setting(range=(1, None, "[)"))
-    # grid axes: every model trains with one value of each
-    lr: tuple[float, ...] = setting(range=(0, None, "()"),
+    # grid axes (grid_axis=N): every model trains with one value of each
+    lr: tuple[float, ...] = setting(range=(0, None, "()"), grid_axis=2,
                                     help="learning rate; a comma-separated list is a grid axis")
     optimizer: tuple[str, ...] = setting(
-        choices=OPTIMIZERS, help=f"{', '.join(OPTIMIZERS)}; a comma-separated list is a grid axis")
+        choices=OPTIMIZERS, grid_axis=1, help=f"{', '.join(OPTIMIZERS)}; a comma-separated list is a grid axis")
     schedule: str = setting(choices=SCHEDULES)
     warmup: int = setting(range=(0, None, "[)"), help="linear warm-up steps")
     eval_every: int = setting(range=(1, None, "[)"), may_differ=True, help="evaluate every this many steps")
@@ -112,14 +117,15 @@ class Settings:
         help="converged (the fmri and netsim default): end a pack at the first evaluation where every model's score "
              "gained at most 0.01 over the last quarter of its steps (the report's convergence test) and, for the "
              "LST, it fits its training set, or at --steps; budget: train --steps")
-    weight_decay: tuple[float, ...] = setting((0.0,), range=(0, None, "[)"),
+    weight_decay: tuple[float, ...] = setting((0.0,), range=(0, None, "[)"), grid_axis=3,
                                               help="weight decay; a comma-separated list is a grid axis")
     # SGD's; the other optimizers' models have none
     momentum: tuple[float, ...] = setting((0.0,), range=(0, 1, "[)"), applies_only_with=("optimizer", ("sgd",)),
-                                          help="SGD momentum; a comma-separated list is a grid axis")
-    # None: the layers' own initialisation (nn.Linear's, Xavier's for QKV); the PE keeps σ
+                                          grid_axis=4, help="SGD momentum; a comma-separated list is a grid axis")
+    # None: the layers' own initialisation (nn.Linear's, Xavier's for QKV); the PE keeps σ; the models of a sweep
+    # without it carry no init_gamma
     init_gamma: tuple[float, ...] | None = setting(
-        None, range=(0, MAX_INIT_GAMMA, "[]"), metavar="GAMMAS",
+        None, range=(0, MAX_INIT_GAMMA, "[]"), metavar="GAMMAS", grid_axis=5,
         help="initialisation scale: the embedding, attention and MLP weights start with std fan_in^-γ (Zhang et al. "
              "2024); a comma-separated list is a grid axis (default: the layers' own initialisation)")
     # the seeds themselves, instead of the first --seeds
@@ -277,6 +283,10 @@ OPTIONAL_LISTS = tuple(name for name in LIST_SETTINGS if default_of(name) is Non
 RUNTIME_FLAGS = tuple(name for name, flag in FLAGS.items() if flag.runtime)
 # flag -> the executor it belongs to
 EXECUTOR_FLAGS = {name: flag.executor for name, flag in FLAGS.items() if flag.executor}
+# The grid's axes besides PE, σ and seed, outermost first (grid.expand_grid nests them so; the summaries keep apart
+# the models that differ in any of them)
+GRID_AXES = tuple(sorted((name for name, flag in FLAGS.items() if flag.grid_axis is not None),
+                         key=lambda name: FLAGS[name].grid_axis))
 
 
 def pe_dropout_of(s: Settings, kind: str) -> float:

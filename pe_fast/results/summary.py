@@ -11,16 +11,13 @@ import pandas as pd
 from pe_fast import columns as names
 from pe_fast.metrics import attention_maps
 from pe_fast.results import run_folder
+from pe_fast.results.settings import GRID_AXES  # the rows marked grid_axis, outermost first
 
 BASELINE_PREFIX = "baseline:"  # non-transformer reference rows (fMRI / netsim): test_mse / test_r2 only
 
 
 def is_baseline(pe: pd.Series) -> pd.Series:
     return pe.astype(str).str.startswith(BASELINE_PREFIX)
-
-
-# Grid axes besides PE and σ: the summaries keep apart the models that differ in any of them
-GRID_AXES = ("optimizer", "lr", "weight_decay", "momentum", "init_gamma")
 
 
 def varying_axes(results: pd.DataFrame) -> list[str]:

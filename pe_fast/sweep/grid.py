@@ -1,4 +1,4 @@
-"""The grid: one model per (PE kind, optimizer numbers, σ, seed), split into packs of one PE kind and one
+"""The grid: one model per (PE kind, point of the grid axes, σ, seed), split into packs of one PE kind and one
 optimizer kind that train together, and the model and training configurations of a pack."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pe_fast.columns import lower_is_better
 from pe_fast.models import ModelConfig
 from pe_fast.models.transformer import FUSED
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.results.settings import FLAGS, Settings, pe_dropout_of
+from pe_fast.results.settings import FLAGS, GRID_AXES, Settings, pe_dropout_of
 from pe_fast.sweep import UsageError
 from pe_fast.tasks import KINDS
 from pe_fast.train import PackTrainer, TrainConfig
@@ -28,27 +28,53 @@ def model_seeds(s: Settings) -> list[int]:
     return list(AUTHOR_SEEDS[:s.seeds]) + list(range(1, s.seeds - len(AUTHOR_SEEDS) + 1))
 
 
-def optimizer_points(s: Settings) -> list[dict]:
-    """Every (optimizer, lr, weight decay, momentum) of the grid; momentum is SGD's only (None elsewhere)."""
-    return [dict(optimizer=name, lr=lr, weight_decay=decay, momentum=momentum)
-            for name in s.optimizer for lr in s.lr for decay in s.weight_decay
-            for momentum in (s.momentum if name == "sgd" else [None])]
+def axis_values(s, axis: str, point: dict) -> tuple | list:
+    """One grid axis's values at a point of the axes outside it (s: the Settings, or validation's dict of them):
+    its list, [None] where the setting is not given (an optional axis) or where its row applies only with values of
+    an outer axis that the point does not hold (SGD's momentum at an Adam point)."""
+    def setting(name):
+        return s[name] if isinstance(s, dict) else getattr(s, name)
+    if setting(axis) is None:
+        return [None]
+    if FLAGS[axis].applies_only_with is not None:
+        outer, allowed = FLAGS[axis].applies_only_with  # outer: a grid axis outside this one (test_setting_rows)
+        if point[outer] not in (setting(allowed) if isinstance(allowed, str) else allowed):
+            return [None]
+    return setting(axis)
+
+
+def grid_points(s: Settings) -> list[dict]:
+    """Every point of the grid's axes (GRID_AXES: the rows marked grid_axis), the outermost axis varying slowest.
+    An optional axis not given (--init-gamma) is no key of the points."""
+    points = [{}]
+    for axis in GRID_AXES:
+        points = [{**point, axis: value} for point in points for value in axis_values(s, axis, point)]
+    return [{axis: value for axis, value in point.items() if getattr(s, axis) is not None} for point in points]
+
+
+def count_points(s: dict, axes: tuple[str, ...] = GRID_AXES, point: dict | None = None) -> int:
+    """len(grid_points(s)), from validation's dict of the settings, without listing the points: only the values of
+    an axis that an inner one applies with (the optimizers, for SGD's momentum) are gone through one by one."""
+    if not axes:
+        return 1
+    axis, inner, point = axes[0], axes[1:], point or {}
+    values = axis_values(s, axis, point)
+    if any((FLAGS[other].applies_only_with or (None,))[0] == axis for other in inner):
+        return sum(count_points(s, inner, {**point, axis: value}) for value in values)
+    return len(values) * count_points(s, inner, point)
 
 
 def expand_grid(s: Settings) -> list[dict]:
-    """One entry per model: its PE kind, σ (None where the PE has none), optimizer numbers, init γ (where
-    --init-gamma is given) and seed, in a stable order (a grid without optimizer or γ axes numbers its models as
-    before them)."""
+    """One entry per model: its PE kind, σ (None where the PE has none), seed and its point of the grid's axes
+    (grid_points), in a stable order: PE, the axes outermost first, σ, seed (a grid whose axes hold one value each
+    numbers its models as one without them)."""
     models = []
-    gammas = [None] if s.init_gamma is None else s.init_gamma
+    points = grid_points(s)
     for kind in s.pe:
-        for point in optimizer_points(s):
-            for gamma in gammas:
-                with_gamma = {} if gamma is None else {"init_gamma": gamma}
-                for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
-                    for seed in model_seeds(s):
-                        models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed, **point,
-                                           **with_gamma))
+        for point in points:
+            for sigma in (s.sigmas if kind in SIGMA_PES else [None]):
+                for seed in model_seeds(s):
+                    models.append(dict(model_id=len(models), pe=kind, sigma=sigma, seed=seed, **point))
     return models
 
 

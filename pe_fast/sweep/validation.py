@@ -16,7 +16,7 @@ from pathlib import Path
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.results.settings import (EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, MAX_SIGMA, MIN_SIGMA, Settings,
                                       default_of)
-from pe_fast.sweep import UsageError, runtime
+from pe_fast.sweep import UsageError, grid, runtime
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskSetting
 
@@ -135,9 +135,9 @@ def check_grid(s: dict) -> int:
     """The grid's size, within MAX_MODELS; --seeds counts --seed-values where those are given."""
     if s["seed_values"] is not None and s["seeds"] != len(s["seed_values"]):
         raise UsageError(f"--seeds {s['seeds']} does not count --seed-values {','.join(map(str, s['seed_values']))}")
-    optimizer_points = sum(len(s["momentum"]) if name == "sgd" else 1 for name in s["optimizer"])
+    # expand_grid's models: PE (σ where it has one) × the points of the grid's axes × seeds
     models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
-              * len(s["lr"]) * len(s["weight_decay"]) * optimizer_points * len(s["init_gamma"] or [None]))
+              * grid.count_points(s))
     if models > MAX_MODELS:
         raise UsageError(f"--seeds {s['seeds']}: the grid would hold {models:,} models; at most {MAX_MODELS:,}")
     return models
