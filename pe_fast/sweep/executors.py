@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -99,7 +101,14 @@ class Job(Protocol):
 
 
 class Executor(Protocol):
+    runs_elsewhere: bool  # its packs train on other machines (which may have a device this one lacks)
+
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress): ...
+
+    @staticmethod
+    def check_machine(s: dict) -> None:
+        """The packages and tools it needs here, for the settings being validated (runtime.resolve): one
+        UsageError naming what is missing and how to get it."""
 
     @staticmethod
     def prepare_folder(out: Path, todo: list[int]) -> None:
@@ -147,7 +156,12 @@ def remove_partials(out: Path, todo: list[int]):
 
 class LocalExecutor:
     """--executor local: the packs one after the other, here."""
+    runs_elsewhere = False
     prepare_folder = staticmethod(remove_partials)
+
+    @staticmethod
+    def check_machine(s: dict):
+        pass
 
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
         self.s, self.packs, self.out, self.task, self.progress = s, packs, out, task, progress
@@ -212,7 +226,14 @@ class RayJob:
 class RayExecutor:
     """--executor ray: each pack is one Ray task with its CPUs (--threads, default 1) or one GPU; the workers write
     the pack folders themselves (on a cluster, --out must be a folder every node sees)."""
+    runs_elsewhere = True
     prepare_folder = staticmethod(remove_partials)  # a stopped driver's Ray tasks stopped with it
+
+    @staticmethod
+    def check_machine(s: dict):
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError("--executor ray needs Ray, which is not installed: pip install 'pe_fast[ray]' "
+                             "(or pip install 'ray>=2.9')")
 
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress):
         self.s, self.packs, self.out = s, packs, out
@@ -320,6 +341,22 @@ class SlurmExecutor:
     """--executor slurm: one job per pack, submitted as one job array; --out must be a folder the compute nodes
     see. A driver that is stopped and rerun with --resume waits for the jobs still running instead of submitting
     their packs again."""
+
+    runs_elsewhere = True
+
+    @staticmethod
+    def check_machine(s: dict):
+        """submitit and, unless --slurm-local, sbatch and srun on the PATH; a GPU per job with --device cuda."""
+        if importlib.util.find_spec("submitit") is None:
+            raise UsageError("--executor slurm needs submitit, which is not installed: pip install 'pe_fast[slurm]' "
+                             "(or pip install submitit)")
+        missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+        if not s.get("slurm_local") and missing:
+            raise UsageError(f"--executor slurm: no SLURM here ({' and '.join(missing)} not on the PATH); run it on "
+                             f"the cluster's login node, or add --slurm-local to try the jobs with submitit's local "
+                             f"executor")
+        if s["device"] == "cuda" and s.get("slurm_gpus") == 0:
+            raise UsageError("--slurm-gpus 0 with --device cuda: the jobs would have no GPU")
 
     @staticmethod
     def prepare_folder(out: Path, todo: list[int]):
