@@ -192,16 +192,14 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
 
 
-# pe_tables.npz's keys (run_folder.py): a model's PE tables [N, D] or [L, N, D], its mean attention maps [L, N, N]
-PE_TABLE_KEY = re.compile(rf"(?:{run_folder.PE_TABLE}|{run_folder.ATTENTION_MAP})\d+")
-
-
+# pe_tables.npz's entries (keys: run_folder.py): a model's PE tables [N, D] or [L, N, D], its mean attention maps
+# [L, N, N]
 def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
     """pe_tables.npz, every entry a real-valued table of 2 or 3 axes under a key the sweep writes, or one
     ReportError naming the entry (a folder may come from anyone)."""
     tables = read_npz(path)
     for key, table in tables.items():
-        if not PE_TABLE_KEY.fullmatch(key):
+        if not run_folder.is_table_key(key):
             raise ReportError(f"{path}: entry {key[:40]!r} is not {run_folder.PE_TABLE}<id> or "
                               f"{run_folder.ATTENTION_MAP}<id>; not a pe_fast results folder")
         if not (np.issubdtype(table.dtype, np.floating) or np.issubdtype(table.dtype, np.integer)) \

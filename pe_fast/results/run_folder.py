@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -44,8 +45,9 @@ WEIGHTS = "weights.safetensors"  # each finished pack's trained models (weights.
 POOLED_FROM = "pooled_from"
 # pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
 # attention maps [L, N, N] on the task's attention split under "attention_map_<i>" (every model): the keys are
-# built by these two functions alone, and read back by reading.PE_TABLE_KEY
+# built by these two functions alone, and recognised by is_table_key
 PE_TABLE, ATTENTION_MAP = "model_", "attention_map_"
+TABLE_KEY = re.compile(rf"(?:{PE_TABLE}|{ATTENTION_MAP})\d+")
 
 
 def pe_table_key(model_id) -> str:
@@ -54,6 +56,11 @@ def pe_table_key(model_id) -> str:
 
 def attention_map_key(model_id) -> str:
     return f"{ATTENTION_MAP}{int(model_id)}"
+
+
+def is_table_key(key: str) -> bool:
+    """Whether a pe_tables.npz key is one pe_table_key or attention_map_key builds."""
+    return TABLE_KEY.fullmatch(key) is not None
 
 
 class FolderLocked(Exception):
