@@ -17,12 +17,16 @@ import pandas as pd
 import pytest
 import torch
 
+from pe_fast.models.transformer import compute_path_problem, compute_paths
 from pe_fast.report.cli import main as report_main
 from pe_fast.results import run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
 from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
+
+# compute paths a CPU machine offers but cannot run (Triton's, outside its interpreter)
+PATHS_NOT_ON_CPU = [path for path in compute_paths() if compute_path_problem(path, "cpu") is not None]
 
 LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
        "--pe", "learned", "--sigmas", "0.5", "--no-report"]
@@ -121,6 +125,9 @@ CASES = [
     ("threads beyond the machine's cores", LST + ["--threads", "100000"], "--threads"),
     ("steps beyond what can finish", LST + ["--steps", "1" + "0" * 30], "--steps"),
     ("width beyond any model", LST + ["--width", "1000000000"], "--width"),
+    # the Triton paths need a CUDA device (the interpreter of the Triton tests aside): one line, not a traceback
+    *[(f"backend {path} without a device it runs on", LST + ["--backend", path], "--backend")
+      for path in PATHS_NOT_ON_CPU],
     ("mlp width beyond any model", LST + ["--mlp-width", "1000000000"], "--mlp-width"),
     ("depth beyond any model", LST + ["--depth", "1000000000"], "--depth"),
     ("netsim nodes beyond any network", NETSIM + ["--nodes", "1000000000"], "--nodes"),
@@ -373,6 +380,8 @@ RESUME_CASES = [
     ("recorded packs naming no model", config_packs([[999]]), [], "packs"),
     ("recorded packs not lists", config_packs("all"), [], "packs"),
     ("recorded backend unknown", config_with(backend="nosuch"), [], "--backend"),
+    *[(f"recorded backend {path} without its device", config_with(backend=path), [], "--backend")
+      for path in PATHS_NOT_ON_CPU],
     ("recorded seed value not an integer", config_with(seed_values=[1.5], seeds=1), [], "--seed-values"),
     ("recorded steps beyond what can finish", config_with(steps=10**30), [], "--steps"),
     ("recorded width beyond any model", config_with(width=10**9), [], "--width"),

@@ -35,6 +35,15 @@ def compute_paths() -> tuple[str, ...]:
     return (*BACKENDS, *((FUSED,) if importlib.util.find_spec("triton") is not None else ()))
 
 
+def compute_path_problem(path: str, device_type: str) -> str | None:
+    """Why a model on this kind of device cannot take the compute path (one of compute_paths()), or None. FUSED
+    runs where the op's triton backend does (its fallback)."""
+    devices = BACKENDS["triton" if path == FUSED else path].devices
+    if device_type not in devices:
+        return f"runs on {' and '.join(devices)} tensors only, not {device_type}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     num_tokens: int

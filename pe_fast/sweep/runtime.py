@@ -10,6 +10,7 @@ import socket
 import torch
 
 from pe_fast import precision
+from pe_fast.models.transformer import compute_path_problem
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.executors import EXECUTORS
 from pe_fast.train import compile_problem
@@ -75,6 +76,9 @@ def resolve(s: dict):
         s["compile"] = "on" if s["device"] == "cuda" else "off"
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
+    if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
+        raise UsageError(f"--backend {s['backend']}: {why} (--device {s['device']}); leave it out for the device's "
+                         f"fastest")
     if s.get("precision") is None:
         s["precision"] = precision.default(torch.device(s["device"]))
     if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
