@@ -708,3 +708,50 @@ def test_a_report_or_figures_in_the_way_is_one_line_and_nothing_drawn(in_the_way
     assert_one_line(capsys, report_main([str(folder)]), "is in the way")
     assert snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(
         ["config.json", "results.parquet", "report.md" if in_the_way.startswith("report") else "figures"])
+
+
+def within(seconds: float, call, *args):
+    """call(*args)'s result, or a failure if it has not returned within `seconds` (it runs in a daemon thread, so a
+    hang fails the test instead of holding the suite)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call(*args)
+        except BaseException as error:  # noqa: BLE001 - re-raised below, in the test's thread
+            outcome["error"] = error
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{getattr(call, '__name__', call)} still running after {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_a_fifo_in_a_folder_is_one_error_not_a_hang(tmp_path, capsys):
+    """A pack's results.parquet that is a FIFO blocked load_run and the report until a writer came (issue 55): only
+    regular files are read."""
+    from pe_fast.results.reading import ReportError, load_run
+    folder = tmp_path / "run"
+    pack = run_folder.pack_folder(folder, 0)
+    pack.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"settings": {"task": "lst"}, "packs": [[0, 1]]}))
+    pd.DataFrame(GOOD).to_parquet(pack / "curves.parquet")
+    os.mkfifo(pack / "results.parquet")
+    with pytest.raises(ReportError, match="no results yet"):
+        within(60, load_run, folder)
+    assert within(60, report_main, [str(folder)]) == 2
+    assert "no results yet" in capsys.readouterr().err
+    minimal_run(tmp_path / "top", pd.DataFrame(GOOD))
+    os.mkfifo(tmp_path / "top" / "curves.parquet")  # a top-level FIFO is passed over as no file
+    assert within(60, load_run, tmp_path / "top").curves.empty
+
+
+def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    (folder / "a").symlink_to(folder / "b")
+    (folder / "b").symlink_to(folder / "a")
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), "loop")
+    assert snapshot(folder) == before

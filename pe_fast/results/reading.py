@@ -177,7 +177,17 @@ def _id_ranges(ids: list[int]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def regular_file(path: Path) -> Path:
+    """path, where it is a regular file (through links): a FIFO or a device in a folder someone else made would block
+    or flood the reader; one ReportError naming it otherwise."""
+    if not path.is_file():
+        what = "is not a regular file" if path.exists() or path.is_symlink() else "does not exist"
+        raise ReportError(f"{path} {what}; not a pe_fast results folder")
+    return path
+
+
 def _read_parquet(path: Path) -> pd.DataFrame:
+    regular_file(path)
     try:
         return pd.read_parquet(path)
     except Exception as error:  # pyarrow raises several types for a truncated or foreign file
@@ -185,6 +195,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
+    regular_file(path)
     try:
         with np.load(path) as data:
             return {key: data[key] for key in data.files}

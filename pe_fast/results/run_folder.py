@@ -197,8 +197,11 @@ def is_finished(out: Path) -> bool:
 
 
 def readable_table(path: Path) -> bool:
-    """A results file counts only if it parses (a garbage file in a shared folder is not a finished sweep)."""
+    """A results file counts only if it is a regular file that parses (a garbage file in a shared folder is not a
+    finished sweep; a FIFO or a device would block the reader)."""
     import pyarrow.parquet
+    if not path.is_file():
+        return False
     try:
         pyarrow.parquet.read_metadata(path)
     except (OSError, ValueError, pyarrow.ArrowException):
@@ -217,8 +220,15 @@ def check_inside(out: Path):
     for folder, subfolders, files in os.walk(out):
         for name in subfolders + files:
             path = Path(folder) / name
-            if path.is_symlink() and not path.resolve().is_relative_to(root):
-                raise LeavesFolder(f"{path} is a link to {path.resolve()}, outside {out}; the sweep writes inside "
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve()
+            except (RuntimeError, OSError):  # a loop of links (Python 3.12 and older: RuntimeError)
+                raise LeavesFolder(f"{path} is a link that leads round in a loop; the sweep writes inside its folder "
+                                   f"only: replace the link by the folder or file itself") from None
+            if not target.is_relative_to(root):
+                raise LeavesFolder(f"{path} is a link to {target}, outside {out}; the sweep writes inside "
                                    f"its folder only: replace the link by the folder or file itself")
 
 
