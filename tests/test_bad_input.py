@@ -755,3 +755,24 @@ def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     before = snapshot(folder)
     assert_one_line(capsys, report_main([str(folder)]), "loop")
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("truth, must_name", [
+    ({"fc": np.eye(3)}, "entry fc"),                               # 3 regions where the PE tables have 4 tokens
+    ({"fc": np.eye(4), "networks": np.zeros((4, 2))}, "entry networks"),
+    ({"fc": np.eye(4), "centroids": np.zeros(4)}, "entry centroids"),
+    ({"fc": np.full((4, 4), "x")}, "entry fc"),
+    ({"fc": np.eye(4), "payload": np.zeros(4)}, "'payload'"),
+])
+def test_a_ground_truth_of_the_wrong_shape_is_one_line_before_any_figure(truth, must_name, tmp_path, capsys):
+    """ground_truth.npz indexed by token in the figures: a wrong shape was a 22-line IndexError after figures/ had
+    been written (issue 55)."""
+    from pe_fast.results.reading import ReportError, load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    np.savez(folder / "pe_tables.npz", model_0=np.zeros((4, 8)), model_1=np.zeros((4, 8)))
+    np.savez(folder / "ground_truth.npz", **truth)
+    with pytest.raises(ReportError, match=must_name):
+        load_run(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before and not (folder / "figures").exists()

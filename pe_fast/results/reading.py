@@ -220,6 +220,32 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
     return tables
 
 
+# ground_truth.npz (the region tasks': Task.ground_truth): each array's axes, the first the tokens'. "tokens": the
+# tokens again (a matrix between regions), None: any size
+GROUND_TRUTH_AXES = {"fc": ("tokens",), "coupling": ("tokens",), "centroids": (None,), "gradients": (None,),
+                     "networks": (), "labels": ()}
+
+
+def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np.ndarray]:
+    """ground_truth.npz, every entry one the sweep writes, over the same tokens (num_tokens where known: the PE
+    tables'), or one ReportError naming the entry: the figures index them by token."""
+    truth = read_npz(path)
+    tokens = num_tokens
+    for name, array in truth.items():
+        if name not in GROUND_TRUTH_AXES:
+            raise ReportError(f"{path}: entry {name[:40]!r} is not one of {', '.join(GROUND_TRUTH_AXES)}; not a "
+                              f"pe_fast results folder")
+        tokens = array.shape[0] if tokens is None and array.ndim else tokens
+        wanted = tuple(tokens if axis == "tokens" else axis for axis in (tokens, *GROUND_TRUTH_AXES[name]))
+        numeric = np.issubdtype(array.dtype, np.number) or (name == "labels" and array.dtype.kind == "U")
+        if not numeric or array.ndim != len(wanted) or any(w is not None and w != n
+                                                           for w, n in zip(wanted, array.shape)):
+            shape = "[" + ", ".join("k" if w is None else str(w) for w in wanted) + "]"
+            raise ReportError(f"{path}: entry {name} is a {array.dtype} array of shape {list(array.shape)}, not "
+                              f"{shape} over the {tokens} tokens; not a pe_fast results folder")
+    return truth
+
+
 def read_pack(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
     """A finished pack's results, curves and PE tables (DIR/packs/<index>/), each checked as the report checks a
     folder's (one ReportError naming the file): the sweep joins them into its results, and --resume checks them
@@ -325,6 +351,9 @@ def read_run(directory: Path) -> Run:
         notes.append(f"{len(diverged)} PE table(s) or attention map(s) hold NaN or inf (diverged models: "
                      f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
+    if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
+        read_ground_truth(directory / run_folder.GROUND_TRUTH,
+                          next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     return Run(config, results, curves, pe_tables, notes, path=directory)
 
 
