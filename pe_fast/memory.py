@@ -35,11 +35,19 @@ def parameter_count(model_config, coordinates=None) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def matrix_parameter_count(model_config) -> int:
+    """The parameters of one model's weight matrices (embedding, QKV, attention output, MLP, readout), counted
+    without building the model: all but the biases, norms and PE, so at most parameter_count."""
+    c, W = model_config, model_config.width
+    return c.token_dim * W + c.depth * (4 * W * W + 2 * W * c.mlp_width) + W * c.out_dim
+
+
 def bytes_per_model(model_config, batch_size: int, optimizer: str = "adam", backend: str = "reference",
-                    coordinates=None) -> int:
-    """Estimated peak bytes one model of the pack adds during a training step."""
+                    coordinates=None, params: int | None = None) -> int:
+    """Estimated peak bytes one model of the pack adds during a training step; params: its parameters (default:
+    counted on a real instance, parameter_count)."""
     c = model_config
-    params = parameter_count(c, coordinates)
+    params = parameter_count(c, coordinates) if params is None else params
     weights = params * BYTES * (2 + STATES[optimizer])  # weight + gradient + optimizer state
     B, N, D = batch_size, c.num_tokens, c.width
     per_block = (ACTIVATIONS_PER_BLOCK * B * N * D + MLP_ACTIVATIONS_PER_BLOCK * B * N * c.mlp_width

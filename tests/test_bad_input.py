@@ -125,6 +125,9 @@ CASES = [
     ("threads beyond the machine's cores", LST + ["--threads", "100000"], "--threads"),
     ("steps beyond what can finish", LST + ["--steps", "1" + "0" * 30], "--steps"),
     ("width beyond any model", LST + ["--width", "1000000000"], "--width"),
+    # within the range, but one model would need 1 TB: one line before any model is built
+    ("width beyond this machine's memory", LST + ["--width", "65536"], "--width 65536"),
+    ("mlp width beyond this machine's memory", LST + ["--mlp-width", "262144", "--depth", "64"], "--mlp-width"),
     # the Triton paths need a CUDA device (the interpreter of the Triton tests aside): one line, not a traceback
     *[(f"backend {path} without a device it runs on", LST + ["--backend", path], "--backend")
       for path in PATHS_NOT_ON_CPU],

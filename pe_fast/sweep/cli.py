@@ -85,6 +85,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         return out
     executors.apply_runtime(s)
     task = load_task(s)
+    grid.check_one_model_fits(s, task)  # first: checking against the task builds a model
     check_against_task(s, task)
     models = grid.expand_grid(s)
     if not resume:

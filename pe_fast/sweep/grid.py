@@ -134,17 +134,35 @@ def pack_trainer(s: Settings, task, pack: list[dict]) -> PackTrainer:
                        [m["sigma"] for m in pack], torch.device(s.device), gammas)
 
 
+def _memory_terms(s: Settings, task) -> tuple[dict, int]:
+    """bytes_per_model's arguments for the grid's largest model (the largest optimizer state: Adam's two moments,
+    else SGD's one buffer), and the device's free bytes."""
+    from pe_fast.ops.backends import resolve_backend
+    device = torch.device(s.device)
+    largest = next((name for name in s.optimizer if name != "sgd"), "sgd")
+    attention = "triton" if s.backend == FUSED else resolve_backend(s.backend, device)
+    return dict(model_config=model_config(s, task, s.pe[0]), batch_size=s.batch_size, optimizer=largest,
+                backend=attention), memory.free_bytes(device)
+
+
+def check_one_model_fits(s: Settings, task):
+    """One UsageError naming the sizes where a single model would not fit in the device's free memory, before any
+    is built (building one to count its parameters would itself fail, in a traceback)."""
+    if s.device == "cuda" and not torch.cuda.is_available():
+        return  # a cluster's GPU, not visible from here
+    terms, free = _memory_terms(s, task)
+    need = memory.bytes_per_model(**terms, params=memory.matrix_parameter_count(terms["model_config"]))
+    if need > free:
+        raise UsageError(f"one model needs at least {need / 2**30:,.1f} GiB in training (--width {s.width}, "
+                         f"--mlp-width {s.mlp_width}, --depth {s.depth}, --batch-size {s.batch_size}), more than the "
+                         f"{free / 2**30:,.1f} GiB free on {s.device}: make it smaller")
+
+
 def choose_pack_size(s: Settings, task) -> int:
     """--max-pack if given, else as many models as fit in half the device's free memory (pe_fast.memory)."""
     if s.max_pack:
         return s.max_pack
-    device = torch.device(s.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if s.device == "cuda" and not torch.cuda.is_available():
         return 64  # a Ray cluster's GPU, not visible from here: a pack size that fits any current GPU
-    from pe_fast.ops.backends import resolve_backend
-    # the largest optimizer state of the grid: Adam's two moments, else SGD's one buffer
-    largest = next((name for name in s.optimizer if name != "sgd"), "sgd")
-    attention = "triton" if s.backend == FUSED else resolve_backend(s.backend, device)
-    per_model = memory.bytes_per_model(model_config(s, task, s.pe[0]), s.batch_size, largest, attention,
-                                       task.coordinates)
-    return memory.pack_size(per_model, memory.free_bytes(device))
+    terms, free = _memory_terms(s, task)
+    return memory.pack_size(memory.bytes_per_model(**terms, coordinates=task.coordinates), free)
