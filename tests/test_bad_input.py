@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -779,3 +780,22 @@ def test_a_ground_truth_of_the_wrong_shape_is_one_line_before_any_figure(truth, 
     before = snapshot(folder)
     assert_one_line(capsys, report_main([str(folder)]), must_name)
     assert snapshot(folder) == before and not (folder / "figures").exists()
+
+
+def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path, capsys, monkeypatch):
+    """A 2 MB pe_tables.npz that inflates to 2 GB and a 0.8 MB results.parquet of 50 M rows were read whole (issue
+    55): what a file declares is checked against its size on disk before it is read."""
+    import zipfile
+    from pe_fast.results import reading
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    with zipfile.ZipFile(folder / "pe_tables.npz", "w", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("model_0.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array(member, np.zeros((2**13, 2**13)))  # 512 MiB of zeros, 0.5 MB deflated
+    assert (folder / "pe_tables.npz").stat().st_size < 2**21
+    with pytest.raises(reading.ReportError, match="pe_tables.npz declares 512 MiB once read"):
+        reading.load_run(folder)
+    (folder / "pe_tables.npz").unlink()
+    pd.DataFrame({"pe": ["learned"] * 2**23, "sigma": 0.1, "model_id": 0}).to_parquet(folder / "results.parquet")
+    assert (folder / "results.parquet").stat().st_size < 2**20  # 8 M rows of one value: a few KB
+    monkeypatch.setattr(reading, "EXPANSION_FLOOR", 2**20)  # 192 MiB declared: above this floor, not the default's
+    assert_one_line(capsys, report_main([str(folder)]), "results.parquet declares")

@@ -186,8 +186,27 @@ def regular_file(path: Path) -> Path:
     return path
 
 
+# A file in a folder someone else made may declare far more than it holds (a "bomb": a few MB that expand to GBs in
+# memory). Above this floor, what a table or array expands to may be at most EXPANSION times its bytes on disk:
+# pe_fast's own files expand about 1x (floats compress little), a table of mostly empty (NaN) columns about 100x.
+EXPANSION, EXPANSION_FLOOR = 256, 2**28
+
+
+def check_expansion(path: Path, declared: int, stored: int):
+    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be a file pe_fast wrote."""
+    if declared > max(EXPANSION * stored, EXPANSION_FLOOR):
+        raise ReportError(f"{path} declares {declared / 2**20:,.0f} MiB once read, from {stored / 2**20:,.1f} MiB "
+                          f"on disk: not a file pe_fast writes")
+
+
 def _read_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet
     regular_file(path)
+    try:
+        meta = pyarrow.parquet.read_metadata(path)
+    except Exception as error:  # pyarrow raises several types for a truncated or foreign file
+        raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
+    check_expansion(path, meta.num_rows * max(1, meta.num_columns) * 8, path.stat().st_size)
     try:
         return pd.read_parquet(path)
     except Exception as error:  # pyarrow raises several types for a truncated or foreign file
@@ -195,7 +214,14 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
+    import zipfile
     regular_file(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as error:
+        raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
+    check_expansion(path, sum(m.file_size for m in members), path.stat().st_size)
     try:
         with np.load(path) as data:
             return {key: data[key] for key in data.files}
