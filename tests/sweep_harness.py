@@ -55,8 +55,8 @@ def refuse_sweep(*args, cwd=None) -> subprocess.CompletedProcess:
     return sweep_in_process(*args, cwd=cwd)
 
 
-def start_sweep(*args) -> subprocess.Popen:
-    return subprocess.Popen(sweep_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_sweep(*args, env=None) -> subprocess.Popen:
+    return subprocess.Popen(sweep_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def sweep_results(out, *args) -> pd.DataFrame:

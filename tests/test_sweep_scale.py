@@ -1,12 +1,15 @@
 """Sweeps at scale: a real sweep killed (SIGKILL) twice and resumed ends with exactly the results of an
 uninterrupted run; one writer per folder (a live lock refuses, a stale one is taken over); the pack size from
 the memory estimate (checked against the tensors a real training step keeps); the Ray and SLURM executors give the
-local executor's results, the latter also when a job is preempted and requeued, or its driver killed and rerun."""
+local executor's results, Ray also when a worker is killed mid-pack and the sweep resumed, SLURM when a job is
+preempted and requeued, or its driver killed and rerun."""
+import contextlib
 import dataclasses
 import json
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -170,24 +173,70 @@ def test_ray_executor_from_the_command_line_equals_local(tmp_path, reference):
     assert not list((out / "packs").glob("*.step"))  # the workers' step reports went with their finished packs
 
 
-def test_ray_executor_joins_a_running_cluster(tmp_path, reference):
-    """`ray start --head`, then --ray-address auto, as the README's cluster recipe does."""
+@contextlib.contextmanager
+def ray_cluster():
+    """`ray start --head` with 2 CPUs, as the README's cluster recipe starts one (and `ray stop --force` after):
+    yields the environment in which --ray-address auto finds it. Ray alone on the machine meanwhile."""
     pytest.importorskip("ray")
     ray_cli = Path(sys.executable).with_name("ray")
     # A cluster of this test's own, in a short folder: Ray's socket paths must stay under 108 bytes.
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": ray_dir}
     with ray_alone():
-        started = subprocess.run([str(ray_cli), "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
-                                  "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=300)
-        assert started.returncode == 0, started.stderr
         try:
-            out = tmp_path / "run"
-            proc = run_sweep(*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out), env=env)
-            assert proc.returncode == 0, proc.stderr
+            started = subprocess.run([str(ray_cli), "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
+                                      "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=300)
+            assert started.returncode == 0, started.stderr
+            yield env
         finally:
             subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, env=env, timeout=120)
             shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def test_ray_executor_joins_a_running_cluster(tmp_path, reference):
+    """`ray start --head`, then --ray-address auto, as the README's cluster recipe does."""
+    out = tmp_path / "run"
+    with ray_cluster() as env:
+        proc = run_sweep(*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_results(out, reference)
+
+
+def pack_workers() -> list[int]:
+    """The processes of Ray workers training a pack (Ray titles a worker by its task while it runs one)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(b"ray::pack_job"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_ray_worker_killed_mid_pack_is_one_line_and_resumes(tmp_path, reference):
+    """A Ray worker killed (SIGKILL) mid-pack, after its pack's first checkpoint, on a cluster of 2 CPUs: Ray does
+    not retry the task (max_retries=0), so the sweep stops (exit 1) with one line naming the pack and --resume; the
+    same command with --resume continues it from its checkpoint and ends with the uninterrupted run's results."""
+    out = tmp_path / "run"
+    command = [*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out)]
+    with ray_cluster() as env:
+        proc = start_sweep(*command, env=env)
+        try:
+            # Two packs train at once (2 CPUs): once both have a checkpoint, either worker's pack has one.
+            wait_for(lambda: len(checkpoints(out)) == 2 and len(pack_workers()) == 2, proc)
+            os.kill(pack_workers()[0], signal.SIGKILL)
+            _, err = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        assert proc.returncode == 1, err
+        last = err.strip().splitlines()[-1]
+        failed = re.fullmatch(r"error: pack (\d+)'s Ray task failed \(WorkerCrashedError: .*\); rerun with --resume "
+                              r"to continue from its checkpoint", last)
+        assert failed and "Traceback" not in err, err
+        assert f"{failed[1]}.checkpoint.pt" in checkpoints(out)  # what --resume continues from
+        resumed = run_sweep(*command, "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stderr
     assert_same_results(out, reference)
 
 

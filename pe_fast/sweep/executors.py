@@ -211,16 +211,35 @@ def observe_steps(out: Path, indices, progress: Progress):
 
 
 class RayJob:
-    def __init__(self, ref):
-        self.ref = ref
+    def __init__(self, index: int, ref):
+        self.index, self.ref = index, ref
 
     def done(self) -> bool:
         import ray
         return bool(ray.wait([self.ref], num_returns=1, timeout=0)[0])
 
     def result(self) -> dict:
+        """A task that ended without its results (its worker killed or crashed, its node lost, an exception in
+        it) is PackFailed: Ray does not retry it (max_retries=0), and --resume continues it from its checkpoint."""
         import ray
-        return ray.get(self.ref)
+        try:
+            return ray.get(self.ref)
+        except ray.exceptions.RayError as error:
+            raise PackFailed(f"pack {self.index}'s Ray task failed ({ray_failure(error)}); rerun with --resume to "
+                             f"continue from its checkpoint") from None
+
+
+def ray_failure(error) -> str:
+    """What ended a Ray task, in one line: the exception raised in the task (a RayTaskError's cause), else Ray's
+    own (WorkerCrashedError, NodeDiedError, OutOfMemoryError...), with the first line of its message."""
+    import ray
+    if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
+        error = error.cause
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    if len(message) > 200:
+        message = message[:197] + "..."
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 class RayExecutor:
@@ -245,7 +264,7 @@ class RayExecutor:
         gpus = 1 if self.s.device == "cuda" else 0
         remote = ray.remote(num_cpus=self.s.threads or 1, num_gpus=gpus, max_retries=0)(pack_job)
         settings = dataclasses.replace(self.s, threads=self.s.threads or 1)
-        return {index: RayJob(remote.remote(settings, index, self.packs[index], str(self.out.resolve())))
+        return {index: RayJob(index, remote.remote(settings, index, self.packs[index], str(self.out.resolve())))
                 for index in todo}
 
 
