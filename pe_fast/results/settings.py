@@ -79,7 +79,8 @@ class Settings:
     (setting(): help, choices, range, and what --resume and pooling may change). Written to config.json
     ("settings") in this order and read back by --resume (`from_json`). The task's defaults fill the fields
     without one."""
-    task: str = setting(choices=lambda kind: tuple(KINDS), help="fmri (default), lst or netsim")  # as registered
+    task: str = setting(choices=lambda kind: tuple(KINDS),  # as registered
+                        help="the task: fmri (the default), lst, netsim, digits or digits_class")
     pe: tuple[str, ...] = setting(choices=lambda kind: kind.pe_kinds, may_differ=True,
                                   help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
     sigmas: tuple[float, ...] = setting(
