@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -252,6 +253,7 @@ class RayExecutor:
 SLURM_FOLDER = "slurm"  # submitit's job scripts, pickles and logs, and JOBS_FILE
 JOBS_FILE = "jobs.json"  # pack index -> the job that trains it, so that a restarted driver finds running jobs
 MAX_TIME_LIMIT_REQUEUES = 100
+RESULT_WAIT_S = 15.0  # how long an ended job's result may take to appear (submitit's own wait, for network folders)
 
 
 class PackFailed(Exception):
@@ -290,7 +292,7 @@ def job_alive(job) -> bool:
     process is submitit's controller of this folder (a pid alone may since name any process, even pid 1)."""
     import submitit
     if not isinstance(job, submitit.LocalJob):
-        return not job.done(force_check=True)
+        return not job.paths.result_pickle.exists() and slurm_job_alive(job.job_id)
     state = job.state
     if state != "NO PROCESS AND NO RESULT":
         return state == "RUNNING"
@@ -299,6 +301,26 @@ def job_alive(job) -> bool:
     except (OSError, ValueError):
         return False
     return b"submitit.local._local" in command and str(job.paths.folder).encode() in command
+
+
+SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+               "PREEMPTED", "TIMEOUT"}  # squeue's states of a job that will not run again (a requeued one is PENDING)
+
+
+def slurm_job_alive(job_id: str) -> bool:
+    """Whether SLURM still runs (or will run) the job, asked of the controller (squeue), not of the accounting
+    database that submitit reads (sacct): without slurmdbd, sacct knows no job, and a job that ended without its
+    result (scancel, a python that exited 1, a node lost) would be waited for forever. A job squeue no longer
+    knows (it forgets them MinJobAge after their end) has ended; a controller that does not answer is waited for."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return True
+    if done.returncode != 0:
+        return "Invalid job id" not in done.stderr
+    states = done.stdout.split()
+    return bool(states) and any(state not in SLURM_ENDED for state in states)
 
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # SLURM's (an array's task: JOB_TASK); a local job's is its controller's pid
@@ -330,11 +352,22 @@ class SlurmJob:
         return not job_alive(self.job)
 
     def result(self) -> dict:
+        # Asked once the job has ended. Its result may reach a network folder a little later; a job that ended
+        # without one (cancelled, killed, a python that exited before running the pack) never writes it, and
+        # submitit's own job.result() would wait for it through sacct, forever where there is no accounting.
+        deadline = time.monotonic() + RESULT_WAIT_S
+        while not self.job.paths.result_pickle.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not self.job.paths.result_pickle.exists():
+            raise self.failed("it ended without a result")
         try:
             return self.job.result()
         except Exception as error:
-            raise PackFailed(f"pack {self.index}'s job {self.job.job_id} failed ({type(error).__name__}); its log: "
-                             f"{self.job.paths.stderr}; rerun with --resume to continue from its checkpoint")
+            raise self.failed(type(error).__name__)
+
+    def failed(self, why: str) -> PackFailed:
+        return PackFailed(f"pack {self.index}'s job {self.job.job_id} failed ({why}); its log: "
+                          f"{self.job.paths.stderr}; rerun with --resume to continue from its checkpoint")
 
 
 class SlurmExecutor:
