@@ -16,10 +16,10 @@ from sweep_harness import run_sweep, same_results, start_sweep
 pytest.importorskip("submitit")
 
 # 3 packs of one model each (learned σ 0.2, learned σ 2, sin2d), a second or two of training each
-TINY_LST = ["--task", "lst", "--preset", "cpu", "--seeds", "1", "--width", "16", "--depth", "1", "--mlp-width", "32",
-            "--threads", "1", "--max-pack", "1", "--no-report"]
-QUICK = [*TINY_LST, "--steps", "20", "--eval-every", "10"]
-LONG = [*TINY_LST, "--steps", "100", "--eval-every", "50", "--checkpoint-every", "10"]  # to be cancelled mid-pack
+# (a checkpoint every 10 steps: a job can be cancelled between two)
+SWEEP = ["--task", "lst", "--preset", "cpu", "--seeds", "1", "--width", "16", "--depth", "1", "--mlp-width", "32",
+         "--threads", "1", "--max-pack", "1", "--steps", "100", "--eval-every", "50", "--checkpoint-every", "10",
+         "--no-report"]
 TABLES = 2 * 3  # 3 models' PE tables and attention maps
 
 
@@ -37,9 +37,9 @@ def local_run(out: Path, flags) -> Path:
 
 
 @pytest.fixture(scope="module")
-def quick_reference(tmp_path_factory):
-    """QUICK on the local executor."""
-    return local_run(tmp_path_factory.mktemp("reference") / "local", QUICK)
+def reference(tmp_path_factory):
+    """SWEEP on the local executor."""
+    return local_run(tmp_path_factory.mktemp("reference") / "local", SWEEP)
 
 
 def jobs_of(out) -> dict:
@@ -51,9 +51,9 @@ def squeue(env, *args) -> str:
     return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, env=env, timeout=30).stdout
 
 
-def test_packs_run_as_a_job_array_and_equal_a_local_run(tmp_path, cluster, quick_reference):
+def test_packs_run_as_a_job_array_and_equal_a_local_run(tmp_path, cluster, reference):
     out = tmp_path / "slurm_run"
-    done = run_sweep(*QUICK, "--executor", "slurm", "--out", str(out), env=cluster)
+    done = run_sweep(*SWEEP, "--executor", "slurm", "--out", str(out), env=cluster)
     assert done.returncode == 0, done.stderr
     assert "3 pack jobs submitted to SLURM" in done.stderr, done.stderr
     jobs = jobs_of(out)
@@ -63,10 +63,10 @@ def test_packs_run_as_a_job_array_and_equal_a_local_run(tmp_path, cluster, quick
                   for job in jobs.values()):
         assert time.monotonic() < deadline, states
         time.sleep(0.5)
-    same_results(out, quick_reference, TABLES)
+    same_results(out, reference, TABLES)
 
 
-def test_a_failed_job_is_one_line_and_resume_retrains_only_its_pack(tmp_path, cluster, quick_reference):
+def test_a_failed_job_is_one_line_and_resume_retrains_only_its_pack(tmp_path, cluster, reference):
     """Pack 1's job dies as python starts (a sitecustomize on its PYTHONPATH exits 1 inside that SLURM task only):
     no result, SLURM marks it FAILED. The sweep says so in one line naming the job and its log, exit 1; --resume
     submits that pack alone."""
@@ -76,7 +76,7 @@ def test_a_failed_job_is_one_line_and_resume_retrains_only_its_pack(tmp_path, cl
         "import os\nif os.environ.get('SLURM_ARRAY_TASK_ID') == '1':\n    os._exit(1)\n")
     out = tmp_path / "slurm_run"
     env = {**cluster, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), cluster.get("PYTHONPATH")]))}
-    done = run_sweep(*QUICK, "--executor", "slurm", "--out", str(out), env=env)
+    done = run_sweep(*SWEEP, "--executor", "slurm", "--out", str(out), env=env)
     assert done.returncode == 1, done.stderr
     job = jobs_of(out)["1"]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
@@ -89,15 +89,15 @@ def test_a_failed_job_is_one_line_and_resume_retrains_only_its_pack(tmp_path, cl
     assert resumed.returncode == 0, resumed.stderr
     assert "1 pack jobs submitted to SLURM" in resumed.stderr, resumed.stderr
     assert jobs_of(out)["1"] != job
-    same_results(out, quick_reference, TABLES)
+    same_results(out, reference, TABLES)
 
 
-def test_a_job_cancelled_mid_pack_resumes_from_its_checkpoint(tmp_path, cluster):
+def test_a_job_cancelled_mid_pack_resumes_from_its_checkpoint(tmp_path, cluster, reference):
     """scancel on pack 0's job after its first checkpoint (the job is suspended first, so that it cannot finish in
     between): the sweep names the job, exit 1; --resume submits that pack again, it continues from the checkpoint,
     and the results equal a local run's."""
     out = tmp_path / "slurm_run"
-    proc = start_sweep(*LONG, "--executor", "slurm", "--out", str(out), env=cluster)
+    proc = start_sweep(*SWEEP, "--executor", "slurm", "--out", str(out), env=cluster)
     try:
         deadline = time.monotonic() + 120
         while not ((out / "packs" / "0.checkpoint.pt").exists() and "0" in jobs_of(out)):
@@ -121,4 +121,4 @@ def test_a_job_cancelled_mid_pack_resumes_from_its_checkpoint(tmp_path, cluster)
     with open(out / "slurm" / f"{new_job}_0_result.pkl", "rb") as f:
         outcome, result = pickle.load(f)
     assert outcome == "success" and 0 < result["trained_steps"] < 100, result  # continued, not restarted
-    same_results(out, local_run(tmp_path / "local", LONG), TABLES)
+    same_results(out, reference, TABLES)
