@@ -304,8 +304,9 @@ def job_alive(job) -> bool:
     return b"submitit.local._local" in command and str(job.paths.folder).encode() in command
 
 
-SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-               "PREEMPTED", "TIMEOUT"}  # squeue's states of a job that will not run again (a requeued one is PENDING)
+# squeue's states of a job that will not run again. PREEMPTED is not one (nor is it to submitit): a job submitit
+# requeues passes through it; one that is not requeued has ended once squeue forgets it.
+SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 
 
 def slurm_job_states(job_id: str) -> list[str] | None:
