@@ -19,8 +19,8 @@ SLOW_FILES = {
     "test_fused_sublayers.py", "test_interp_tools.py", "test_live_curves.py", "test_migrate.py",
     "test_open_models.py", "test_optimizer_axes.py", "test_pe_dropout.py", "test_precision.py",
     "test_precision_check.py", "test_python_api.py", "test_readme_commands.py", "test_report.py",
-    "test_report_pooling.py", "test_rsa.py", "test_seed_values.py", "test_stands_alone.py", "test_sweep.py",
-    "test_sweep_docs.py", "test_sweep_regions.py", "test_sweep_scale.py", "test_task_registry.py",
+    "test_report_pooling.py", "test_rsa.py", "test_seed_values.py", "test_slurm_real.py", "test_stands_alone.py",
+    "test_sweep.py", "test_sweep_docs.py", "test_sweep_regions.py", "test_sweep_scale.py", "test_task_registry.py",
     "test_triton_attention.py", "test_triton_compile.py", "test_until_converged.py",
 }
 TRITON_FILES = {"test_fused_sublayers.py", "test_triton_attention.py", "test_triton_compile.py"}

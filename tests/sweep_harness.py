@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -64,6 +65,22 @@ def sweep_results(out, *args) -> pd.DataFrame:
     done = sweep_in_process(*args, "--no-report", "--out", str(out))
     assert done.returncode == 0, done.stderr
     return pd.read_parquet(out / "results.parquet")
+
+
+TIMING = ["train_seconds"]
+
+
+def same_results(run, reference, tables: int):
+    """Two runs' folders hold equal results, curves and `tables` equal entries of pe_tables.npz (exactly: the same
+    settings train the same numbers on any executor); only the training times differ."""
+    for name in ("results.parquet", "curves.parquet"):
+        got, want = pd.read_parquet(run / name), pd.read_parquet(reference / name)
+        pd.testing.assert_frame_equal(got.drop(columns=TIMING, errors="ignore"),
+                                      want.drop(columns=TIMING, errors="ignore"), check_exact=True)
+    with np.load(run / "pe_tables.npz") as got, np.load(reference / "pe_tables.npz") as want:
+        assert sorted(got.files) == sorted(want.files) and len(got.files) == tables
+        for key in want.files:
+            np.testing.assert_array_equal(got[key], want[key])
 
 
 def settings_of(*args) -> Settings:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -30,7 +29,7 @@ from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
-from sweep_harness import TINY_NETSIM, ray_alone, run_sweep, start_sweep, sweep_command
+from sweep_harness import TINY_NETSIM, ray_alone, run_sweep, same_results, start_sweep, sweep_command
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
 # Long enough (160 steps a pack) that the kills below land before the end. Two learning rates: the middle pack
@@ -38,7 +37,6 @@ from sweep_harness import TINY_NETSIM, ray_alone, run_sweep, start_sweep, sweep_
 NETSIM = [*TINY_NETSIM, "--seeds", "1", "--pe", "learned",
           "--sigmas", "0.1,1,2", "--lr", "1e-3,3e-3", "--max-pack", "2", "--steps", "160", "--eval-every", "80",
           "--checkpoint-every", "10", "--threads", "1", "--no-report"]
-TIMING = ["train_seconds"]
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +49,7 @@ def reference(tmp_path_factory):
 
 
 def assert_same_results(run, reference):
-    for name in ("results.parquet", "curves.parquet"):
-        got, want = pd.read_parquet(run / name), pd.read_parquet(reference / name)
-        pd.testing.assert_frame_equal(got.drop(columns=TIMING, errors="ignore"),
-                                      want.drop(columns=TIMING, errors="ignore"), check_exact=True)
-    with np.load(run / "pe_tables.npz") as got, np.load(reference / "pe_tables.npz") as want:
-        assert sorted(got.files) == sorted(want.files) and len(got.files) == 2 * 6  # PE tables, attention maps
-        for key in want.files:
-            np.testing.assert_array_equal(got[key], want[key])
+    same_results(run, reference, tables=2 * 6)  # 6 models' PE tables and attention maps
 
 
 def wait_for(condition, proc, timeout=300):

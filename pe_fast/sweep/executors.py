@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -271,6 +272,8 @@ class RayExecutor:
 SLURM_FOLDER = "slurm"  # submitit's job scripts, pickles and logs, and JOBS_FILE
 JOBS_FILE = "jobs.json"  # pack index -> the job that trains it, so that a restarted driver finds running jobs
 MAX_TIME_LIMIT_REQUEUES = 100
+RESULT_WAIT_S = 15.0  # how long an ended job's result may take to appear (submitit's own wait, for network folders)
+FAILED_RESULT_WAIT_S = 2.0  # the same for a job SLURM says failed, was cancelled or timed out: it may have none
 
 
 class PackFailed(Exception):
@@ -309,7 +312,7 @@ def job_alive(job) -> bool:
     process is submitit's controller of this folder (a pid alone may since name any process, even pid 1)."""
     import submitit
     if not isinstance(job, submitit.LocalJob):
-        return not job.done(force_check=True)
+        return not job.paths.result_pickle.exists() and slurm_job_alive(job.job_id)
     state = job.state
     if state != "NO PROCESS AND NO RESULT":
         return state == "RUNNING"
@@ -318,6 +321,33 @@ def job_alive(job) -> bool:
     except (OSError, ValueError):
         return False
     return b"submitit.local._local" in command and str(job.paths.folder).encode() in command
+
+
+# squeue's states of a job that will not run again. PREEMPTED is not one (nor is it to submitit): a job submitit
+# requeues passes through it; one that is not requeued has ended once squeue forgets it.
+SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
+
+
+def slurm_job_states(job_id: str) -> list[str] | None:
+    """squeue's states of the job ([] once it no longer knows it: it forgets a job MinJobAge after its end); None
+    where the controller does not answer."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        return [] if "Invalid job id" in done.stderr else None
+    return done.stdout.split()
+
+
+def slurm_job_alive(job_id: str) -> bool:
+    """Whether SLURM still runs (or will run) the job, asked of the controller (squeue), not of the accounting
+    database that submitit reads (sacct): without slurmdbd, sacct knows no job, and a job that ended without its
+    result (scancel, a python that exited 1, a node lost) would be waited for forever. A controller that does not
+    answer is waited for."""
+    states = slurm_job_states(job_id)
+    return states is None or any(state not in SLURM_ENDED for state in states)
 
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # SLURM's (an array's task: JOB_TASK); a local job's is its controller's pid
@@ -349,11 +379,27 @@ class SlurmJob:
         return not job_alive(self.job)
 
     def result(self) -> dict:
+        # Asked once the job has ended, so submitit's job.result() does not wait (through sacct, which without an
+        # accounting database would be forever) for a job that ended without its result (cancelled, killed, a
+        # python that exited before running the pack). A result may reach a network folder a little later.
+        result = self.job.paths.result_pickle
+        if not result.exists():
+            import submitit
+            states = slurm_job_states(self.job.job_id) if isinstance(self.job, submitit.SlurmJob) else None
+            ended_badly = bool(states) and all(state in SLURM_ENDED - {"COMPLETED"} for state in states)
+            deadline = time.monotonic() + (FAILED_RESULT_WAIT_S if ended_badly else RESULT_WAIT_S)
+            while not result.exists() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if not result.exists():
+                raise self.failed("it ended without a result")
         try:
             return self.job.result()
         except Exception as error:
-            raise PackFailed(f"pack {self.index}'s job {self.job.job_id} failed ({type(error).__name__}); its log: "
-                             f"{self.job.paths.stderr}; rerun with --resume to continue from its checkpoint")
+            raise self.failed(type(error).__name__)
+
+    def failed(self, why: str) -> PackFailed:
+        return PackFailed(f"pack {self.index}'s job {self.job.job_id} failed ({why}); its log: "
+                          f"{self.job.paths.stderr}; rerun with --resume to continue from its checkpoint")
 
 
 class SlurmExecutor:
@@ -394,10 +440,11 @@ class SlurmExecutor:
         jobs_file = folder / JOBS_FILE
         recorded = recorded_jobs(out, todo)
         job_class = submitit.LocalJob if s.slurm_local else submitit.SlurmJob
-        jobs = {}
+        jobs, finished = {}, run_folder.finished_packs(out)
         for index, job_id in recorded.items():
             job = job_class(folder, job_id)
-            if job_alive(job):
+            # running, or ended with its pack written since todo was made: waited for, not trained again
+            if job_alive(job) or (int(index) in finished and job.paths.result_pickle.exists()):
                 jobs[int(index)] = job
         resumed = len(jobs)
         new = [index for index in todo if index not in jobs]
