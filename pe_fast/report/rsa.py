@@ -20,7 +20,7 @@ from scipy.spatial.distance import pdist
 
 from pe_fast.results import run_folder
 from pe_fast.metrics.pe_geometry import cosine_similarity_matrix, upper_triangle
-from pe_fast.results.reading import Run
+from pe_fast.results.reading import Run, read_ground_truth
 from pe_fast.tasks import KINDS
 
 RDMS_FILE = "rdms.hdf5"
@@ -39,10 +39,10 @@ def ground_truth_dissimilarities(task: str, directory: Path) -> dict[str, np.nda
     path = directory / run_folder.GROUND_TRUTH
     if not path.is_file():
         return {}
-    with np.load(path) as truth:
-        found = {"1 − FC": upper_triangle(1 - truth["fc"])} if "fc" in truth.files else {}
-        if "centroids" in truth.files:
-            found["3D distance"] = pdist(truth["centroids"])
+    truth = read_ground_truth(path)  # the one reader of the file, with its checks
+    found = {"1 − FC": upper_triangle(1 - truth["fc"])} if "fc" in truth else {}
+    if "centroids" in truth:
+        found["3D distance"] = pdist(truth["centroids"])
     return found
 
 
