@@ -312,7 +312,7 @@ def job_alive(job) -> bool:
     process is submitit's controller of this folder (a pid alone may since name any process, even pid 1)."""
     import submitit
     if not isinstance(job, submitit.LocalJob):
-        return not job.paths.result_pickle.exists() and slurm_job_alive(job.job_id)
+        return not job.paths.result_pickle.exists() and slurm_job_alive(slurm_job_states([job.job_id]), job.job_id)
     state = job.state
     if state != "NO PROCESS AND NO RESULT":
         return state == "RUNNING"
@@ -328,26 +328,42 @@ def job_alive(job) -> bool:
 SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 
 
-def slurm_job_states(job_id: str) -> list[str] | None:
-    """squeue's states of the job ([] once it no longer knows it: it forgets a job MinJobAge after its end); None
-    where the controller does not answer."""
+def slurm_job_states(job_ids: list[str]) -> dict[str, list[str]] | None:
+    """squeue's states of the jobs (array tasks one by one), in one call; a job it no longer knows (it forgets one
+    MinJobAge after its end) is missing from the map. None where the controller does not answer."""
     try:
-        done = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T"],
+                              capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return None
-    if done.returncode != 0:
-        return [] if "Invalid job id" in done.stderr else None
-    return done.stdout.split()
+    if done.returncode != 0:  # "Invalid job id" where it knows none of them
+        return {} if "Invalid job id" in done.stderr else None
+    states: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        states.setdefault(job_id, []).append(state)
+    return states
 
 
-def slurm_job_alive(job_id: str) -> bool:
-    """Whether SLURM still runs (or will run) the job, asked of the controller (squeue), not of the accounting
-    database that submitit reads (sacct): without slurmdbd, sacct knows no job, and a job that ended without its
-    result (scancel, a python that exited 1, a node lost) would be waited for forever. A controller that does not
-    answer is waited for."""
-    states = slurm_job_states(job_id)
-    return states is None or any(state not in SLURM_ENDED for state in states)
+def slurm_job_alive(states: dict[str, list[str]] | None, job_id: str) -> bool:
+    """Whether SLURM still runs (or will run) the job, by slurm_job_states: asked of the controller (squeue), not of
+    the accounting database that submitit reads (sacct): without slurmdbd, sacct knows no job, and a job that ended
+    without its result (scancel, a python that exited 1, a node lost) would be waited for forever. A controller
+    that does not answer is waited for."""
+    return states is None or any(state not in SLURM_ENDED for state in states.get(job_id, []))
+
+
+class SlurmStates:
+    """The states of a sweep's SLURM jobs, asked of the controller in one squeue for all of them, at most every
+    POLL_S / 2: the driver's look at a job array is one squeue call, not one per job."""
+
+    def __init__(self, job_ids: list[str]):
+        self.job_ids, self.asked_at, self.states = list(job_ids), -math.inf, None
+
+    def now(self) -> dict[str, list[str]] | None:
+        if time.monotonic() - self.asked_at >= POLL_S / 2:
+            self.states, self.asked_at = slurm_job_states(self.job_ids), time.monotonic()
+        return self.states
 
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # SLURM's (an array's task: JOB_TASK); a local job's is its controller's pid
@@ -372,11 +388,14 @@ def recorded_jobs(out: Path, todo: list[int]) -> dict[str, str]:
 
 
 class SlurmJob:
-    def __init__(self, index: int, job):
-        self.index, self.job = index, job
+    def __init__(self, index: int, job, states: SlurmStates | None):
+        """states: the sweep's SLURM jobs' states (None for submitit's local jobs, which run here)."""
+        self.index, self.job, self.states = index, job, states
 
     def done(self) -> bool:
-        return not job_alive(self.job)
+        if self.states is None:
+            return not job_alive(self.job)
+        return self.job.paths.result_pickle.exists() or not slurm_job_alive(self.states.now(), self.job.job_id)
 
     def result(self) -> dict:
         # Asked once the job has ended, so submitit's job.result() does not wait (through sacct, which without an
@@ -384,8 +403,7 @@ class SlurmJob:
         # python that exited before running the pack). A result may reach a network folder a little later.
         result = self.job.paths.result_pickle
         if not result.exists():
-            import submitit
-            states = slurm_job_states(self.job.job_id) if isinstance(self.job, submitit.SlurmJob) else None
+            states = (self.states.now() or {}).get(self.job.job_id) if self.states is not None else None
             ended_badly = bool(states) and all(state in SLURM_ENDED - {"COMPLETED"} for state in states)
             deadline = time.monotonic() + (FAILED_RESULT_WAIT_S if ended_badly else RESULT_WAIT_S)
             while not result.exists() and time.monotonic() < deadline:
@@ -460,7 +478,8 @@ class SlurmExecutor:
         print(f"pe_fast sweep: {len(new)} pack jobs submitted to {where}"
               + (f", {resumed} still running from before" if resumed else "") + f"; logs in {folder}",
               file=sys.stderr)
-        return {index: SlurmJob(index, job) for index, job in sorted(jobs.items())}
+        states = None if s.slurm_local else SlurmStates([job.job_id for job in jobs.values()])
+        return {index: SlurmJob(index, job, states) for index, job in sorted(jobs.items())}
 
 
 # --executor NAME -> its executor (the choices of the flag: results.settings.EXECUTORS)
