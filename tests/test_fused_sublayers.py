@@ -136,7 +136,7 @@ def train(config: ModelConfig, backend: str, steps: int, device: str = "cpu",
     probes = (torch.rand(2, config.num_tokens, config.num_tokens, generator=g) > 0.5).to(device, dtype)
     for _ in range(steps):
         outputs, stats = model(tokens, probes)
-        targets = torch.arange(outputs[0].numel(), dtype=outputs.dtype).view_as(outputs[0]).cos()
+        targets = torch.arange(outputs[0].numel(), dtype=outputs.dtype, device=outputs.device).view_as(outputs[0]).cos()
         loss = (outputs - targets).square().mean()
         optimizer.zero_grad()
         loss.backward()

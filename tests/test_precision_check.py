@@ -156,3 +156,33 @@ def test_verdicts_json_for_the_speed_records(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text()) == {"reference": "fp32",
                                            "verdicts": {"fp32": "pass", "bf16": "fail", "fp16": "pass"}}
+
+
+def test_by_folder_compares_compute_paths_of_one_precision(tmp_path):
+    """--by folder (gpu_check.sh's science_paths step): the first folder under FOLDER names the run, here two
+    compute paths in tf32; the same −6-point σ 2.0 gap as above fails the same rule."""
+    rows = grid("tf32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40]) + grid("tf32", [0.84, 0.86, 0.88], [0.30, 0.32, 0.34])
+    frame = pd.DataFrame(rows, columns=["precision", "pe", "sigma", "seed", "train_acc", "test_acc", "ood_acc"])
+    frame["task"] = "lst"
+    for path, runs in (("triton", frame.iloc[:6]), ("fused", frame.iloc[6:])):
+        (tmp_path / path).mkdir()
+        runs.to_parquet(tmp_path / path / "learned-results.parquet")
+    result = run(tmp_path, "--by", "folder", "--reference", "triton")
+    assert result.returncode == 0, result.stderr
+    assert "train acc triton / fused" in result.stdout
+    assert result.stdout.splitlines()[-1] == ("fused: NOT faithful to triton: learned σ = 2 generalisation -6.00 "
+                                              "points (seed-sd 1.63)")
+    # by precision, the same files are one run twice over
+    assert run(tmp_path).returncode == 2
+
+
+def test_by_folder_refuses_mixed_precisions_and_loose_files(tmp_path):
+    write_runs(tmp_path, grid("fp32", [0.84, 0.86, 0.88], [0.36, 0.38, 0.40])
+               + grid("bf16", [0.84, 0.86, 0.88], [0.37, 0.39, 0.41]))
+    result = run(tmp_path, "--by", "folder", "--reference", "fp32")
+    assert result.returncode == 2 and "different precisions (bf16, fp32)" in result.stderr
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (tmp_path / "fp32" / "results.parquet").rename(loose / "results.parquet")
+    result = run(loose, "--by", "folder")
+    assert result.returncode == 2 and "lies directly in it" in result.stderr

@@ -17,6 +17,9 @@
 #                                 whose attention runs on the reference until the Triton kernels take fp16),
 #                                 side by side in $SCIENCE_RUNS: each one's summary.txt and results.parquet
 #   science_check.md              bench/science/precision_check.py on them: the table and a verdict per precision
+#   science_paths.log, science_paths/, science_paths_check.md   the same grid through the unfused Triton step and the
+#                                 fused sublayers in tf32 (SCIENCE_PATHS, SCIENCE_PATHS_PRECISION), one folder
+#                                 per path, and precision_check.py --by folder's verdict (issue 54)
 #   sweep.log, sweep_gpu*.json    bench/training/bench_sweep_gpu.py: the sweep's training path at the paper's LST
 #                                 configuration, 90 models per precision compiled (fp16 too), each record with the
 #                                 byte ledger's bytes_per_model_step; 18 and 90 in fp32 with CUDA
@@ -81,7 +84,7 @@ step() {
 } > "$OUT/env.log"
 cat "$OUT/env.log"
 
-STEPS=${GPU_CHECK_STEPS:-pe_kinds science stacked_optimizer sweep fused profile_sweep tests profile_n16 profile_fmri
+STEPS=${GPU_CHECK_STEPS:-pe_kinds science science_paths stacked_optimizer sweep fused profile_sweep tests profile_n16 profile_fmri
 op_overhead bench_ops training training_reference tune}
 wanted() { [[ " ${STEPS//$'\n'/ } " == *" $1 "* ]]; }
 
@@ -132,6 +135,41 @@ science() {
 export -f science
 export OUT SCIENCE_RUNS=${SCIENCE_RUNS:-/tmp/pe_fast_science}
 wanted science && step science 300 science.log bash -c science
+
+# The fused sublayers must not change the science either (issue 54): the same grid through the unfused Triton step
+# and the fused sublayers (SCIENCE_PATHS, first the reference) in one precision (SCIENCE_PATHS_PRECISION: tf32, the
+# fastest that passed its check), eager (the fused sublayers are one kernel each already), side by side, then
+# precision_check.py --by folder. On a CPU it runs as a dry run of the step itself, e.g.
+#   SCIENCE_PATHS="reference cpp" SCIENCE_PATHS_PRECISION=fp32 SCIENCE_STEPS=20 GPU_CHECK_STEPS=science_paths ...
+science_paths() {
+    local pids=() rc=0 paths=(${SCIENCE_PATHS:-triton fused}) precision=${SCIENCE_PATHS_PRECISION:-tf32}
+    local threads=$(( $(nproc) / (2 * ${#paths[@]}) ))
+    ((threads > 0)) || threads=1
+    rm -rf "$SCIENCE_RUNS"
+    for path in "${paths[@]}"; do
+        for pe in learned "sin2d --pe-dropout 0"; do  # sin2d without dropout: as the science step, for the same reason
+            # shellcheck disable=SC2086  # $pe carries its flag
+            python3 -m pe_fast.sweep --task lst --preset paper --pe $pe --sigmas 0.2,2.0 --seeds ${SCIENCE_SEEDS:-5} \
+                --steps ${SCIENCE_STEPS:-8000} --eval-every 2000 --precision $precision --backend $path \
+                --compile off --threads $threads --out "$SCIENCE_RUNS/$path-${pe%% *}" --no-report --no-weights &
+            pids+=($!)
+        done
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    # one folder per compute path: precision_check.py --by folder compares them
+    for run in "$SCIENCE_RUNS"/*/; do
+        name=$(basename "$run")
+        echo "== $name"; cat "$run/summary.txt"
+        mkdir -p "$OUT/science_paths/${name%%-*}"
+        cp "$run/summary.txt" "$OUT/science_paths/${name%%-*}/${name#*-}-summary.txt"
+        cp "$run/results.parquet" "$OUT/science_paths/${name%%-*}/${name#*-}-results.parquet"
+    done
+    python3 bench/science/precision_check.py "$OUT/science_paths" --by folder --reference "${paths[0]}" \
+        | tee "$OUT/science_paths_check.md" || rc=1
+    return $rc
+}
+export -f science_paths
+wanted science_paths && step science_paths 300 science_paths.log bash -c science_paths
 
 # Issue 14: one learning rate per model (pe_fast.stacked_optim) against torch's fused optimizer, on the GPU.
 wanted stacked_optimizer && step stacked_optimizer 60 stacked_optimizer.log \

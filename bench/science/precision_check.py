@@ -2,6 +2,7 @@
 several precisions, each against float32.
 
     python bench/science/precision_check.py FOLDER [--reference fp32]
+    python bench/science/precision_check.py FOLDER --by folder --reference triton
 
 bench/gpu/gpu_check.sh's science step trains them on a GPU (SCIENCE_PRECISIONS="fp32 fp16" for fp16); on the CPU:
 
@@ -14,7 +15,9 @@ bench/gpu/gpu_check.sh's science step trains them on a GPU (SCIENCE_PRECISIONS="
     python bench/science/precision_check.py runs/precision-cpu
 
 FOLDER holds results.parquet files (any depth, any name ending in results.parquet: the sweeps' folders, or the
-flat copies bench/gpu/gpu_check.sh's science step brings back). Their `precision` column says which run is which.
+flat copies bench/gpu/gpu_check.sh's science step brings back). Their `precision` column says which run is which;
+with --by folder, the first folder under FOLDER does (compute paths, say: FOLDER/triton/, FOLDER/fused/, as
+gpu_check.sh's science_paths step lays them out), and every run must then be of one precision.
 Per (PE, σ) and precision it prints training accuracy, in-distribution held-out accuracy and generalisation
 accuracy (mean ± sd over seeds, in points, sd with ddof 0 as everywhere in pe_fast), the generalisation
 difference from the reference paired by seed (95 % t interval), and one verdict per precision. A precision
@@ -43,17 +46,35 @@ class InputError(Exception):
     """Results that cannot be checked; the message is the one line the user sees."""
 
 
-def load(folder: Path) -> pd.DataFrame:
+BY = ("precision", "folder")  # what tells the compared runs apart
+
+
+def load(folder: Path, by: str = "precision") -> pd.DataFrame:
+    """Every results.parquet under folder, with the run it belongs to in the column `precision` (by precision) or
+    the name of its first folder under `folder` (by folder)."""
     files = sorted(folder.rglob("*results.parquet")) if folder.is_dir() else []
     if not files:
         raise InputError(f"no results.parquet under {folder}")
     frames = []
     for file in files:
         try:
-            frames.append(pd.read_parquet(file))
+            frame = pd.read_parquet(file)
         except Exception as error:  # pyarrow raises several types for a damaged file
             raise InputError(f"{file}: not a readable parquet file ({type(error).__name__})") from None
+        if by == "folder":
+            parts = file.relative_to(folder).parts
+            if len(parts) < 2:
+                raise InputError(f"{file}: --by folder reads each run's variant from its folder under {folder}; "
+                                 "this file lies directly in it")
+            if "precision" in frame and frame["precision"].nunique() > 1:
+                raise InputError(f"{file}: runs of several precisions ({sorted(set(frame['precision']))}) in one "
+                                 "--by folder comparison")
+            frame = frame.assign(run_precision=frame.get("precision"), precision=parts[0])
+        frames.append(frame)
     results = pd.concat(frames, ignore_index=True)
+    if by == "folder" and results["run_precision"].nunique() > 1:
+        raise InputError(f"{folder}: the folders' runs are of different precisions "
+                         f"({', '.join(sorted(set(results['run_precision'])))}): compare one at a time")
     missing = [c for c in ("task", "precision", "seed", "pe", "sigma", FIT, HELD_OUT, SCORE) if c not in results]
     if missing:
         raise InputError(f"{folder}: the results lack the columns {', '.join(missing)} (LST sweeps have them)")
@@ -165,13 +186,17 @@ def report(results: pd.DataFrame, reference: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a folder holding the runs' results.parquet files")
-    parser.add_argument("--reference", default="fp32", help="the precision the others are checked against (fp32)")
+    parser.add_argument("--by", choices=BY, default="precision",
+                        help="what tells the runs apart: their precision column (default), or the first folder "
+                             "under FOLDER (one precision throughout)")
+    parser.add_argument("--reference", default="fp32",
+                        help="the precision (or, --by folder, the folder) the others are checked against (fp32)")
     parser.add_argument("--verdicts", type=Path,
                         help="also write {precision: pass or fail} as JSON here (the reference passes by definition), "
                              "for bench/training/bench_sweep_gpu.py --science-check")
     args = parser.parse_args(argv)
     try:
-        results = load(args.folder)
+        results = load(args.folder, args.by)
         print(report(results, args.reference))
         if args.verdicts is not None:
             args.verdicts.write_text(json.dumps(verdicts(results, args.reference), indent=1) + "\n")

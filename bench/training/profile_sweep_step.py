@@ -28,13 +28,15 @@ def main() -> None:
     p.add_argument("--compile", default="off", choices=COMPILE_MODES)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rows", type=int, default=25)
+    p.add_argument("--backend", default=None, help="the models' compute path (default: the device's)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision.apply(args.precision)
     task = LSTTask()
     config = ModelConfig(num_tokens=16, token_dim=5, out_dim=4, width=WIDTH, depth=DEPTH, heads=1, mlp_width=MLP,
-                         pe="learned", readout_token=task.readout_token)
+                         pe="learned", readout_token=task.readout_token,
+                         backend=args.backend)
     train = TrainConfig(steps=1000, batch_size=BATCH, lr=LR, eval_every=1000, precision=args.precision,
                         compile=args.compile)
     trainer = PackTrainer(task, config, train, list(range(args.models)),
@@ -50,7 +52,7 @@ def main() -> None:
             torch.cuda.synchronize()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=70)
-    header = f"{args.precision} compile={args.compile} M={args.models}, {args.steps} steps\n"
+    header = f"{args.precision} compile={args.compile} backend={args.backend or 'default'} M={args.models}, {args.steps} steps\n"
     print(header + table)
     if args.out:
         Path(args.out).write_text(header + table)
