@@ -162,7 +162,8 @@ class Settings:
     backend: str | None = setting(
         None, choices=backend_choices, choices_in_parser=False, may_differ=True,
         help="the models' compute path: a pe_attention backend (reference, cpp, triton) or fused (Triton "
-             "sublayers); default: the fastest on the device")
+             "sublayers; experimental, slower than triton on a GPU: docs/kernels.md); default: the fastest on the "
+             "device")
     max_pack: int | None = setting(None, range=(1, None, "[)"), may_differ=True,
                                    help="models trained together (default: as many as fit in half the free memory)")
     checkpoint_every: int | None = setting(
