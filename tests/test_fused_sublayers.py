@@ -128,6 +128,13 @@ def train(config: ModelConfig, backend: str, steps: int, device: str = "cpu",
     """Outputs, statistics and parameters of a tiny pack after `steps` SGD steps, in float64 (SGD, not Adam:
     Adam divides by √v, which blows the rounding noise of gradients that are 0 in exact arithmetic, the key
     bias's, up to ~1e-11)."""
+    model, outputs, stats = train_on_device(config, backend, steps, device, dtype)
+    return {"outputs": outputs.detach().cpu(), "stats": stats.cpu(),
+            **{n: p.detach().cpu() for n, p in model.named_parameters()}}
+
+
+def train_on_device(config: ModelConfig, backend: str, steps: int, device: str, dtype: torch.dtype):
+    """train()'s pack, trained where it lives: (model, outputs, stats) on `device`."""
     model = StackedTransformer(dataclasses.replace(config, backend=backend), seeds=[3, 4],
                                sigmas=[0.5, 2.0]).to(device, dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
@@ -142,8 +149,15 @@ def train(config: ModelConfig, backend: str, steps: int, device: str = "cpu",
         loss.backward()
         optimizer.step()
     outputs, stats = model(tokens, probes)
-    return {"outputs": outputs.detach().cpu(), "stats": stats.cpu(),
-            **{n: p.detach().cpu() for n, p in model.named_parameters()}}
+    return model, outputs, stats
+
+
+def test_training_helper_keeps_every_tensor_on_the_models_device():
+    """The CUDA check below builds its tensors as train_on_device does; on the meta device (no data, no GPU) a
+    tensor left on the CPU fails as it would on CUDA (the H200 run of 2026-12-04 found the targets left there)."""
+    model, outputs, stats = train_on_device(ModelConfig(**TINY, readout_token=5), "reference", 1, "meta",
+                                            torch.float32)
+    assert outputs.device.type == stats.device.type == "meta"
 
 
 TINY = dict(num_tokens=8, token_dim=3, out_dim=2, width=24, depth=2, heads=2, mlp_width=40)
