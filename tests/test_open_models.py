@@ -120,6 +120,19 @@ def test_a_model_moves_to_another_dtype_and_device_whole(lst_run):
         lst_run.results.query("pe == 'sin2d'")["model_id"].iloc[0]))(x).detach(), atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu/gpu_check.sh's tests step)")
+@pytest.mark.parametrize("kind", LST_KINDS)
+def test_a_model_opened_on_cuda_computes_what_it_computes_on_the_cpu(lst_run, kind):
+    """run.model(i, "cuda"): every PE kind's model on the GPU gives its CPU outputs (float32 rounding: torch's
+    matmuls and the Triton kernels' dots stay IEEE float32 unless asked otherwise)."""
+    model_id = int(lst_run.results.query("pe == @kind")["model_id"].iloc[0])
+    x = lst_run.task_inputs("test")[:16]
+    on_gpu = lst_run.model(model_id, "cuda")
+    assert {t.device.type for t in [*on_gpu.parameters(), *on_gpu.buffers()]} == {"cuda"}
+    got = on_gpu(x.cuda()).detach().cpu()
+    np.testing.assert_allclose(got, lst_run.model(model_id)(x).detach(), rtol=1e-4, atol=1e-5)
+
+
 def test_a_pooled_folder_opens_its_models_where_they_were_trained(tmp_path, lst_run):
     other = tmp_path / "other"
     pe_fast.sweep.run(task="lst", pe=["learned"], sigmas=[0.2, 2.0], seed_values=[6312], out=str(other), **{

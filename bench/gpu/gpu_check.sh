@@ -30,7 +30,8 @@
 #   profile_sweep*.txt            bench/training/profile_sweep_step.py: the compiled tf32 step's kernels by GPU time
 #   stacked_optimizer_gpu.json    bench/training/bench_stacked_optimizer.py on cuda (issue 14's per-model learning
 #                                 rates)
-#   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py (CUDA)
+#   gpu_tests.log, gpu_tests.xml  pytest tests/test_triton_attention.py tests/test_op_transforms.py
+#                                 tests/test_fused_sublayers.py tests/test_open_models.py (CUDA)
 #   profile_n16.log/.json         bench/op/profile_op.py: kernels, launches, host vs GPU time at the LST shape
 #   profile_fmri.log/.json        the same at N = 360 (bf16, tf32)
 #   op_overhead.log/.json         bench/op/bench_op_overhead.py: host µs per call, direct eager path vs the custom op
@@ -207,13 +208,15 @@ wanted fused && step fused 300 fused.log bash -c "set -e
 wanted profile_sweep && step profile_sweep 60 profile_sweep.log python3 bench/training/profile_sweep_step.py \
     --models 90 --precision tf32 --compile on --out "$OUT/profile_sweep_tf32_compiled.txt"
 
-# CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA; the
+# CUDA comparisons against the reference (fp32, TF32, bf16, RoPE), vmap / compile / opcheck on CUDA, trained models
+# opened on CUDA (run.model(i, "cuda"), every PE kind); the
 # interpreter suite is CPU-only (CI), so it is deselected here.
 wanted tests && step tests 180 gpu_tests.log python3 -m pytest -q -rs --durations=10 -p no:cacheprovider \
     --junitxml="$OUT/gpu_tests.xml" \
     --deselect tests/test_triton_attention.py::test_cpu_interpreter_suite_in_a_child_process \
     --deselect tests/test_fused_sublayers.py::test_cpu_interpreter_suite_in_a_child_process \
-    tests/test_triton_attention.py tests/test_op_transforms.py tests/test_fused_sublayers.py
+    tests/test_triton_attention.py tests/test_op_transforms.py tests/test_fused_sublayers.py \
+    tests/test_open_models.py
 
 wanted profile_n16 && step profile_n16 100 profile_n16.log python3 bench/op/profile_op.py --iters 10 \
     --out "$OUT/profile_n16.json"
