@@ -329,8 +329,24 @@ def test_slurm_batch_script_carries_the_flags(tmp_path, monkeypatch):
     s = dataclasses.replace(settings.from_flags(args), slurm_local=False, device="cuda")
     script = executors.slurm_executor(s, tmp_path / "slurm")._executor._make_submission_file_text("true", "uid")
     for line in ("--partition=gpu", "--time=90", "--account=lab", "--qos=short", "--constraint=a100",
-                 "--cpus-per-task=1", "--gpus-per-node=1", "--signal=USR2@"):
+                 "--cpus-per-task=1", "--gpus-per-node=1", "--signal=USR2@90"):
         assert f"#SBATCH {line}" in script, script
+
+
+@pytest.mark.parametrize("minutes, signal_s", [(1, 15), (2, 30), (6, 90), (60, 90)])
+def test_the_time_limit_signal_leaves_the_job_most_of_its_minutes(minutes, signal_s, tmp_path, monkeypatch):
+    """submitit's checkpoint signal comes at most a quarter of the limit before it (90 s at most): with its own
+    90 s, a real SLURM signalled a 1-minute job as it started, round after round (2026-12-04)."""
+    pytest.importorskip("submitit")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    args = settings.build_parser().parse_args([*NETSIM, "--executor", "slurm", "--slurm-time", str(minutes)])
+    s = dataclasses.replace(settings.from_flags(args), slurm_local=False)
+    script = executors.slurm_executor(s, tmp_path / "slurm")._executor._make_submission_file_text("true", "uid")
+    assert f"#SBATCH --time={minutes}\n" in script and f"#SBATCH --signal=USR2@{signal_s}\n" in script, script
 
 
 # ---- packs by memory ---------------------------------------------------------------------------------------

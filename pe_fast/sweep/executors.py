@@ -272,6 +272,9 @@ class RayExecutor:
 SLURM_FOLDER = "slurm"  # submitit's job scripts, pickles and logs, and JOBS_FILE
 JOBS_FILE = "jobs.json"  # pack index -> the job that trains it, so that a restarted driver finds running jobs
 MAX_TIME_LIMIT_REQUEUES = 100
+# submitit asks SLURM for its checkpoint signal 90 s before the time limit: a 1-minute limit was signalled as the
+# job started, every round (a real SLURM, 2026-12-04), so the pack never trained. A quarter of the limit instead.
+SIGNAL_BEFORE_LIMIT_S = 90
 RESULT_WAIT_S = 15.0  # how long an ended job's result may take to appear (submitit's own wait, for network folders)
 FAILED_RESULT_WAIT_S = 2.0  # the same for a job SLURM says failed, was cancelled or timed out: it may have none
 
@@ -298,10 +301,12 @@ def slurm_executor(s: Settings, folder: Path):
     # A pack longer than the time limit is requeued near its end and continues: allow many such rounds.
     executor = submitit.AutoExecutor(folder=folder, cluster="local" if s.slurm_local else "slurm",
                                      slurm_max_num_timeout=MAX_TIME_LIMIT_REQUEUES)
+    signal_delay_s = min(SIGNAL_BEFORE_LIMIT_S, s.slurm_time * 60 // 4)
     gpus = s.slurm_gpus if s.slurm_gpus is not None else (1 if s.device == "cuda" else 0)
     cluster = {"slurm_partition": s.slurm_partition, "slurm_account": s.slurm_account}
     executor.update_parameters(name="pe_fast", timeout_min=s.slurm_time, cpus_per_task=s.threads or 1,
-                               gpus_per_node=gpus, **{k: v for k, v in cluster.items() if v is not None},
+                               gpus_per_node=gpus, slurm_signal_delay_s=signal_delay_s,
+                               **{k: v for k, v in cluster.items() if v is not None},
                                slurm_additional_parameters=dict(o.split("=", 1) for o in s.slurm_option))
     return executor
 
