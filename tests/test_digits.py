@@ -126,6 +126,10 @@ def test_the_report_lays_a_pe_out_on_its_square_grid(tmp_path):
     tables = {f"model_{i}": rng.normal(size=(1, 64, 16)) for i in (0, 1)}
     assert grid_pe_figure(results, tables, tmp_path / "grid.png") is None
     assert (tmp_path / "grid.png").stat().st_size > 10_000
+    # with the similarity maps below: a second row of panels, so a taller image
+    assert grid_pe_figure(results, tables, tmp_path / "maps.png", similarity_maps=True) is None
+    from PIL import Image
+    assert Image.open(tmp_path / "maps.png").height > 1.5 * Image.open(tmp_path / "grid.png").height
     odd = {f"model_{i}": rng.normal(size=(1, 10, 16)) for i in (0, 1)}
     assert "square grid" in grid_pe_figure(results, odd, tmp_path / "odd.png")
 
@@ -227,12 +231,18 @@ def test_the_grid_as_a_pe_scores_perfect_rsa_on_both_digit_tasks_and_a_random_on
         assert abs(np.mean(chance)) < 0.1
 
 
-def test_a_short_sweep_of_masked_patches_and_patches_refuse_a_window(tmp_path):
-    run = pe_fast.sweep.run(task="digits", tokens="patches", pe=["learned", "sin2d"], sigmas=[0.1], seeds=1, steps=4,
-                            eval_every=2, threads=1, no_report=True, out=str(tmp_path / "patches"))
+def test_a_short_sweep_of_masked_patches_its_report_and_patches_refuse_a_window(tmp_path):
+    """The sweep and its report: the learned PE laid out on the grid (figures/learned_pe_on_grid.png) beside its
+    similarity with the tokens' correlation (figures/learned_pe.png)."""
+    out = tmp_path / "patches"
+    run = pe_fast.sweep.run(task="digits", tokens="patches", pe=["learned", "sin2d"], sigmas=[0.1, 2.0], seeds=1,
+                            steps=4, eval_every=2, threads=1, out=str(out))
+    report = (out / "report.md").read_text()
+    for figure in ("learned_pe_on_grid", "learned_pe"):
+        assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000 and f"figures/{figure}.png" in report
     results = run.results.set_index("pe")
     assert {"learned", "sin2d", "baseline:mean", "baseline:linear"} <= set(results.index)
-    assert np.isfinite(results.loc["learned", ["test_r2", "pe_rsa", "pe_fc_corr"]].astype(float)).all()
+    assert np.isfinite(results.loc["learned", ["test_r2", "pe_rsa", "pe_fc_corr"]].to_numpy(float)).all()
     assert run.task_inputs("test").shape[1:] == (16, 5)
     with torch.no_grad():
         assert run.model(0)(run.task_inputs("test")[:4]).shape == (4, 16, 4)

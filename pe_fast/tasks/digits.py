@@ -89,7 +89,8 @@ class DigitsTask(MaskedRegionTask):
         patch; the ground truth, probes and gradients those of the patches."""
         window, mask_fraction = self.description["window"], self.description["mask_fraction"]
         if window != 1:
-            raise ValueError(f"--window {window}: --tokens patches takes --window 1 (a patch's 4 pixels are its values)")
+            raise ValueError(f"--window {window}: --tokens patches takes --window 1 (a patch's 4 pixels are its "
+                             "values)")
         self.data = load_digit_regions(np.concatenate(pixels.runs), tokens="patches")
         self.gradients = reference_gradients(self.data)
         self.pixel_covariance = self.train_covariance  # the linear reference predicts pixels from pixels
@@ -216,14 +217,15 @@ KIND = TaskKind(
              "gpu": dict(pe="learned,sin2d,none", sigmas="0.01,0.1,0.2,0.5,1,2", seeds=10)},
     pe_kinds=PE_KINDS,
     settings=(*REGION_SETTINGS, TRAIN_IMAGES, TOKENS_SETTING),
-    summary=("train_mse", "test_mse", "test_r2", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity",
-             "pe_effective_rank"),
+    summary=("train_mse", "test_mse", "test_r2", "pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr",
+             "pe_modularity", "pe_effective_rank"),
     # the PE against the exact grid first, then against the pixels' correlation and the quadrants; attention
-    # alignment on each pixel's four grid neighbours; its learned-PE figure compares the PE's similarity with the
-    # pixels' correlation, as fMRI's does with FC (digits_class draws the PE on the grid)
+    # alignment on each pixel's four grid neighbours; its learned-PE figures lay the PE out on the grid, and compare
+    # its similarity with the pixels' correlation, as fMRI's does with FC
     view=dataclasses.replace(REGION_VIEW, probe="neighbours",
-                             similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity",
-                                         "pe_segregation", "pe_gradient_corr")),
+                             similarity=("pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr", "pe_modularity",
+                                         "pe_segregation", "pe_gradient_corr"),
+                             figures=(*REGION_VIEW.figures, "learned_pe_on_grid")),
     load=load,
 )
 
@@ -234,11 +236,12 @@ CLASS_KIND = TaskKind(
     presets={"all-pes": dict(pe="learned,sin2d,rope2d,sin1d,random,none")},
     pe_kinds=PE_KINDS,
     settings=(TRAIN_IMAGES, TOKENS_SETTING),
-    summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_effective_rank"),
+    summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr",
+             "pe_effective_rank"),
     view=TaskView(score="test_acc", generalisation=("test_acc",),
-                  similarity=("pe_dist_spearman", "pe_procrustes", "pe_fc_corr", "pe_modularity"),
-                  summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_fc_corr"),
-                  probe="neighbours", fit=None, figures=("learned_pe_grid",)),
+                  similarity=("pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr", "pe_modularity"),
+                  summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr"),
+                  probe="neighbours", fit=None, figures=("learned_pe_on_grid",)),
     load=lambda s: DigitClassTask(s.train_images, s.tokens),
 )
 
