@@ -249,3 +249,16 @@ def test_a_short_sweep_of_masked_patches_its_report_and_patches_refuse_a_window(
     from sweep_harness import refuse_sweep
     refused = refuse_sweep("--task", "digits", "--tokens", "patches", "--window", "2", "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "--tokens patches takes --window 1" in refused.stderr
+
+
+@pytest.mark.parametrize("task_name,steps", [("digits", 20_000), ("digits_class", 3000)])
+def test_the_ten_seed_preset_of_both_digit_tasks_resolves_to_valid_settings(task_name, steps):
+    """--preset gpu (not "gpu" in this test's name: that marks a CUDA-only test) through the sweep's parser and
+    checks: six σ × ten seeds of the learned PE, ten each of sin2d and none (80 models by hand); the masked task
+    allowed 20,000 steps, still stopping when converged."""
+    from pe_fast.sweep.grid import expand_grid
+    from pe_fast.sweep.settings import build_parser, from_flags
+    s = from_flags(build_parser().parse_args(["--task", task_name, "--preset", "gpu", "--tokens", "patches"]))
+    assert s.sigmas == (0.01, 0.1, 0.2, 0.5, 1.0, 2.0) and s.seeds == 10 and set(s.pe) == {"learned", "sin2d", "none"}
+    assert s.steps == steps and s.until == "converged" and s.tokens == "patches"
+    assert len(expand_grid(s)) == 6 * 10 + 10 + 10
