@@ -126,6 +126,10 @@ def test_the_report_lays_a_pe_out_on_its_square_grid(tmp_path):
     tables = {f"model_{i}": rng.normal(size=(1, 64, 16)) for i in (0, 1)}
     assert grid_pe_figure(results, tables, tmp_path / "grid.png") is None
     assert (tmp_path / "grid.png").stat().st_size > 10_000
+    # with the similarity maps below: a second row of panels, so a taller image
+    assert grid_pe_figure(results, tables, tmp_path / "maps.png", similarity_maps=True) is None
+    from PIL import Image
+    assert Image.open(tmp_path / "maps.png").height > 1.5 * Image.open(tmp_path / "grid.png").height
     odd = {f"model_{i}": rng.normal(size=(1, 10, 16)) for i in (0, 1)}
     assert "square grid" in grid_pe_figure(results, odd, tmp_path / "odd.png")
 
@@ -150,3 +154,111 @@ def test_patches_are_the_images_two_by_two_on_a_four_by_four_grid(tmp_path):
     assert {"learned", "rope2d", "baseline:logistic"} <= set(run.results["pe"])
     assert run.task_inputs("test").shape[1:] == (16, 4)
 
+
+
+@pytest.fixture(scope="module")
+def patches():
+    return DigitsTask(load_digit_regions(), "digits", tokens="patches")
+
+
+def test_masked_patches_are_the_z_scored_pixels_two_by_two(task, patches):
+    """--task digits --tokens patches: each token a 2 x 2 patch whose 4 pixels (z-scored as the pixel task's) are its
+    values; 3 of the 16 patches masked whole; the ground truth the patches' 4 x 4 grid, quadrants and correlation."""
+    from sklearn.datasets import load_digits
+    assert (patches.num_tokens, patches.token_dim, patches.num_classes, patches.num_masked) == (16, 5, 4, 3)
+    for name in ("train", "test"):
+        pixels = task.splits[name].values[:, :, 0].reshape(-1, 8, 8).numpy()
+        part = patches.splits[name]
+        for patch in range(16):  # by hand: patch (r, c) holds pixels (2r + i, 2c + j), i and j in 0, 1, row-major
+            r, c = divmod(patch, 4)
+            np.testing.assert_array_equal(part.values[:, patch].numpy(),
+                                          pixels[:, 2 * r:2 * r + 2, 2 * c:2 * c + 2].reshape(-1, 4))
+        assert (part.mask.sum(1) == 3).all()
+        np.testing.assert_array_equal(part.x[..., :4].numpy(), part.values.numpy() * ~part.mask[..., None].numpy())
+        np.testing.assert_array_equal(part.x[..., 4].numpy(), part.mask.numpy())
+    images = load_digits().data.reshape(-1, 8, 8)[:len(task.splits["train"])]
+    means = images.reshape(-1, 4, 2, 4, 2).mean((2, 4)).reshape(-1, 16)  # each patch's mean grey level
+    varying = means.std(0) > 0
+    np.testing.assert_allclose(patches.data.fc[np.ix_(varying, varying)], np.corrcoef(means[:, varying], rowvar=False),
+                               atol=1e-9)
+    rows, cols = np.divmod(np.arange(16), 4)
+    np.testing.assert_array_equal(patches.coordinates, np.stack([rows, cols], 1))
+    np.testing.assert_array_equal(patches.data.networks, (rows >= 2) * 2 + (cols >= 2))
+    neighbours = patches.probes[patches.probe_names.index("neighbours")].numpy()
+    np.testing.assert_array_equal(neighbours, np.abs(rows[:, None] - rows) + np.abs(cols[:, None] - cols) == 1)
+
+
+def test_the_linear_reference_of_patches_predicts_pixels_from_pixels(task, patches):
+    """The masked patches' pixels as E[masked | visible] under the training pixels' covariance, by numpy's
+    pseudo-inverse item by item (blank pixels make the covariance singular)."""
+    covariance = np.cov(task.splits["train"].values[:, :, 0].numpy().astype(np.float64), rowvar=False)
+    predicted = patches.baseline_predictions("baseline:linear", "test").numpy()
+    part = patches.splits["test"]
+    for item in range(0, len(part), 97):
+        pixels = np.empty(64)
+        masked_pixels = []
+        for patch in range(16):
+            r, c = divmod(patch, 4)
+            indices = [(2 * r + i) * 8 + 2 * c + j for i in (0, 1) for j in (0, 1)]
+            pixels[indices] = part.values[item, patch].numpy()
+            if part.mask[item, patch]:
+                masked_pixels += indices
+        visible = [p for p in range(64) if p not in masked_pixels]
+        expected = covariance[np.ix_(masked_pixels, visible)] @ np.linalg.pinv(
+            covariance[np.ix_(visible, visible)]) @ pixels[visible]
+        got = predicted[item][part.mask[item].numpy()].reshape(-1)
+        np.testing.assert_allclose(got, expected, atol=2e-3)
+        np.testing.assert_array_equal(predicted[item][~part.mask[item].numpy()], part.values[item][~part.mask[item]])
+
+
+def test_the_grid_as_a_pe_scores_perfect_rsa_on_both_digit_tasks_and_a_random_one_chance(task, patches):
+    """pe_rsa: the Pearson r of the PE's cosine similarities with minus the grid distances. A hand-made PE whose
+    cosine similarities are exp(−distance / 100) (the Laplace kernel is positive definite: its square root's rows
+    are the PE), nearly linear in the distance, scores ≈ 1; random PEs ≈ 0. The same for the classification task,
+    pixels and patches."""
+    from pe_fast.tasks.digits import DigitClassTask
+
+    def laplace_pe(side):
+        rows, cols = np.divmod(np.arange(side * side), side)
+        distance = np.hypot(rows[:, None] - rows, cols[:, None] - cols)
+        values, vectors = np.linalg.eigh(np.exp(-distance / 100))
+        return vectors * np.sqrt(np.clip(values, 0, None))
+
+    rng = np.random.default_rng(1)
+    for measured, side in ((task, 8), (patches, 4), (DigitClassTask(), 8), (DigitClassTask(tokens="patches"), 4)):
+        assert measured.pe_metrics(laplace_pe(side))["pe_rsa"] > 0.999
+        chance = [measured.pe_metrics(rng.normal(size=(side * side, 16)))["pe_rsa"] for _ in range(5)]
+        assert abs(np.mean(chance)) < 0.1
+
+
+def test_a_short_sweep_of_masked_patches_its_report_and_patches_refuse_a_window(tmp_path):
+    """The sweep and its report: the learned PE laid out on the grid (figures/learned_pe_on_grid.png) beside its
+    similarity with the tokens' correlation (figures/learned_pe.png)."""
+    out = tmp_path / "patches"
+    run = pe_fast.sweep.run(task="digits", tokens="patches", pe=["learned", "sin2d"], sigmas=[0.1, 2.0], seeds=1,
+                            steps=4, eval_every=2, threads=1, out=str(out))
+    report = (out / "report.md").read_text()
+    for figure in ("learned_pe_on_grid", "learned_pe"):
+        assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000 and f"figures/{figure}.png" in report
+    results = run.results.set_index("pe")
+    assert {"learned", "sin2d", "baseline:mean", "baseline:linear"} <= set(results.index)
+    assert np.isfinite(results.loc["learned", ["test_r2", "pe_rsa", "pe_fc_corr"]].to_numpy(float)).all()
+    assert run.task_inputs("test").shape[1:] == (16, 5)
+    with torch.no_grad():
+        assert run.model(0)(run.task_inputs("test")[:4]).shape == (4, 16, 4)
+    from sweep_harness import refuse_sweep
+    refused = refuse_sweep("--task", "digits", "--tokens", "patches", "--window", "2", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "--tokens patches takes --window 1" in refused.stderr
+
+
+@pytest.mark.parametrize("task_name,steps", [("digits", 20_000), ("digits_class", 3000)])
+def test_the_ten_seed_preset_of_both_digit_tasks_resolves_to_valid_settings(task_name, steps):
+    """--preset gpu (not "gpu" in this test's name: that marks a CUDA-only test) through the sweep's parser and
+    checks: six σ × ten seeds of the learned PE, ten each of sin2d and none (80 models by hand); the masked task
+    allowed 20,000 steps, still stopping when converged."""
+    from pe_fast.sweep.grid import expand_grid
+    from pe_fast.sweep.settings import build_parser, from_flags
+    s = from_flags(build_parser().parse_args(["--task", task_name, "--preset", "gpu", "--tokens", "patches"]))
+    assert s.sigmas == (0.01, 0.1, 0.2, 0.5, 1.0, 2.0) and s.seeds == 10 and set(s.pe) == {"learned", "sin2d", "none"}
+    assert s.steps == steps and s.until == "converged" and s.tokens == "patches"
+    assert len(expand_grid(s)) == 6 * 10 + 10 + 10

@@ -198,9 +198,11 @@ def chosen_models(results: pd.DataFrame, pe_tables: dict) -> list[pd.Series]:
     return []
 
 
-def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | None:
+def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path, similarity_maps: bool = False) -> str | None:
     """PCA (2 components) of the first block's PE vectors next to the true square grid of the tokens (the LST's
-    4×4 cells, the digits' 8×8 pixels; row-major). Returns why it was not drawn, or None."""
+    4×4 cells, the digits' 8×8 pixels; row-major). similarity_maps: below them, each model's PE cosine similarity
+    with the centre token laid out on the grid, beside minus the grid distance to it (what a PE mirroring the grid
+    shows). Returns why it was not drawn, or None."""
     chosen = chosen_models(results, pe_tables)
     if not chosen:
         return "no pe_tables.npz entry for a learned or random PE model."
@@ -210,7 +212,9 @@ def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | 
         return f"the {count} tokens do not lie on a square grid."
     cells = np.arange(count)
     grid = np.stack([cells % side, -(cells // side)], axis=1).astype(float)  # x = column, y = −row: reads as a grid
-    fig, axes = plt.subplots(1, 1 + len(chosen), figsize=(4.4 * (1 + len(chosen)), 4.6), layout="constrained")
+    panels = 1 + len(chosen)
+    fig, axes = plt.subplots(1 + similarity_maps, panels, figsize=(4.4 * panels, 4.6 * (1 + similarity_maps)),
+                             layout="constrained", squeeze=False)
 
     def draw(ax, points, title):
         colours = plt.get_cmap("tab10").colors
@@ -227,10 +231,10 @@ def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | 
         ax.set_aspect("equal", adjustable="datalim")
         ax.grid(alpha=0.3)
 
-    draw(axes[0], grid, f"true {side}×{side} grid ({'cell index, ' if side <= 4 else ''}colour = row)")
-    axes[0].set_xlabel("column")
-    axes[0].set_ylabel("− row")
-    for ax, model in zip(axes[1:], chosen):
+    draw(axes[0, 0], grid, f"true {side}×{side} grid ({'cell index, ' if side <= 4 else ''}colour = row)")
+    axes[0, 0].set_xlabel("column")
+    axes[0, 0].set_ylabel("− row")
+    for ax, model in zip(axes[0, 1:], chosen):
         table = pe_tables[run_folder.pe_table_key(model.model_id)][0]
         centred = table - table.mean(0)
         u, s, _ = np.linalg.svd(centred, full_matrices=False)
@@ -240,6 +244,23 @@ def grid_pe_figure(results: pd.DataFrame, pe_tables: dict, path: Path) -> str | 
                                    f"PCA of block-0 PE ({100 * explained:.0f}% of variance)")
         ax.set_xlabel("PC 1")
         ax.set_ylabel("PC 2")
+    if similarity_maps:
+        centre = (side // 2) * side + side // 2
+        rows, cols = np.divmod(cells, side)
+        maps = [("− grid distance", -np.hypot(rows - rows[centre], cols - cols[centre]))]
+        maps += [(f"{model.pe} σ={model.sigma:g}: PE cosine similarity", pe_geometry.cosine_similarity_matrix(
+            pe_tables[run_folder.pe_table_key(model.model_id)][0])[centre]) for model in chosen]
+        for ax, (title, values) in zip(axes[1], maps):
+            values = values.astype(float)
+            values[centre] = np.nan  # its similarity with itself would set the colour scale
+            image = ax.imshow(values.reshape(side, side), cmap="viridis")
+            ax.scatter(centre % side, centre // side, marker="x", color="r")
+            ax.set_xticks(range(side))
+            ax.set_yticks(range(side))
+            ax.set_title(f"{title}\nto the centre token (×)", fontsize=10)
+            ax.set_xlabel("column")
+            ax.set_ylabel("row")
+            fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle("Learned PE geometry (lines: same row solid, same column dotted)")
     save(fig, path)
     return None
@@ -517,6 +538,10 @@ def draw_learned_pe_grid(page: Page, path: Path) -> str | None:
     return grid_pe_figure(page.results, page.run.pe_tables, path)
 
 
+def draw_learned_pe_on_grid(page: Page, path: Path) -> str | None:
+    return grid_pe_figure(page.results, page.run.pe_tables, path, similarity_maps=True)
+
+
 def draw_learned_pe_fc(page: Page, path: Path) -> str | None:
     if page.ground_truth is None:
         return "no ground_truth.npz (fc, networks) in the folder."
@@ -584,6 +609,12 @@ FIGURE_TABLE = (
     Figure("learned_pe", in_view("learned_pe_grid"), draw_learned_pe_grid,
            lambda page: "2D PCA of the first block's learned PE vectors (small and large σ) next to the true grid.",
            "learned PE"),
+    # a file of its own: the digits draw it beside learned_pe's similarity with the pixels' correlation
+    Figure("learned_pe_on_grid", in_view("learned_pe_on_grid"), draw_learned_pe_on_grid,
+           lambda page: ("2D PCA of the first block's learned PE vectors (small and large σ) next to the true grid; "
+                         "below, each PE's cosine similarity with the centre token laid out on the grid, beside "
+                         "minus the grid distance to it."),
+           "learned PE on the grid"),
     Figure("learned_pe", in_view("learned_pe_fc"), draw_learned_pe_fc,
            lambda page: "Learned PE cosine similarity (small and large σ) next to FC, tokens ordered by network.",
            "learned PE"),

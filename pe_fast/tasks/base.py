@@ -31,7 +31,7 @@ class TaskView:
     reference_pe: str | None = None     # the ground-truth PE whose models' attention maps the others are compared
                                         # with (attn_map_alignment, the paper's measure), if the task has one
     # The report's figures of the task's own ground truth, by name (report/figures.py: FIGURE_TABLE's rows that
-    # ask for them, and brain_maps): pe_gradient, learned_pe_grid, learned_pe_fc, brain_maps
+    # ask for them, and brain_maps): pe_gradient, learned_pe_grid, learned_pe_on_grid, learned_pe_fc, brain_maps
     figures: tuple[str, ...] = ()
     paper_rho: tuple[float, str] | None = None  # the paper's alignment–generalisation ρ, and where ("on the LST")
     # (name, token coordinates) where the ground truth is the same in every run: the RSA's reference distances

@@ -155,6 +155,26 @@ def probe_matrices(data, names: list[str]) -> np.ndarray:
     return np.stack(probes)
 
 
+def conditional_expectation(values: Tensor, mask: Tensor, covariance: np.ndarray) -> Tensor:
+    """[S, N, w] float64 values with their masked tokens replaced by E[x_masked | x_visible] under a zero-mean
+    Gaussian of this [N, N] covariance, each of the w columns on its own; mask [S, N], the same count per row."""
+    # A tiny ridge keeps Σ_vv invertible when regions are (nearly) collinear.
+    covariance = torch.from_numpy(covariance)
+    covariance = covariance + 1e-6 * covariance.diagonal().mean() * torch.eye(len(covariance), dtype=covariance.dtype)
+    predictions = values.clone()
+    # All rows mask the same number of tokens, so the systems batch: Σ_vv a = x_v, x̂_m = Σ_mv a.
+    for start in range(0, len(values), 256):
+        m = mask[start:start + 256]
+        masked_idx = m.nonzero()[:, 1].view(len(m), -1)
+        visible_idx = (~m).nonzero()[:, 1].view(len(m), -1)
+        s_vv = covariance[visible_idx[:, :, None], visible_idx[:, None, :]]
+        s_mv = covariance[masked_idx[:, :, None], visible_idx[:, None, :]]
+        x_v = torch.gather(values[start:start + 256], 1, visible_idx.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+        filled = s_mv @ torch.linalg.solve(s_vv, x_v)
+        predictions[start:start + 256].scatter_(1, masked_idx.unsqueeze(-1).expand(-1, -1, values.shape[-1]), filled)
+    return predictions
+
+
 class MaskedRegionTask:
     """Masked-region prediction on a RegionData (pe_fast.data): real fMRI, a surrogate, or a simulated network."""
 
@@ -290,26 +310,9 @@ class MaskedRegionTask:
             return mean.expand_as(values).float()
         if kind not in self.baseline_kinds:
             raise ValueError(f"unknown baseline {kind!r} for these data; they have {', '.join(self.baseline_kinds)}")
-        # A tiny ridge keeps Σ_vv invertible when regions are (nearly) collinear.
-        covariance = torch.from_numpy(self.train_covariance if kind == "baseline:linear"
-                                      else np.asarray(self.data.covariance, dtype=np.float64))
-        covariance = covariance + 1e-6 * covariance.diagonal().mean() * torch.eye(len(covariance),
-                                                                                  dtype=covariance.dtype)
-        predictions = values.clone()
-        # All rows mask the same number of tokens, so the systems batch: Σ_vv a = x_v, x̂_m = Σ_mv a.
-        for start in range(0, len(values), 256):
-            m = mask[start:start + 256]
-            masked_idx = m.nonzero()[:, 1].view(len(m), -1)
-            visible_idx = (~m).nonzero()[:, 1].view(len(m), -1)
-            s_vv = covariance[visible_idx[:, :, None], visible_idx[:, None, :]]
-            s_mv = covariance[masked_idx[:, :, None], visible_idx[:, None, :]]
-            x_v = torch.gather(values[start:start + 256], 1,
-                               visible_idx.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
-            solved = torch.linalg.solve(s_vv, x_v)
-            filled = s_mv @ solved
-            predictions[start:start + 256].scatter_(
-                1, masked_idx.unsqueeze(-1).expand(-1, -1, values.shape[-1]), filled)
-        return predictions.float()
+        covariance = (self.train_covariance if kind == "baseline:linear"
+                      else np.asarray(self.data.covariance, dtype=np.float64))
+        return conditional_expectation(values, mask, covariance).float()
 
     def baselines(self) -> list[dict]:
         """One results row per baseline, with the same score columns as the transformers'."""
