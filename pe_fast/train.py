@@ -422,8 +422,11 @@ class PackTrainer:
 
     def _forward_loss(self, inputs: Tensor, targets, pe_dropout_masks: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Each model's loss [M] and the attention statistics [L,M,H,S] of one training batch."""
+        # a task whose loss reads some tokens only (the masked-token tasks) has the model compute its outputs there
+        loss_tokens = getattr(self.task, "loss_tokens", None)
+        tokens, targets = loss_tokens(targets) if loss_tokens is not None else (None, targets)
         with self.autocast():
-            outputs, stats = self.model(inputs, self.probes, pe_dropout_masks)
+            outputs, stats = self.model(inputs, self.probes, pe_dropout_masks, output_tokens=tokens)
             return self.task.loss(outputs, targets), stats
 
     def evaluate(self, step: int, final: bool) -> list[dict]:

@@ -178,3 +178,54 @@ def test_training_masks_are_each_model_s_own_random_masks():
         index = torch.randint(0, 40, (3, 8))
         _, (_, mask) = batches(index)
         assert torch.equal(mask, torch.stack([random_masks((8, 30), count, g) for g in own]))
+
+
+def test_loss_tokens_are_the_masked_ones_in_order_with_their_targets():
+    task = MaskedRegionTask(gaussian_regions(), "fmri")
+    index = torch.randint(0, 50, (2, 6))
+    _, (values, mask) = task.training_batches([1, 2], torch.device("cpu"))(index)
+    tokens, (at_values, at_mask) = task.loss_tokens((values, mask))
+    assert tokens.shape == (2, 6, task.num_masked) and at_mask.all()
+    for m in range(2):
+        for b in range(6):
+            expected = mask[m, b].nonzero().flatten()  # brute force: the masked positions, ascending
+            assert torch.equal(tokens[m, b], expected)
+            assert torch.equal(at_values[m, b], values[m, b, expected])
+
+
+@pytest.mark.parametrize("pe", ["learned", "none", "rope", "relative"])
+@pytest.mark.parametrize("ends", ["C++ sublayer ends", "torch's ops"])
+def test_a_step_on_the_masked_tokens_alone_equals_the_step_on_every_token(pe, ends, monkeypatch):
+    """A training step computes the last block's output projection, layer norms, MLP and the head at the masked
+    tokens only (StackedTransformer's output_tokens): its loss, statistics and gradients are those of the whole
+    outputs' loss, to float64 rounding; through the C++ sublayer ends and through torch's ops (CUDA's path)."""
+    from pe_fast.models.transformer import ModelConfig, StackedTransformer
+    from pe_fast.ops import sublayer_ends
+    if ends == "torch's ops":
+        monkeypatch.setattr(sublayer_ends, "BUILT", False)
+    task = MaskedRegionTask(gaussian_regions(), "fmri")
+    config = ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes, width=16,
+                         depth=2, heads=2, mlp_width=24, pe=pe)
+    model = StackedTransformer(config, seeds=[1, 2, 3], sigmas=[0.1, 0.5, 2.0]).double()
+    inputs, targets = task.training_batches([1, 2, 3], torch.device("cpu"))(torch.randint(0, 50, (3, 5)))
+    inputs, targets = inputs.double(), (targets[0].double(), targets[1])
+    every, every_stats = model(inputs, task.probes.double())
+    full_loss = task.loss(every, targets)
+    tokens, at_tokens = task.loss_tokens(targets)
+    some, some_stats = model(inputs, task.probes.double(), output_tokens=tokens)
+    assert some.shape == (3, 5, task.num_masked, task.num_classes)
+    some_loss = task.loss(some, at_tokens)
+    torch.testing.assert_close(some_loss, full_loss, rtol=1e-12, atol=0)
+    torch.testing.assert_close(some_stats, every_stats, rtol=0, atol=0)
+    parameters = list(model.parameters())
+    for full, alone in zip(torch.autograd.grad(full_loss.sum(), parameters),
+                           torch.autograd.grad(some_loss.sum(), parameters)):
+        torch.testing.assert_close(alone, full, rtol=1e-10, atol=1e-14)
+
+
+def test_output_tokens_are_refused_for_a_read_out_model():
+    from pe_fast.models.transformer import ModelConfig, StackedTransformer
+    model = StackedTransformer(ModelConfig(num_tokens=4, token_dim=2, out_dim=3, width=8, depth=1, mlp_width=8,
+                                           readout_token=0), seeds=[1], sigmas=[0.5])
+    with pytest.raises(ValueError, match="output_tokens"):
+        model(torch.zeros(1, 2, 4, 2), output_tokens=torch.zeros(1, 2, 1, dtype=torch.long))

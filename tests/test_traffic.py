@@ -22,8 +22,12 @@ SWEEP_FLAGS = ["--task", "netsim", "--nodes", str(N), "--modules", "3", "--timep
                "--width", str(D), "--depth", "1", "--heads", "1", "--mlp-width", str(MLP), "--batch-size", str(B),
                "--pe", "learned", "--sigmas", "1", "--seeds", str(M), "--optimizer", "adamw", "--lr", "1e-3"]
 ROWS = B * N  # rows of one model's activations
-# (fan in, fan out) of every StackedLinear of the model, in order: embedding, attention output, MLP in and out, head
-LINEARS = [(TOKEN_DIM, D), (D, D), (D, MLP), (MLP, D), (D, OUT)]
+MASKED = round(0.2 * N)  # netsim's masked tokens per item (--mask-fraction 0.2)
+# rows after the last block's attention: a training step computes the outputs at the masked tokens alone
+OUT_ROWS = B * MASKED
+# (fan in, fan out, rows) of every StackedLinear of the model, in order: embedding, attention output, MLP in and out,
+# head (the one block is the last)
+LINEARS = [(TOKEN_DIM, D, ROWS), (D, D, OUT_ROWS), (D, MLP, OUT_ROWS), (MLP, D, OUT_ROWS), (D, OUT, OUT_ROWS)]
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +51,13 @@ def test_the_qkv_projection_moves_its_input_and_weights_in_and_q_k_v_out(ledger)
 
 def test_each_layer_norm_reads_its_input_and_writes_output_mean_and_inverse_deviation(ledger):
     norm = entry(ledger, "forward", "aten.native_layer_norm.default")
-    assert norm.calls == 2  # after the attention and after the MLP
-    assert norm.read == 2 * M * ROWS * D * FLOAT
-    assert norm.written == 2 * (M * ROWS * D + 2 * M * ROWS) * FLOAT
+    assert norm.calls == 2  # after the attention and after the MLP, at the masked tokens
+    assert norm.read == 2 * M * OUT_ROWS * D * FLOAT
+    assert norm.written == 2 * (M * OUT_ROWS * D + 2 * M * OUT_ROWS) * FLOAT
 
 
 def test_fused_adamw_reads_four_and_writes_three_floats_per_parameter(ledger):
-    per_model = (sum(fan_in * fan_out + fan_out for fan_in, fan_out in LINEARS)
+    per_model = (sum(fan_in * fan_out + fan_out for fan_in, fan_out, _ in LINEARS)
                  + D * 3 * D + 3 * D  # the QKV projection
                  + 2 * 2 * D  # two layer norms' scale and shift
                  + N * D)  # the learned PE
@@ -64,7 +68,7 @@ def test_fused_adamw_reads_four_and_writes_three_floats_per_parameter(ledger):
 
 
 def test_the_linear_layers_do_three_times_their_forward_flops_but_the_embedding_two(ledger):
-    forward = [2 * M * ROWS * fan_in * fan_out for fan_in, fan_out in LINEARS]
+    forward = [2 * M * rows * fan_in * fan_out for fan_in, fan_out, rows in LINEARS]
     expected = 3 * sum(forward) - forward[0]  # the tokens need no gradient
     gemms = sum(e.flops for e in ledger.entries.values() if e.op in ("aten.baddbmm.default", "aten.bmm.default"))
     assert gemms == expected
@@ -73,11 +77,11 @@ def test_the_linear_layers_do_three_times_their_forward_flops_but_the_embedding_
 def test_the_bias_broadcast_into_each_linear_layers_output_is_a_materialised_broadcast(ledger):
     copy = entry(ledger, "forward", "aten.baddbmm.default: C copied into the output")
     assert copy.kind == "materialised broadcast" and copy.calls == len(LINEARS)
-    assert copy.read == sum(M * fan_out for _, fan_out in LINEARS) * FLOAT  # each bias [M, 1, out] once
-    assert copy.written == sum(M * ROWS * fan_out for _, fan_out in LINEARS) * FLOAT
+    assert copy.read == sum(M * fan_out for _, fan_out, _ in LINEARS) * FLOAT  # each bias [M, 1, out] once
+    assert copy.written == sum(M * rows * fan_out for _, fan_out, rows in LINEARS) * FLOAT
     gemm = entry(ledger, "forward", "aten.baddbmm.default")  # reads the copy back as C
-    assert gemm.read == sum(M * ROWS * fan_in + M * fan_in * fan_out + M * ROWS * fan_out
-                            for fan_in, fan_out in LINEARS) * FLOAT
+    assert gemm.read == sum(M * rows * fan_in + M * fan_in * fan_out + M * rows * fan_out
+                            for fan_in, fan_out, rows in LINEARS) * FLOAT
 
 
 def test_per_model_step_totals_and_the_ceiling(ledger):
@@ -129,4 +133,4 @@ def test_under_bf16_autocast_the_layer_norm_runs_in_float32_as_on_cuda():
         [*SWEEP_FLAGS, "--pe", "none"], None, "bf16")
     ledger = traffic.step_ledger(task, model_config, train_config, seeds, sigmas)
     norm = entry(ledger, "forward", "aten.native_layer_norm.default")
-    assert norm.read == 2 * M * ROWS * D * FLOAT
+    assert norm.read == 2 * M * OUT_ROWS * D * FLOAT

@@ -93,9 +93,13 @@ class Block(nn.Module):
         self.mlp_out = StackedLinear(generators, config.mlp_width, D)
         self.norm_mlp = StackedLayerNorm(M, D)
 
-    def forward(self, h, pe, probes, rope, bias, only_token: int | None = None, pe_dropout_mask=None):
+    def forward(self, h, pe, probes, rope, bias, only_token: int | None = None, pe_dropout_mask=None,
+                rows: Tensor | None = None):
         """only_token: compute the block's output at this token alone (the last block of a model that reads
         out one token: every token still serves as a key, but the other tokens' outputs are never used).
+        rows [M,B,K]: the block's output at these tokens of each item alone, [M,B,K,D]: the attention at every
+        query (every token is a key, and the statistics cover every query), the output projection, its layer norm
+        and the MLP sublayer at these tokens only.
         pe_dropout_mask [M,B,N,D]: the block works on (h + pe) · mask, as the authors' sinusoidal PE modules do
         (it then goes through the attention as one input, without the op's separate PE path)."""
         fused_attention, fused_mlp = self.fused_attention, self.fused_mlp
@@ -104,23 +108,28 @@ class Block(nn.Module):
             h, stats = fused_attention.attention_forward(
                 h, pe, probes, only_token, attention.w_qkv, attention.b_qkv, attention.out.weight,
                 attention.out.bias, norm_attn.weight, norm_attn.bias, attention.num_heads, norm_attn.eps)
+            if rows is not None:
+                h = at_tokens(h, rows)
         else:
-            h, stats = self.attention_sublayer(h, pe, probes, rope, bias, only_token, pe_dropout_mask)
+            h, stats = self.attention_sublayer(h, pe, probes, rope, bias, only_token, pe_dropout_mask, rows)
         if fused_mlp is not None and fused_mlp.takes_mlp(h):
             return fused_mlp.mlp_forward(h, self.mlp_in.weight, self.mlp_in.bias, self.mlp_out.weight,
                                      self.mlp_out.bias, norm_mlp.weight, norm_mlp.bias, norm_mlp.eps), stats
         h = self.norm_mlp(self.mlp_out(self.mlp_in(h, gelu=True), gelu=True), residual=h)
         return h, stats
 
-    def attention_sublayer(self, h, pe, probes, rope, bias, only_token, pe_dropout_mask):
+    def attention_sublayer(self, h, pe, probes, rope, bias, only_token, pe_dropout_mask, rows=None):
         """LN0(Attn(h + pe) + h + pe) and the attention statistics, through the fused op (and on the CPU, the C++
-        sublayer end for the rest)."""
+        sublayer end for the rest); with rows, the output projection and layer norm at those tokens alone."""
         if pe_dropout_mask is not None:
             h, pe = (h + pe[:, None]) * pe_dropout_mask, None
         out, stats = self.attention.attend(h, pe, probes, rope=rope, bias=bias, only_token=only_token)
         if only_token is not None:
             h = h[:, :, only_token:only_token + 1]
             pe = None if pe is None else pe[:, only_token:only_token + 1]
+        if rows is not None:  # the residual h + pe gathered whole: each item has its own tokens
+            out = at_tokens(out, rows)
+            h, pe = at_tokens(h if pe is None else h + pe[:, None], rows), None
         projection = self.attention.out
         if sublayer_ends.fusable(out, h, pe, projection.bias):
             # one pass for the projection's bias, the residual, the PE, the layer norm and its scale
@@ -128,6 +137,11 @@ class Block(nn.Module):
             return self.norm_attn(projection(out, add_bias=False), residual=h, add=add), stats
         # CUDA, bf16, traced: torch's ops
         return self.norm_attn(projection(out) + (h if pe is None else h + pe[:, None])), stats
+
+
+def at_tokens(x: Tensor, rows: Tensor) -> Tensor:
+    """x [M,B,N,D] at the tokens rows [M,B,K] of each item: [M,B,K,D]."""
+    return x.gather(2, rows.unsqueeze(-1).expand(*rows.shape, x.shape[-1]))
 
 
 class StackedTransformer(nn.Module):
@@ -180,9 +194,14 @@ class StackedTransformer(nn.Module):
         """The additive PE tables [M,N,D] in block order (empty for rotary, relative and none)."""
         return [] if self.absolute is None else self.absolute.values()
 
-    def forward(self, tokens: Tensor, probes: Tensor | None = None,
-                pe_dropout_masks: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """pe_dropout_masks [blocks with a PE, M, B, N, D]: training with config.pe_dropout (PEDropout.masks)."""
+    def forward(self, tokens: Tensor, probes: Tensor | None = None, pe_dropout_masks: Tensor | None = None,
+                output_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """pe_dropout_masks [blocks with a PE, M, B, N, D]: training with config.pe_dropout (PEDropout.masks).
+        output_tokens [M,B,K] (models that predict at every token): the outputs at these tokens alone,
+        [M,B,K,out], the last block's MLP sublayer and the head computed there only: a training loss that reads K
+        of the N tokens (the masked-token tasks) needs no more."""
+        if output_tokens is not None and self.config.readout_token is not None:
+            raise ValueError("output_tokens: a model that reads out one token (readout_token) has one output")
         h = self.embed(tokens)
         rope = self.rotary.tables() if self.rotary is not None else None
         all_stats = []
@@ -193,7 +212,8 @@ class StackedTransformer(nn.Module):
                 bias = self.relative.bias(index)
             last = index == len(self.blocks) - 1
             mask = pe_dropout_masks[index] if pe_dropout_masks is not None and pe is not None else None
-            h, stats = block(h, pe, probes, rope, bias, self.config.readout_token if last else None, mask)
+            h, stats = block(h, pe, probes, rope, bias, self.config.readout_token if last else None, mask,
+                             output_tokens if last else None)
             all_stats.append(stats)
         if self.config.readout_token is not None:
             h = h[:, :, 0]  # the last block kept the readout token only

@@ -249,6 +249,15 @@ class MaskedRegionTask:
         weight = mask.to(squared.dtype)
         return (squared * weight).sum((1, 2)) / weight.sum((1, 2))
 
+    def loss_tokens(self, targets: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The masked tokens of each item [M,B,K], in order: the only outputs loss() reads, so that a training step
+        computes them alone (StackedTransformer's output_tokens); and the targets at them, every one masked."""
+        values, mask = targets
+        # a stable sort puts each item's K masked tokens first, in token order; static shapes (no nonzero())
+        tokens = mask.to(torch.uint8).argsort(dim=2, descending=True, stable=True)[..., :self.num_masked]
+        values = values.gather(2, tokens.unsqueeze(-1).expand(*tokens.shape, values.shape[-1]))
+        return tokens, (values, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device))
+
     def targets(self, split: str, items: Tensor, num_models: int) -> tuple[Tensor, Tensor]:
         """(values, mask) of the items under the split's fixed evaluation mask."""
         part = self.splits[split]
