@@ -49,6 +49,8 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     files["NOT_LATIN"] = str(tmp_path / "not_latin.csv")  # its second puzzle shows shape 1 twice in its first row
     Path(files["NOT_LATIN"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,2000500234001000,4\n"
                                         "1,,Binary,1100500000000000,2\n")
+    files["AMBIGUOUS"] = str(tmp_path / "two_answers.csv")  # its query may hold 3 or 4: row 1 shows 1, 2
+    Path(files["AMBIGUOUS"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,1250000000000000,3\n")
     (tmp_path / "empty").mkdir()
     files["EMPTY_FOLDER"] = str(tmp_path / "empty")
     files["TMP"] = str(tmp_path.resolve())
@@ -84,7 +86,9 @@ CASES = [
     ("puzzle folder of other CSV files", LST + ["--lst-train", "."],  # mostly.csv: the first CSV file by name
      "--lst-train {TMP}/mostly.csv:1: missing column(s) condition, puzzles, solutions"),
     ("generalisation puzzle not a Latin square", LST + ["--lst-ood", "NOT_LATIN"],
-     "--lst-ood {NOT_LATIN}:3: puzzle '1100500000000000': no Latin square completes it (shape 1 twice in row 1)"),
+     "--lst-ood {NOT_LATIN}:3: puzzle 2 of the file, '1100500000000000': no Latin square completes it (shape 1 twice in row 1)"),
+    ("generalisation puzzle with two answers", LST + ["--lst-ood", "AMBIGUOUS"],
+     "--lst-ood {AMBIGUOUS}:2: puzzle 1 of the file, '1250000000000000': ambiguous: its query may hold 3 or 4"),
     ("puzzle folder without CSV files", LST + ["--lst-train", "EMPTY_FOLDER"],
      "--lst-train {EMPTY_FOLDER}:0: folder has no *.csv puzzle files"),
 ]

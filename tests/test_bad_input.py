@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -669,6 +670,12 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"sigma": [0.0, None]}, "column sigma holds 0"),
     ({"sigma": [-1.0, None]}, "column sigma holds -1"),
     ({"sigma": ["small", None]}, "column sigma holds values that are not numbers"),
+    ({"sigma": [float("inf"), None]}, "column sigma holds inf"),
+    ({"seed": [float("nan"), 1]}, "column seed holds nan"),  # empty only for a baseline
+    ({"seed": [1e300, 1]}, "column seed holds 1e+300"),
+    ({"model_id": [0, 0]}, "column model_id holds 0 twice"),
+    ({"model_id": [0, 0.5]}, "column model_id holds 0.5"),
+    ({"model_id": [0, -7]}, "column model_id holds -7"),
 ])
 def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -688,6 +695,9 @@ def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp
     ({"model_0": np.zeros(4)}, "entry model_0 is a 1-axis float64"),
     ({"model_0": np.zeros((2, 2), dtype=complex)}, "complex"),
     ({"something_else": np.zeros((2, 2))}, "entry 'something_else' is not model_<id>"),
+    ({"model_0": np.zeros((16, 8), np.float16)}, "entry model_0 is a 2-axis float16"),
+    ({"model_0": np.zeros((3, 8))}, "entry model_0 has shape [3, 8], not [16, width]"),  # model_1 has 16 tokens
+    ({"attention_map_1": np.zeros((2, 16, 3))}, "entry attention_map_1 has shape [2, 16, 3], not [blocks, 16, 16]"),
 ])
 def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -701,11 +711,24 @@ def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_pat
     assert snapshot(folder) == before
 
 
-def test_curves_without_steps_are_one_error(tmp_path):
+@pytest.mark.parametrize("curves, must_name", [
+    ({"model_id": [0], "ood_acc": [0.5]}, "curves column step is missing"),
+    ({"model_id": [0, 0], "step": [0, float("inf")]}, "curves column step holds inf"),
+    ({"model_id": [0, 0], "step": [0, -5]}, "curves column step holds -5"),
+    ({"model_id": [0, 1.5], "step": [0, 5]}, "curves column model_id holds 1.5"),
+])
+def test_curves_of_the_wrong_schema_are_one_error(curves, must_name, tmp_path):
     from pe_fast.results.reading import ReportError, load_run
-    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD), pd.DataFrame({"model_id": [0], "ood_acc": [0.5]}))
-    with pytest.raises(ReportError, match="curves column step is missing"):
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD), pd.DataFrame(curves))
+    with pytest.raises(ReportError, match=re.escape(must_name)):
         load_run(folder)
+
+
+def test_a_baseline_has_no_seed(tmp_path):
+    """A task's baselines (baseline:NAME rows) are not trained from a seed: their empty seed reads."""
+    from pe_fast.results.reading import load_run
+    results = pd.DataFrame({**GOOD, "pe": ["learned", "baseline:mean"], "seed": [1, None]})
+    assert load_run(minimal_run(tmp_path / "run", results)).results["pe"].tolist() == ["learned", "baseline:mean"]
 
 
 @pytest.mark.parametrize("in_the_way", ["report.md as a folder", "figures as a file"])

@@ -54,6 +54,10 @@ def test_brute_force_answers_small_cases():
     assert lst_puzzles.brute_force_answers("1235" + "0" * 12) == {4}
     # Contradictory givens: no square fits.
     assert lst_puzzles.brute_force_answers("1105" + "0" * 12) == set()
+    # Row 1 shows 1 and 2, the query's column nothing: the query holds 3 and row 1's last cell 4, or the reverse.
+    assert lst_puzzles.brute_force_answers("1250" + "0" * 12) == {3, 4}
+    # The same with a 3 below the query: its row and column leave only 4.
+    assert lst_puzzles.brute_force_answers("1250" + "0030" + "0" * 8) == {4}
 
 
 def test_brute_force_answers_match_a_loop_over_every_latin_square():
@@ -224,6 +228,9 @@ GOOD = "0,,Binary,2000500234001000,4\n"
         (HEADER + "0,,Binary,1200003000035000,4\n", 2, "no Latin square completes it (its blanks"),
         # the query's column shows 2, 3 and 1
         (HEADER + "0,,Binary,2000500234001000,3\n", 2, "solution 3 contradicts it: its query must hold 4"),
+        # row 1 shows 1 and 2, nothing else constrains the query: 3 and 4 both complete it
+        (HEADER + GOOD + "1,,Binary,1250000000000000,3\n", 3,
+         "puzzle 2 of the file, '1250000000000000': ambiguous: its query may hold 3 or 4"),
     ],
 )
 def test_malformed_files_raise_with_line_number(tmp_path, content, line, words):
@@ -234,6 +241,17 @@ def test_malformed_files_raise_with_line_number(tmp_path, content, line, words):
     assert str(info.value).startswith(f"{path}:{line}: ")
     assert words in str(info.value)
     assert info.value.line == line
+
+
+def test_a_puzzle_whose_other_blanks_complete_several_ways_is_read(tmp_path):
+    """One answer at the query is what a puzzle needs: row 1 shown in full leaves the other 12 cells 24 ways to
+    complete (576 squares / 24 first rows), and the query's answer one."""
+    path = tmp_path / "open.csv"
+    path.write_text(HEADER + "0,,Binary,1235000000000000,4\n")
+    shown = np.array([1, 2, 3])
+    squares = lst_puzzles.latin_squares()
+    assert ((squares[:, :3] == shown).all(axis=1)).sum() == 24
+    assert lst_puzzles.read_puzzles(path).answers.tolist() == [4]
 
 
 def test_missing_file_and_empty_folder(tmp_path):

@@ -77,6 +77,15 @@ def test_a_bad_argument_is_a_value_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_ambiguous_puzzle_file_is_a_value_error(tmp_path, monkeypatch):
+    """Row 1 shows 1 and 2 and nothing else constrains the query: 3 and 4 both complete the puzzle."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ambiguous.csv").write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,1250000000000000,3\n")
+    with pytest.raises(ValueError, match=r"--lst-ood .*ambiguous.csv:2: puzzle 1 of the file, .* may hold 3 or 4"):
+        pe_fast.sweep.run(task="lst", preset="cpu", steps=2, lst_ood="ambiguous.csv", out=str(tmp_path / "run"))
+    assert [p.name for p in tmp_path.iterdir()] == ["ambiguous.csv"]
+
+
 @pytest.mark.parametrize("out", ["", " "])
 def test_an_empty_out_writes_nothing(out, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

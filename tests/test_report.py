@@ -163,6 +163,13 @@ def test_lst_report_on_a_running_sweep(tmp_path):
     assert "none" not in text.split("## Summary")[1].split("## Figures")[0]  # pack 2 (none) not finished
 
 
+def test_control_characters_from_a_folder_reach_report_md_as_escapes():
+    """A terminal escape, a bell and a right-to-left override in a recorded setting: shown, not acted on (issue 55)."""
+    from pe_fast.report.cli import inert
+    assert inert("cpu\x1b[2J\x07\u202efdp") == "cpu\\x1b[2J\\x07\\u202efdp"
+    assert inert("σ × γ — ok") == "σ × γ — ok"  # letters and symbols of any script stay
+
+
 def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
     """20 σ (colour bar), baseline rows in the table, ρ on the same_network probe against test_r2, and the
     PE-vs-FC figure once ground_truth.npz exists."""

@@ -1,4 +1,5 @@
 """The user's own files: every format round-trips against numpy on the raw arrays; bad input is a DataError."""
+import warnings
 import zipfile
 
 import h5py
@@ -206,6 +207,15 @@ def test_finite_values_too_large_to_correlate_are_refused_in_one_line(tmp_path):
     np.save(tmp_path / "huge.npy", bad)
     msg = raises(r"1\.7e\+308 at subject 'subject0' run0, time 3, region 2", tmp_path / "huge.npy")
     assert "rescale the series" in msg
+
+
+def test_float32_series_read_without_a_warning(tmp_path):
+    """The size check compares in float64: 1e150 cast to float32 warned "overflow encountered in cast" on stderr at
+    every float32 --data, two lines above any refusal's one."""
+    np.save(tmp_path / "f32.npy", SERIES.astype(np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_user_data(tmp_path / "f32.npy").subjects
 
 
 def test_constant_region_is_refused(tmp_path):

@@ -402,7 +402,7 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
                 t, k = np.argwhere(bad)[0]
                 raise DataError(f"{where}: {x[t, k]} at subject {s!r} {name}, time {a + t}, region {k}: "
                                 f"remove or interpolate the non-finite values")
-            huge = np.abs(x) > MAX_ABS_VALUE
+            huge = np.abs(x) > np.float64(MAX_ABS_VALUE)  # a Python float would be cast to float32's inf, warning
             if huge.any():
                 t, k = np.argwhere(huge)[0]
                 raise DataError(f"{where}: {x[t, k]:g} at subject {s!r} {name}, time {a + t}, region {k}: "

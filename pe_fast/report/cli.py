@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,8 +23,10 @@ from pe_fast.tasks.base import TaskView
 
 def inert(text: object, cell: bool = True) -> str:
     """Text from a folder (its config.json, file names in it) as it may stand in report.md: on one line (no heading
-    or block of its own), HTML shown rather than run, and in a table `cell` no column break."""
+    or block of its own), HTML shown rather than run, control and format characters (a terminal's escapes, a
+    right-to-left override) shown as escapes, and in a table `cell` no column break."""
     text = " ".join(str(text).split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = "".join(ascii(ch)[1:-1] if unicodedata.category(ch)[0] == "C" else ch for ch in text)
     return text.replace("|", "\\|") if cell else text
 
 

@@ -235,14 +235,22 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
     """pe_tables.npz, every entry a real-valued table of 2 or 3 axes under a key the sweep writes, or one
     ReportError naming the entry (a folder may come from anyone)."""
     tables = read_npz(path)
+    tokens = None  # every entry's, the first entry's: the figures and RSA compare tables token by token
     for key, table in tables.items():
         if not run_folder.is_table_key(key):
             raise ReportError(f"{path}: entry {key[:40]!r} is not {run_folder.PE_TABLE}<id> or "
                               f"{run_folder.ATTENTION_MAP}<id>; not a pe_fast results folder")
-        if not (np.issubdtype(table.dtype, np.floating) or np.issubdtype(table.dtype, np.integer)) \
+        # float16 and long double: numbers, but numpy's linear algebra (RSA, the spectrum) takes neither
+        if not (table.dtype in (np.float32, np.float64) or np.issubdtype(table.dtype, np.integer)) \
                 or table.ndim not in (2, 3):
             raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array, not a table of "
                               f"numbers [tokens, width] or [blocks, tokens, width]; not a pe_fast results folder")
+        tokens = table.shape[-2] if tokens is None else tokens
+        square = key.startswith(run_folder.ATTENTION_MAP)
+        if table.shape[-2] != tokens or (square and table.shape[-1] != tokens):
+            wanted = f"[blocks, {tokens}, {tokens}]" if square else f"[{tokens}, width] or [blocks, {tokens}, width]"
+            raise ReportError(f"{path}: entry {key} has shape {list(table.shape)}, not {wanted} as the first "
+                              f"entry's {tokens} tokens; not a pe_fast results folder")
     return tables
 
 
@@ -409,12 +417,29 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
         if name in results and _numbers(results[name]) is None:
             refuse("results", f"column {name} holds values that are not numbers")
     sigma = _numbers(results["sigma"])
-    if (sigma <= 0).any():
-        refuse("results", f"column sigma holds {sigma[sigma <= 0].iloc[0]:g}; σ is > 0 (or empty for PEs without one)")
+    if ((sigma <= 0) | np.isinf(sigma)).any():
+        refuse("results", f"column sigma holds {sigma[(sigma <= 0) | np.isinf(sigma)].iloc[0]:g}; σ is finite and "
+                          f"> 0 (or empty for PEs without one)")
+    baseline = results["pe"].str.startswith("baseline:")
+    for name, may_be_empty in (("seed", baseline), ("model_id", False)):  # baselines have no seed
+        if name in results and (problem := _not_counts(_numbers(results[name]), may_be_empty)):
+            refuse("results", f"column {name} holds {problem}")
+    if "model_id" in results and results["model_id"].duplicated().any():
+        refuse("results", f"column model_id holds {results['model_id'][results['model_id'].duplicated()].iloc[0]} "
+                          f"twice; each model has one row")
     if not curves.empty:
         for name in ("model_id", "step"):
             if name not in curves or _numbers(curves[name]) is None or curves[name].isna().any():
                 refuse("curves", f"column {name} is missing or not numbers")
+            if problem := _not_counts(_numbers(curves[name]), False):
+                refuse("curves", f"column {name} holds {problem}")
+
+
+def _not_counts(numbers: pd.Series, may_be_empty) -> str | None:
+    """What in a column of ids, seeds or steps is not a whole number in [0, 2**63) (the reader indexes and formats
+    them as integers), or None; NaN only where may_be_empty."""
+    bad = ~(numbers.isna() & may_be_empty) & ~((numbers >= 0) & (numbers < 2**63) & (numbers % 1 == 0))
+    return f"{numbers[bad].iloc[0]:g}, not a whole number in [0, 2**63)" if bad.any() else None
 
 
 def task_name(run: Run) -> str:

@@ -107,22 +107,25 @@ def _check_puzzle_field(text: str) -> tuple[list[int] | None, str | None]:
 
 
 def _check_solutions(path: Path, lines: list[int], grids: np.ndarray, answers: np.ndarray):
-    """Each grid an LST puzzle with its file's solution, by brute force over the 576 Latin squares (what a
-    puzzle means): one that no Latin square completes, or whose completions hold another shape at the query,
-    would be scored against a wrong answer."""
+    """Each grid an LST puzzle with its file's solution as its one answer, by brute force over the 576 Latin squares
+    (what a puzzle means): one that no Latin square completes, whose completions hold another shape at the query, or
+    several shapes (the task scores one answer per puzzle), would be scored against a wrong answer. Blanks other
+    than the query may have several completions: a third of the authors' puzzles do, none at the query."""
     from pe_fast.tasks.lst_puzzles.solver import query_shapes, repeated_shape  # solver imports this module
     fits = query_shapes(grids)
-    wrong = np.flatnonzero(~fits[np.arange(len(grids)), answers - 1])
-    if not wrong.size:
+    bad = np.flatnonzero(~fits[np.arange(len(grids)), answers - 1] | (fits.sum(axis=1) > 1))
+    if not bad.size:
         return
-    k = wrong[0]
+    k = bad[0]
+    shapes = " or ".join(str(shape) for shape in np.flatnonzero(fits[k]) + 1)
     if not fits[k].any():
         repeat = repeated_shape([0 if v == QUERY else int(v) for v in grids[k]])
         problem = f"no Latin square completes it ({repeat or 'its blanks cannot all be filled'})"
-    else:
-        shapes = " or ".join(str(shape) for shape in np.flatnonzero(fits[k]) + 1)
+    elif not fits[k, answers[k] - 1]:
         problem = f"solution {answers[k]} contradicts it: its query must hold {shapes}"
-    raise PuzzleFileError(path, lines[k], f"puzzle {''.join(map(str, grids[k]))!r}: {problem}")
+    else:
+        problem = f"ambiguous: its query may hold {shapes}, and a puzzle has one answer"
+    raise PuzzleFileError(path, lines[k], f"puzzle {k + 1} of the file, {''.join(map(str, grids[k]))!r}: {problem}")
 
 
 def read_puzzles(path: str | os.PathLike) -> Puzzles:
