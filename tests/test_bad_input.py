@@ -436,6 +436,28 @@ def test_resume_refuses_any_setting_of_a_wrong_type(name, unfinished, tmp_path, 
     assert snapshot(folder) == before
 
 
+@pytest.mark.parametrize("name", [name for name, _ in FIELDS])
+def test_the_report_refuses_a_folder_with_any_setting_of_a_wrong_type(name, unfinished, tmp_path, capsys):
+    """The report (and load_run) read config.json as --resume does: each setting of its type, or one line naming
+    it, before any figure is drawn (a recorded "steps": "twenty" once crashed the report after its figures)."""
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(**{name: {"not": "a setting"}})(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), f"--{name.replace('_', '-')}")
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("settings", [{"steps": "twenty"}, {"sigmas": "abc"}, {"seeds": "x"}])
+def test_load_run_refuses_a_setting_of_a_wrong_type_as_a_value_error(settings, unfinished, tmp_path):
+    import pe_fast
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(**settings)(folder)
+    with pytest.raises(ValueError, match=f"config.json has settings this pe_fast cannot read .*--{next(iter(settings))}"):
+        pe_fast.load_run(folder)
+
+
 @pytest.mark.parametrize("name", TEXT_FIELDS)
 def test_resume_refuses_a_line_break_in_any_text_setting(name, unfinished, tmp_path, capsys):
     folder = tmp_path / "run"

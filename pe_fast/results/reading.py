@@ -15,7 +15,7 @@ import torch
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
-from pe_fast.results.settings import FLAGS, Settings
+from pe_fast.results.settings import FLAGS, Settings, check_types
 from pe_fast.tasks import KINDS
 
 
@@ -340,6 +340,12 @@ def read_run(directory: Path) -> Run:
         if not isinstance(config, dict) or not isinstance(config.get("settings", {}), dict):
             raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config (a JSON object with "
                               f"settings, models and packs)")
+        if config.get("settings"):  # each of the type the sweep wrote: the report formats and computes with them
+            try:
+                check_types(dict(migrate.settings(config["settings"])))
+            except (KeyError, TypeError, ValueError) as error:
+                raise ReportError(f"{directory / run_folder.CONFIG} has settings this pe_fast cannot read "
+                                  f"({error})") from None
     notes: list[str] = []
     top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
     if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():

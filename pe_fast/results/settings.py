@@ -294,3 +294,50 @@ GRID_AXES = tuple(sorted((name for name, flag in FLAGS.items() if flag.grid_axis
 def pe_dropout_of(s: Settings, kind: str) -> float:
     """The dropout on x + PE that the models of this PE kind train with."""
     return s.pe_dropout if kind in s.pe_dropout_on else 0.0
+
+
+class SettingTypeError(ValueError):
+    """A setting not of the type Settings declares; the message names it as its flag."""
+
+
+def check_types(s: dict):
+    """Each setting of the type Settings declares (a list for a tuple), in place: flags, config.json and Python
+    callers can hold anything. A setting missing from an older config.json takes its default; one without a default
+    is refused. The sweep checks its settings with it (sweep/validation.py), the reader a folder's config.json."""
+    hints = typing.get_type_hints(Settings)
+    for field in dataclasses.fields(Settings):
+        if field.name in ("packs", "task_settings"):
+            continue
+        if field.name not in s:
+            if field.default is dataclasses.MISSING:
+                raise SettingTypeError(f"--{field.name.replace('_', '-')} is missing")
+            s[field.name] = field.default
+        if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
+            s[field.name] = conform(field.name, s[field.name], hints[field.name])
+    check_task(s["task"])
+    for setting in KINDS[s["task"]].settings:  # the task's own: of their declared type, or None
+        s[setting.name] = conform(setting.name, s.get(setting.name, setting.default), setting.type | None)
+
+
+def check_task(task):
+    if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
+        raise SettingTypeError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+
+
+def conform(name: str, value, hint):
+    """value as the type hint says (ints as floats where floats are asked for, lists as tuples), or
+    SettingTypeError."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        if value is None:
+            return None
+        hint = next(option for option in typing.get_args(hint) if option is not type(None))
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SettingTypeError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+        return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is float and number:
+        return float(value)
+    if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
+        return value
+    raise SettingTypeError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")

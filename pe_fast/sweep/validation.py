@@ -5,15 +5,13 @@ last, by runtime.resolve."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import re
-import types
-import typing
 from pathlib import Path
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
+from pe_fast.results import settings as results_settings
 from pe_fast.results.settings import (EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, MAX_SIGMA, MIN_SIGMA, Settings,
                                       default_of)
 from pe_fast.sweep import UsageError, grid, runtime
@@ -56,44 +54,25 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
 
 
 def check_types(s: dict):
-    """Each setting of the type Settings declares (a list for a tuple): config.json and Python callers can hold
-    anything. A setting missing from an older config.json takes its default; one without a default is refused."""
-    hints = typing.get_type_hints(Settings)
-    for field in dataclasses.fields(Settings):
-        if field.name in ("packs", "task_settings"):
-            continue
-        if field.name not in s:
-            if field.default is dataclasses.MISSING:
-                raise UsageError(f"--{field.name.replace('_', '-')} is missing")
-            s[field.name] = field.default
-        if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
-            s[field.name] = conform(field.name, s[field.name], hints[field.name])
-    check_task(s["task"])
-    for setting in KINDS[s["task"]].settings:  # the task's own: of their declared type, or None
-        s[setting.name] = conform(setting.name, s.get(setting.name, setting.default), setting.type | None)
+    """Each setting of its declared type (results.settings.check_types), or UsageError."""
+    as_usage_error(results_settings.check_types, s)
 
 
 def conform(name: str, value, hint):
-    """value as the type hint says (ints as floats where floats are asked for, lists as tuples), or UsageError."""
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        if value is None:
-            return None
-        hint = next(option for option in typing.get_args(hint) if option is not type(None))
-    if typing.get_origin(hint) is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise UsageError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
-        return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is float and number:
-        return float(value)
-    if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
-        return value
-    raise UsageError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+    """value as the type hint says (results.settings.conform), or UsageError."""
+    return as_usage_error(results_settings.conform, name, value, hint)
+
+
+def as_usage_error(rule, *args):
+    """rule(*args), its SettingTypeError (the results layer's, which knows no UsageError) a UsageError."""
+    try:
+        return rule(*args)
+    except results_settings.SettingTypeError as error:
+        raise UsageError(str(error)) from None
 
 
 def check_task(task):
-    if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
-        raise UsageError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+    as_usage_error(results_settings.check_task, task)
 
 
 def check_choices(s: dict):
