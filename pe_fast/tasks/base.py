@@ -67,6 +67,10 @@ class Task(Protocol):
 
     def loss(self, outputs: Tensor, targets) -> Tensor: ...
 
+    # Optional, for a loss that reads some tokens of every item (the masked-token tasks): loss_tokens(targets) ->
+    # (tokens [M,B,K], the targets at them); a training step then computes the outputs at those tokens alone
+    # (PackTrainer._forward_loss, StackedTransformer's output_tokens).
+
     def targets(self, split: str, items: Tensor, num_models: int):
         """The targets of the given items of a split as loss() takes them, the same for each of num_models
         models (the tangent kernel's alignment: metrics/tangent_kernel.py)."""
