@@ -30,7 +30,8 @@ batch builder, so every way does the same data work) and the task's own loss:
     M steps in a row count as M model-steps.
 Work that differs: the pack also computes attention statistics and steps a schedule; its MLP has a GELU after
 both linears (the authors' models), nn.TransformerEncoderLayer after the first only; pe_fast's last block computes
-the readout token's output alone (lst), nn.TransformerEncoder every token's.
+the readout token's output alone (lst) and, after its attention, the masked tokens' alone (fmri: 20 of 100, what the
+loss reads), nn.TransformerEncoder every token's.
 Timing: --warmup steps of each way, then measure.in_turn: --repeats rounds, each timing --steps steps of every
 way one after the other; the median round's model-steps/s, and pack / peer as the median of the ratios within
 rounds (measure.per_round).
