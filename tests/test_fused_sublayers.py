@@ -350,7 +350,8 @@ def test_sublayer_traffic_against_a_hand_count():
 
 def test_the_ledger_counts_each_fused_kernel_once_per_block():
     """bench/training/traffic.py on the fused step (fake tensors, no kernel runs): each block's six kernel calls as
-    sublayer_traffic counts them, and fewer bytes than the unfused step."""
+    sublayer_traffic counts them (the last block's MLP at the masked tokens alone), and fewer bytes than the
+    unfused step."""
     flags = ["--task", "netsim", "--nodes", "12", "--modules", "3", "--timepoints", "200", "--runs", "4", "--width",
              "16", "--depth", "2", "--heads", "2", "--mlp-width", "24", "--batch-size", "3", "--pe", "learned",
              "--sigmas", "1", "--seeds", "2", "--optimizer", "adamw"]
@@ -364,8 +365,11 @@ def test_the_ledger_counts_each_fused_kernel_once_per_block():
     assert sorted(fused) == [f"pe_fast::fused {k}" for k in kernels]
     for kernel in kernels:
         e = fused[f"pe_fast::fused {kernel}"]
-        expected = traffic.sublayer_traffic(kernel, M=2, B=3, N=12, D=16, H=2, F=24, K=task.probes.shape[0],
-                                       probe=task.probes.element_size())
-        assert (e.calls, e.read, e.written, e.flops) == (2, *(2 * v for v in expected)), kernel
+        # tokens per item in the two blocks: every one, then (the MLP after the last attention) the masked ones
+        tokens = (12, task.num_masked if kernel.startswith("mlp") else 12)
+        expected = [sum(per_block) for per_block in zip(*(
+            traffic.sublayer_traffic(kernel, M=2, B=3, N=n, D=16, H=2, F=24, K=task.probes.shape[0],
+                                     probe=task.probes.element_size()) for n in tokens))]
+        assert (e.calls, e.read, e.written, e.flops) == (2, *expected), kernel
     assert not any(e.op.startswith("pe_fast::pe_attention") for e in ledgers["fused"].entries.values())
     assert ledgers["fused"].bytes_per_model_step < ledgers["reference"].bytes_per_model_step

@@ -342,7 +342,7 @@ def read_run(directory: Path) -> Run:
                               f"settings, models and packs)")
         if config.get("settings"):  # each of the type the sweep wrote: the report formats and computes with them
             try:
-                check_types(dict(migrate.settings(config["settings"])))
+                check_types(dict(migrate.settings(config["settings"])), complete=False)
             except (KeyError, TypeError, ValueError) as error:
                 raise ReportError(f"{directory / run_folder.CONFIG} has settings this pe_fast cannot read "
                                   f"({error})") from None

@@ -300,13 +300,14 @@ class SettingTypeError(ValueError):
     """A setting not of the type Settings declares; the message names it as its flag."""
 
 
-def check_types(s: dict):
+def check_types(s: dict, complete: bool = True):
     """Each setting of the type Settings declares (a list for a tuple), in place: flags, config.json and Python
-    callers can hold anything. A setting missing from an older config.json takes its default; one without a default
-    is refused. The sweep checks its settings with it (sweep/validation.py), the reader a folder's config.json."""
+    callers can hold anything. complete (the sweep's settings): a setting missing from an older config.json takes
+    its default, one without a default is refused; else (a folder the report reads, whose config.json may hold
+    some settings only) the settings present are checked."""
     hints = typing.get_type_hints(Settings)
     for field in dataclasses.fields(Settings):
-        if field.name in ("packs", "task_settings"):
+        if field.name in ("packs", "task_settings") or (field.name not in s and not complete):
             continue
         if field.name not in s:
             if field.default is dataclasses.MISSING:
@@ -314,9 +315,12 @@ def check_types(s: dict):
             s[field.name] = field.default
         if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
             s[field.name] = conform(field.name, s[field.name], hints[field.name])
+    if "task" not in s:
+        return
     check_task(s["task"])
     for setting in KINDS[s["task"]].settings:  # the task's own: of their declared type, or None
-        s[setting.name] = conform(setting.name, s.get(setting.name, setting.default), setting.type | None)
+        if setting.name in s or complete:
+            s[setting.name] = conform(setting.name, s.get(setting.name, setting.default), setting.type | None)
 
 
 def check_task(task):
