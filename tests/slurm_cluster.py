@@ -35,6 +35,8 @@ def slurm_conf(folder: Path, host: str, cpus: int) -> str:
         "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none", "SwitchType=switch/none",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none", "KillWait=2", "SchedulerParameters=sched_interval=1",
+        # a requeued job waits this long before it runs again (the default 120 s would make a time-limit test long)
+        "AuthInfo=cred_expire=15",
         f"NodeName={host} CPUs={cpus} State=UNKNOWN",
         f"PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
 

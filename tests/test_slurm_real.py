@@ -122,3 +122,25 @@ def test_a_job_cancelled_mid_pack_resumes_from_its_checkpoint(tmp_path, cluster,
         outcome, result = pickle.load(f)
     assert outcome == "success" and 0 < result["trained_steps"] < 100, result  # continued, not restarted
     same_results(out, reference, TABLES)
+
+
+def test_a_job_past_its_time_limit_is_requeued_and_continues_to_equal_results(tmp_path, cluster):
+    """--slurm-time 1 and a pack that needs longer: SLURM signals the job before its limit, submitit requeues it, it
+    continues from its checkpoint, round after round, and the results equal an uninterrupted local run's (run
+    beside it). When the signal comes is tested on the batch script (test_sweep_scale.py)."""
+    long = [*SWEEP[:SWEEP.index("--max-pack")], "--sigmas", "0.2", "--pe", "learned", "--steps", "20000",
+            "--eval-every", "5000", "--checkpoint-every", "500", "--no-report"]
+    local = start_sweep(*long, "--out", str(tmp_path / "local"))
+    try:
+        out = tmp_path / "slurm_run"
+        done = run_sweep(*long, "--executor", "slurm", "--slurm-time", "1", "--out", str(out), env=cluster,
+                         timeout=900)
+        assert done.returncode == 0, done.stderr
+        _, err = local.communicate(timeout=300)
+    finally:
+        if local.poll() is None:
+            local.kill()
+    assert local.returncode == 0, err
+    logs = "".join(path.read_text() for path in (out / "slurm").glob("*_log.out"))
+    assert "Requeued job" in logs, logs[-2000:]  # it did hit its limit at least once
+    same_results(out, tmp_path / "local", 2)
