@@ -315,14 +315,19 @@ def test_slurm_driver_killed_and_resumed_waits_for_its_running_jobs(tmp_path, re
     assert_same_results(out, reference)
 
 
-def test_slurm_batch_script_carries_the_flags(tmp_path, monkeypatch):
-    """What sbatch would receive (submitit writes the script; no SLURM needed beyond an srun on the PATH)."""
+@pytest.fixture
+def fake_srun(tmp_path, monkeypatch):
+    """submitit writes a batch script only where an srun is on the PATH: an empty one."""
     pytest.importorskip("submitit")
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
     (fake / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+
+
+def test_slurm_batch_script_carries_the_flags(tmp_path, fake_srun):
+    """What sbatch would receive (submitit writes the script; no SLURM needed beyond an srun on the PATH)."""
     args = settings.build_parser().parse_args(
         [*NETSIM, "--executor", "slurm", "--slurm-local", "--slurm-partition", "gpu", "--slurm-time", "90",
          "--slurm-account", "lab", "--slurm-option", "qos=short", "--slurm-option", "constraint=a100"])
@@ -334,15 +339,9 @@ def test_slurm_batch_script_carries_the_flags(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("minutes, signal_s", [(1, 15), (2, 30), (6, 90), (60, 90)])
-def test_the_time_limit_signal_leaves_the_job_most_of_its_minutes(minutes, signal_s, tmp_path, monkeypatch):
+def test_the_time_limit_signal_leaves_the_job_most_of_its_minutes(minutes, signal_s, tmp_path, fake_srun):
     """submitit's checkpoint signal comes at most a quarter of the limit before it (90 s at most): with its own
     90 s, a real SLURM signalled a 1-minute job as it started, round after round (2026-12-04)."""
-    pytest.importorskip("submitit")
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (fake / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     args = settings.build_parser().parse_args([*NETSIM, "--executor", "slurm", "--slurm-time", str(minutes)])
     s = dataclasses.replace(settings.from_flags(args), slurm_local=False)
     script = executors.slurm_executor(s, tmp_path / "slurm")._executor._make_submission_file_text("true", "uid")
