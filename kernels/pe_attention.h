@@ -314,13 +314,16 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
 //   dq, dk, dv: token i's gradients at dq + i·grad_stride (likewise dk, dv); every entry is written;
 //   scratch as in attention_forward.
 // With dS = P ∘ (dP − Δ), Δ_i = Σ_j P_ij·dP_ij, dP = dO·Vᵀ:  dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·dO.
+// A query row whose dO is zero adds nothing to any of them (its dP, Δ and dS are zero) and gets dQ = 0: only the
+// rows with a non-zero dO are computed, gathered into row blocks. A loss that reads some tokens' outputs (the
+// masked-token tasks' last block) leaves most rows zero.
 template <typename T>
 void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride, const T* lse,
                         T* dq, T* dk, T* dv, int64_t grad_stride, std::vector<T>& scratch) {
   const int n = pr.n, dh = pr.dh, n_pad = padded(n), tile = std::min(kKeyTile, n_pad);
   const int64_t plane = static_cast<int64_t>(dh) * n, plane_pad = static_cast<int64_t>(dh) * n_pad;
   scratch.resize(std::max(scratch.size(),
-                          static_cast<size_t>(2 * plane_pad + 4 * plane + kRowBlock * (2 * dh + 2 * n_pad))));
+                          static_cast<size_t>(2 * plane_pad + 4 * plane + kRowBlock * (3 * dh + 2 * n_pad + 1))));
   T* kt = scratch.data();          // [dh × n_pad]
   T* vt = kt + plane_pad;          // [dh × n_pad]
   T* k = vt + plane_pad;           // [n × dh]
@@ -329,18 +332,47 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
   T* q_all = dv_acc + plane;       // [n × dh], scaled: dK = dSᵀ·(scale·Q)
   T* g = q_all + plane;            // [rows × dh], dO
   T* dq_acc = g + kRowBlock * dh;  // [rows × dh]
-  T* p = dq_acc + kRowBlock * dh;  // [rows × n_pad]: S, then P
+  T* q_rows = dq_acc + kRowBlock * dh;  // [rows × dh]: the block's rows of q_all, where they are not contiguous
+  T* p = q_rows + kRowBlock * dh;  // [rows × n_pad]: S, then P
   T* ds = p + kRowBlock * n_pad;   // [rows × n_pad]: dP, then dS
+  T* row_lse = ds + kRowBlock * n_pad;  // [rows]
   const T scale = T(1) / std::sqrt(T(dh));
+
+  // the rows with a non-zero dO (NaN counts as non-zero: it must reach the gradients)
+  std::vector<int> live;
+  live.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const T* row = dout + static_cast<int64_t>(i) * out_stride;
+    bool zero = true;
+    for (int d = 0; d < dh; ++d) zero = zero && row[d] == T(0);
+    if (!zero) live.push_back(i);
+    else
+      for (int d = 0; d < dh; ++d) dq[static_cast<int64_t>(i) * grad_stride + d] = T(0);
+  }
+  const int num_live = static_cast<int>(live.size());
+  if (num_live == 0) {
+    for (int j = 0; j < n; ++j)
+      for (int d = 0; d < dh; ++d) dk[j * grad_stride + d] = dv[j * grad_stride + d] = T(0);
+    return;
+  }
   load_problem<T>(pr, scale, q_all, kt, k, vt, nullptr);
   std::fill(dk_acc, dk_acc + 2 * plane, T(0));
 
-  for (int i0 = 0; i0 < n; i0 += kRowBlock) {
-    const int rows = std::min(kRowBlock, n - i0);
-    const T* q = q_all + static_cast<int64_t>(i0) * dh;
+  for (int b0 = 0; b0 < num_live; b0 += kRowBlock) {
+    const int rows = std::min(kRowBlock, num_live - b0);
+    const int* block = live.data() + b0;
+    const bool contiguous = block[rows - 1] - block[0] == rows - 1;
+    const T* q = q_all + static_cast<int64_t>(block[0]) * dh;
+    if (!contiguous) {
+      for (int r = 0; r < rows; ++r)
+        std::copy(q_all + static_cast<int64_t>(block[r]) * dh, q_all + static_cast<int64_t>(block[r] + 1) * dh,
+                  q_rows + r * dh);
+      q = q_rows;
+    }
     for (int r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r;
+      const int64_t i = block[r];
       std::copy(dout + i * out_stride, dout + i * out_stride + dh, g + r * dh);
+      row_lse[r] = lse[i];
     }
     std::fill(dq_acc, dq_acc + rows * dh, T(0));
 
@@ -355,11 +387,11 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
     for (int r = 0; r < rows; ++r) {
       T* pr_ = p + r * n_pad;
       T* dsr = ds + r * n_pad;
-      const T row_lse = lse[i0 + r];
+      const T lse_r = row_lse[r];
       T delta = T(0);
 #pragma omp simd reduction(+ : delta)
       for (int j = 0; j < n; ++j) {
-        pr_[j] = fast_exp(pr_[j] - row_lse);
+        pr_[j] = fast_exp(pr_[j] - lse_r);
         delta += pr_[j] * dsr[j];
       }
 #pragma omp simd
@@ -373,7 +405,7 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
       gemm<true>(cols, dh, rows, p + j0, 1, n_pad, g, dh, dv_acc + at, dh);    // dV += Pᵀ·dO
     }
     for (int r = 0; r < rows; ++r)
-      for (int d = 0; d < dh; ++d) dq[(i0 + r) * grad_stride + d] = dq_acc[r * dh + d] * scale;
+      for (int d = 0; d < dh; ++d) dq[block[r] * grad_stride + d] = dq_acc[r * dh + d] * scale;
   }
   for (int j = 0; j < n; ++j) {
     std::copy(dk_acc + static_cast<int64_t>(j) * dh, dk_acc + static_cast<int64_t>(j + 1) * dh, dk + j * grad_stride);

@@ -221,3 +221,21 @@ def test_backward_at_saturated_softmax_is_as_close_to_float64_as_the_reference(N
         error = (kernels32[name].double() - exact[name]).abs().max().item()
         assert error <= 4 * reference_error + 1e-5 * largest, (
             f"{name}: error {error:.3g} against the reference's {reference_error:.3g} (largest {largest:.3g})")
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_backward_with_zero_rows_of_the_upstream_gradient_matches_reference(heads):
+    """The kernels compute only the query rows whose upstream gradient is non-zero (a loss at some tokens, as the
+    masked-token tasks' last block): every item keeps a different set of rows, one item none, one every row, and
+    one head's half of a row alone may be zero. The gradients equal the float64 reference's."""
+    M, B, N, D = 2, 4, 100, 32
+    inputs = make_inputs(M, B, N, D, 1, seed=5)
+    keep = torch.rand(M, B, N, generator=torch.Generator().manual_seed(6)) < 0.2
+    keep[0, 1], keep[1, 2] = False, True
+    grad = inputs["grad"] * keep[..., None]
+    grad[1, 0, :, :D // 2] = 0.0  # the first head's rows of item 0 of model 1: all zero; the second head's not
+    inputs["grad"] = grad
+    oracle = run(inputs, heads, torch.float64, "reference")
+    assert_relative(run(inputs, heads, torch.float64, "cpp"), oracle, 1e-10)
+    assert_relative(run(inputs, heads, torch.float32, "cpp"), oracle, 1e-5,
+                    peer=run(inputs, heads, torch.float32, "reference"))

@@ -35,6 +35,7 @@ struct Case {
   int n, dh, num_probes;
   double logit_scale;  // large values move the row max across key tiles: exercises the online rescaling
   bool addend;         // the kernels get q, k, v as two parts (Problem::add_*) that they add on load
+  bool sparse_dout = false;  // about 4 of 5 rows of dout zero (a loss at some tokens): the backward skips them
 };
 
 struct Naive {  // everything the kernels compute, by the textbook formulas
@@ -106,6 +107,10 @@ void run_case(const Case& c, const char* type, double tol) {
   for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = normal(gen) * ((i % w) < size_t(dh) ? c.logit_scale : 1.0);
   for (auto& t : probes) t = coin(gen) ? 1.0 : 0.0;
   for (auto& t : dout) t = normal(gen);
+  std::bernoulli_distribution zero_row(0.8);
+  if (c.sparse_dout)
+    for (int i = 0; i < n; ++i)
+      if (zero_row(gen)) std::fill(dout.begin() + i * dh, dout.begin() + (i + 1) * dh, 0.0);
   // the kernels see the inputs rounded to T; the reference gets the same rounded values
   for (auto& t : qkv) t = static_cast<double>(static_cast<T>(t));
   for (auto& t : dout) t = static_cast<double>(static_cast<T>(t));
@@ -175,6 +180,7 @@ int main() {
       {129, 16, 0, 1.0, false}, {360, 16, 2, 1.0, false}, {300, 64, 1, 1.0, false},
       {257, 8, 1, 8.0, false},  // 8: peaked rows, the max moves across key tiles
       {16, 16, 2, 1.0, true},   {17, 24, 1, 1.0, true},   {257, 8, 1, 8.0, true},
+      {100, 32, 2, 1.0, true, true}, {257, 8, 1, 8.0, false, true}, {1, 8, 0, 1.0, false, true},
   };
   for (const Case& c : cases) {
     run_case<double>(c, "double", 1e-11);
