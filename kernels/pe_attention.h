@@ -339,15 +339,15 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
   const T scale = T(1) / std::sqrt(T(dh));
 
   // the rows with a non-zero dO (NaN counts as non-zero: it must reach the gradients)
-  std::vector<int> live;
-  live.reserve(n);
+  thread_local std::vector<int> live;  // reused: one allocation per thread, not per problem
+  live.clear();
   for (int i = 0; i < n; ++i) {
     const T* row = dout + static_cast<int64_t>(i) * out_stride;
-    bool zero = true;
-    for (int d = 0; d < dh; ++d) zero = zero && row[d] == T(0);
-    if (!zero) live.push_back(i);
+    int d = 0;
+    while (d < dh && row[d] == T(0)) ++d;  // a live row usually stops this at d = 0
+    if (d < dh) live.push_back(i);
     else
-      for (int d = 0; d < dh; ++d) dq[static_cast<int64_t>(i) * grad_stride + d] = T(0);
+      std::fill(dq + static_cast<int64_t>(i) * grad_stride, dq + static_cast<int64_t>(i) * grad_stride + dh, T(0));
   }
   const int num_live = static_cast<int>(live.size());
   if (num_live == 0) {
