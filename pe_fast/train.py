@@ -177,10 +177,13 @@ CPU_CHUNK_FLOATS = 2 ** 20
 
 
 @torch.no_grad()
-def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, max_scores: int = 2 ** 25):
+def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, max_scores: int = 2 ** 25,
+            output_tokens: Tensor | None = None):
     """Outputs of every model on the same items [P, N, token_dim] -> ([M, P, out], stats [L,M,H,S]).
     Items go through in chunks of at most max_scores attention scores (M·chunk·N²), to bound the memory of
-    backends that materialise the map, and on the CPU of about CPU_CHUNK_FLOATS activations."""
+    backends that materialise the map, and on the CPU of about CPU_CHUNK_FLOATS activations.
+    output_tokens [P,K] (models that predict at every token): the outputs at these tokens of each item alone,
+    [M,P,K,out] (StackedTransformer's output_tokens); the statistics still cover every query."""
     outputs, stats_sum = [], 0.0
     M, N = model.num_models, tokens.shape[1]
     chunk = max(1, max_scores // (M * N * N))
@@ -188,10 +191,26 @@ def predict(model: StackedTransformer, tokens: Tensor, probes: Tensor | None, ma
         chunk = min(chunk, max(1, CPU_CHUNK_FLOATS // (M * N * model.config.width)))
     for start in range(0, len(tokens), chunk):
         part = tokens[start:start + chunk]
-        out, stats = model(part.unsqueeze(0).expand(M, *part.shape), probes)
+        at = None if output_tokens is None else output_tokens[start:start + chunk].expand(M, -1, -1)
+        out, stats = model(part.unsqueeze(0).expand(M, *part.shape), probes, output_tokens=at)
         outputs.append(out)
         stats_sum = stats_sum + stats * len(part)
     return torch.cat(outputs, dim=1), stats_sum / len(tokens)
+
+
+def scored_outputs(task, model: StackedTransformer, split: str, tokens: Tensor, items: Tensor, probes: Tensor | None
+                   ) -> tuple[Tensor, Tensor]:
+    """The outputs [M,P,...] that task.score() takes for these items of a split, and the statistics. A task whose
+    loss reads some tokens of each item (loss_tokens: the masked-token tasks, whose score reads the same tokens under
+    the split's fixed mask) has the model compute its outputs there alone; the others are left zero, never read."""
+    loss_tokens = getattr(task, "loss_tokens", None)
+    if loss_tokens is None:
+        return predict(model, tokens, probes)
+    read, _ = loss_tokens(task.targets(split, items, 1))
+    read = read[0].to(tokens.device)  # [P,K], the same for every model
+    outputs, stats = predict(model, tokens, probes, output_tokens=read)
+    full = outputs.new_zeros(*outputs.shape[:2], tokens.shape[1], outputs.shape[-1])
+    return full.scatter_(2, read.expand(len(outputs), -1, -1).unsqueeze(-1).expand_as(outputs), outputs), stats
 
 
 def stat_columns(stats: np.ndarray, probe_names, prefix: str) -> list[dict]:
@@ -249,7 +268,7 @@ class PackEvaluation:
             maps_here = final and name == task.attention_split and self.config.precision not in precision.LOW
             with precision.autocast(self.config.precision, self.device), \
                     AttentionMapSums(model) if maps_here else contextlib.nullcontext() as sums:
-                outputs, stats = predict(model, tokens[items.to(self.device)], self.probes)
+                outputs, stats = scored_outputs(task, model, name, tokens[items.to(self.device)], items, self.probes)
             if maps_here:
                 self.final_maps = sums.mean()
             outputs = outputs.float()

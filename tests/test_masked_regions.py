@@ -229,3 +229,29 @@ def test_output_tokens_are_refused_for_a_read_out_model():
                                            readout_token=0), seeds=[1], sigmas=[0.5])
     with pytest.raises(ValueError, match="output_tokens"):
         model(torch.zeros(1, 2, 4, 2), output_tokens=torch.zeros(1, 2, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pe", ["learned", "relative"])
+def test_evaluation_at_the_masked_tokens_alone_scores_as_the_whole_outputs(pe):
+    """An evaluation computes the outputs at each item's masked tokens only (train.scored_outputs); its MSE and R²
+    and its statistics are those of the outputs at every token scored by task.score, to float64 rounding, over
+    several of predict's chunks."""
+    from pe_fast.models.transformer import ModelConfig, StackedTransformer
+    from pe_fast.train import predict, scored_outputs
+    task = MaskedRegionTask(gaussian_regions(), "fmri")
+    config = ModelConfig(num_tokens=task.num_tokens, token_dim=task.token_dim, out_dim=task.num_classes, width=16,
+                         depth=2, heads=2, mlp_width=24, pe=pe)
+    model = StackedTransformer(config, seeds=[1, 2, 3], sigmas=[0.1, 0.5, 2.0]).double()
+    items = torch.arange(0, len(task.splits["test"]), 3)
+    tokens = task.splits["test"].x[items].double()
+    probes = task.probes.double()
+    chunk_scores = 3 * 7 * task.num_tokens ** 2  # predict's max_scores of 7 items a chunk
+    every, every_stats = predict(model, tokens, probes, max_scores=chunk_scores)
+    some, some_stats = scored_outputs(task, model, "test", tokens, items, probes)
+    assert len(items) > 7
+    # the op returns its statistics in float32; chunked otherwise, their weighted means round otherwise
+    torch.testing.assert_close(some_stats, every_stats, rtol=1e-6, atol=1e-9)
+    for alone, full in zip(task.score(some, "test", items), task.score(every, "test", items)):
+        assert alone.keys() == full.keys()
+        for key in full:
+            assert alone[key] == pytest.approx(full[key], rel=1e-12)
