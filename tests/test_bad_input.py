@@ -336,6 +336,23 @@ def config_packs(packs):
     return change
 
 
+def config_a_fifo(folder: Path):
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+
+
+def config_a_link_to(target: str):
+    def change(folder: Path):
+        (folder / "config.json").unlink()
+        (folder / "config.json").symlink_to(target)
+    return change
+
+
+def config_with_a_key_twice(folder: Path):
+    text = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(text.replace('"steps": ', '"steps": 999, "steps": ', 1))
+
+
 def config_a_folder(folder: Path):
     (folder / "config.json").unlink()
     (folder / "config.json").mkdir()
@@ -397,6 +414,11 @@ RESUME_CASES = [
     ("recorded nodes beyond any network", config_with(nodes=10**9), [], "--nodes"),
     ("recorded threads beyond the machine's cores", config_with(threads=100000), [], "--threads"),
     ("config a folder", config_a_folder, [], "config.json"),
+    # a FIFO blocked the resume until a writer came; /dev/zero was read until memory ran out
+    ("config a FIFO", config_a_fifo, [], "config.json is not a regular file"),
+    ("config a link to /dev/zero", config_a_link_to("/dev/zero"), [], "config.json is not a regular file"),
+    # which of the two would count? JSON leaves it open, Python's reader took the last
+    ("config naming a setting twice", config_with_a_key_twice, [], "names 'steps' twice"),
     ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
     ("packs a link out of the folder", link_out("packs"), [], "outside"),

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -183,13 +184,34 @@ def write_start(out: Path, config: dict, ground_truth: dict[str, np.ndarray]):
         write_atomic(out / GROUND_TRUTH, lambda tmp: save_npz(tmp, ground_truth))
 
 
+# config.json lists every model of the grid (at most settings.MAX_MODELS, a few hundred bytes each): far below this
+MAX_CONFIG_BYTES = 2**28
+
+
 def read_config(out: Path) -> dict:
-    """DIR/config.json, written at the start of a sweep (FileNotFoundError; ValueError where it is not JSON, or
-    nests too deep for the parser: Python's JSON reader recurses, so a crafted file would end in a RecursionError)."""
+    """DIR/config.json, written at the start of a sweep (FileNotFoundError; ValueError where it is not a regular file
+    of at most MAX_CONFIG_BYTES (a FIFO would block the reader, /dev/zero fill its memory), not JSON, names a key
+    twice (which would count?), or nests too deep for the parser: Python's JSON reader recurses, so a crafted file
+    would end in a RecursionError)."""
+    path = out / CONFIG
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    if status.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path} holds {status.st_size / 2**20:,.0f} MiB, far more than a sweep's config.json")
     try:
-        return json.loads((out / CONFIG).read_text())
+        return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deep to be a pe_fast config.json") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    unique = dict(pairs)
+    if len(unique) < len(pairs):
+        seen = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"an object of config.json names {twice[:40]!r} twice")
+    return unique
 
 
 def is_finished(out: Path) -> bool:
