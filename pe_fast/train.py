@@ -359,8 +359,10 @@ class PackTrainer:
             torch.compiler.config.cache_key_tag = f"pe_fast-{extension.build_id()}"
             self.forward_loss = torch.compile(self._forward_loss, mode=COMPILE_MODES[train_config.compile])
 
-        # The current evaluation window: per-step losses and attention statistics, kept on the device.
-        self.loss_buffer = torch.zeros(train_config.eval_every, M, device=device)
+        # The current evaluation window: per-step losses and attention statistics, kept on the device. It ends at
+        # the last step at the latest (a preset's --eval-every may exceed a short --steps).
+        self.window = min(train_config.eval_every, train_config.steps)
+        self.loss_buffer = torch.zeros(self.window, M, device=device)
         self.stats_buffer = None  # [window, L, M, H, S], allocated once the stats' shape is known
         self.filled = 0
         self.step = 0  # steps done
@@ -426,7 +428,7 @@ class PackTrainer:
         self.scaler.step(self.optimizer)
         self.scheduler.step()
         if self.stats_buffer is None:
-            self.stats_buffer = torch.zeros(self.config.eval_every, *stats.shape, device=self.device)
+            self.stats_buffer = torch.zeros(self.window, *stats.shape, device=self.device)
         self.loss_buffer[self.filled] = loss_per_model.detach()
         self.stats_buffer[self.filled] = stats
         self.filled += 1

@@ -150,6 +150,10 @@ CASES = [
     ("slurm partition with a quote", LST + ["--executor", "slurm", "--slurm-local", "--slurm-partition", "gpu'"],
      "--slurm-partition"),
     ("pe with a line break", LST + ["--pe", "learned\nnone"], "--pe"),
+    # step counts past --steps' own limit: --eval-every's ended in a 40-line overflow after config.json was written
+    ("eval every beyond what can finish", LST + ["--eval-every", "1" + "0" * 30], "--eval-every"),
+    ("checkpoint every beyond what can finish", LST + ["--checkpoint-every", "1" + "0" * 30], "--checkpoint-every"),
+    ("warmup beyond what can finish", LST + ["--warmup", "1" + "0" * 30], "--warmup"),
 ]
 
 
@@ -526,6 +530,19 @@ def tiny_trainer():
     pack = grid.expand_grid(s)
     return PackTrainer(task, grid.model_config(s, task, "learned"), grid.train_config(s, pack), [0], [0.5],
                        torch.device("cpu"))
+
+
+def test_an_evaluation_window_longer_than_the_steps_takes_no_more_memory_than_the_steps():
+    """--eval-every past --steps (a preset's, with a short --steps) evaluates at the last step: the window's
+    buffers hold the steps there can be, not --eval-every rows (10^8 of them took GBs)."""
+    from pe_fast.sweep import grid
+    from pe_fast.sweep.task_loading import load_task
+    from pe_fast.train import PackTrainer
+    from sweep_harness import settings_of
+    s = settings_of(*without(NETSIM, "--eval-every"), "--eval-every", "100000000")
+    trainer = PackTrainer(load_task(s), grid.model_config(s, load_task(s), "learned"),
+                          grid.train_config(s, grid.expand_grid(s)), [0], [0.5], torch.device("cpu"))
+    assert trainer.loss_buffer.shape[0] == s.steps == 4
 
 
 def test_a_checkpoint_holds_exactly_the_keys_the_check_asks_for():

@@ -17,7 +17,8 @@ from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 # Sizes beyond any model of this study (the paper's d = 160, MLP 640, 4 blocks): a typo is one line, not a failed
 # allocation; at MAX_WIDTH one model's QKV weights alone would take 51 GB.
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
-MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish
+MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish (nor a warm-up, an evaluation
+                      # or a checkpoint period longer)
 MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
 MAX_WIDTH = 2**16
 MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
@@ -101,8 +102,9 @@ class Settings:
     optimizer: tuple[str, ...] = setting(
         choices=OPTIMIZERS, grid_axis=1, help=f"{', '.join(OPTIMIZERS)}; a comma-separated list is a grid axis")
     schedule: str = setting(choices=SCHEDULES)
-    warmup: int = setting(range=(0, None, "[)"), help="linear warm-up steps")
-    eval_every: int = setting(range=(1, None, "[)"), may_differ=True, help="evaluate every this many steps")
+    warmup: int = setting(range=(0, MAX_STEPS, "[]"), help="linear warm-up steps")
+    eval_every: int = setting(range=(1, MAX_STEPS, "[]"), may_differ=True,
+                              help="evaluate every this many steps")
     eval_items: int = setting(
         2048, range=(1, None, "[)"),
         help="intermediate evaluations score at most this many items of the splits other than the held-out one the "
@@ -167,7 +169,7 @@ class Settings:
     max_pack: int | None = setting(None, range=(1, None, "[)"), may_differ=True,
                                    help="models trained together (default: as many as fit in half the free memory)")
     checkpoint_every: int | None = setting(
-        None, range=(1, None, "[)"), runtime=True,
+        None, range=(1, MAX_STEPS, "[]"), runtime=True,
         help="save each pack's training state every this many steps (default: every evaluation)")
     executor: str = setting("local", choices=EXECUTORS, runtime=True,
                             help="local (default): packs one after the other here; ray: packs as Ray tasks")
