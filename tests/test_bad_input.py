@@ -154,6 +154,8 @@ CASES = [
     ("eval every beyond what can finish", LST + ["--eval-every", "1" + "0" * 30], "--eval-every"),
     ("checkpoint every beyond what can finish", LST + ["--checkpoint-every", "1" + "0" * 30], "--checkpoint-every"),
     ("warmup beyond what can finish", LST + ["--warmup", "1" + "0" * 30], "--warmup"),
+    # an empty address is no cluster: ray.init failed on it after config.json was written
+    ("ray address empty", LST + ["--executor", "ray", "--ray-address", ""], "--ray-address"),
 ]
 
 

@@ -25,8 +25,11 @@ def check_ray_address(address: str | None):
     """An address where no Ray cluster answers is one line within seconds, before the folder is written: ray.init
     would retry a silent port for ever. auto is resolved as ray.init resolves it (RAY_ADDRESS, then the cluster
     started on this machine)."""
-    if not address or address == "local":
+    if address is None or address == "local":
         return
+    if not address.strip():  # ray.init would fail on it after the folder was written
+        raise UsageError(f"--ray-address {address!r} names no cluster: give auto or HOST:PORT, or leave it out for a "
+                         f"local Ray instance")
     if address == "auto":
         address = running_ray_cluster()
         if address is None:
