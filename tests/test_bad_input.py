@@ -156,6 +156,9 @@ CASES = [
     ("warmup beyond what can finish", LST + ["--warmup", "1" + "0" * 30], "--warmup"),
     # an empty address is no cluster: ray.init failed on it after config.json was written
     ("ray address empty", LST + ["--executor", "ray", "--ray-address", ""], "--ray-address"),
+    # mkdir's error once the checks had passed: exit 1, "free the space ... --resume"
+    ("out name too long", LST + ["--out", "a" * 300], "--out"),
+    ("out a link to nowhere", LST + ["--out", "DANGLING"], "--out"),
 ]
 
 
@@ -168,7 +171,10 @@ def inputs(tmp_path: Path) -> dict[str, str]:
     np.save(npy, np.random.default_rng(0).standard_normal((2, 60, 10)).astype(np.float32))
     regions = tmp_path / "regions.csv"
     regions.write_text("label,x,y,z,network\n" + "".join(f"r{i},0,0,{i},a\n" for i in range(10)))
-    return {"FILE": str(file), "ONE_PUZZLE": str(one), "NPY": str(npy), "REGIONS": str(regions)}
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    return {"FILE": str(file), "ONE_PUZZLE": str(one), "NPY": str(npy), "REGIONS": str(regions),
+            "DANGLING": str(dangling)}
 
 
 def fill(args: list[str], files: dict[str, str]) -> list[str]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -23,6 +24,14 @@ from pe_fast.train import BatchSampler, PackTrainer
 
 def check_out_folder(out: Path):
     """--out must be a folder, or creatable: where it or its nearest existing parent is writable."""
+    try:
+        out.lstat()
+    except (FileNotFoundError, NotADirectoryError):  # to be made; under a file: said below
+        pass
+    except OSError as error:  # a name longer than the file system takes, a loop of links
+        raise UsageError(f"--out {out}: {error.strerror or error}")
+    if out.is_symlink() and not out.exists():  # mkdir would fail on the link after the checks
+        raise UsageError(f"--out {out} is a link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
