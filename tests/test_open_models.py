@@ -189,6 +189,19 @@ def bigger_model(header):
     return header
 
 
+def retyped(name, dtype):
+    """A tensor's declared dtype changed to one of the same width: the same bytes, read as other numbers."""
+    def change(header):
+        header[name]["dtype"] = dtype
+        return header
+    return change
+
+
+def nested_metadata(header):
+    header["__metadata__"]["pe_fast"] = "[" * 100_000 + "]" * 100_000
+    return header
+
+
 SPOILS = {
     "truncated": lambda path: path.write_bytes(path.read_bytes()[:1000]),
     "a pickle": lambda path: torch.save({"model": torch.zeros(3)}, path),
@@ -198,6 +211,9 @@ SPOILS = {
     "a tensor missing": lambda path: rewrite_header(path, lambda h: {k: v for k, v in h.items()
                                                                        if k != "head.bias"}),
     "a folder": lambda path: (path.unlink(), path.mkdir()),
+    # integers where the model keeps floats: load_state_dict converted them without a word
+    "a tensor of another dtype": lambda path: rewrite_header(path, retyped("head.weight", "I32")),
+    "metadata nested too deep": lambda path: rewrite_header(path, nested_metadata),  # was a RecursionError
 }
 
 

@@ -66,11 +66,22 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
     except OSError as error:
         raise UnreadableWeights(f"{path} cannot be read ({error.strerror or error})")
     coordinates = tensors.pop(COORDINATES, None)
+    if coordinates is not None and coordinates.dtype != torch.float64:
+        refuse(f"its tensor {COORDINATES} is {coordinates.dtype}, not torch.float64")
     try:
         model = StackedTransformer(config, meta["seeds"], meta["sigmas"],
                                    None if coordinates is None else coordinates.numpy())
+    except (ValueError, TypeError, RuntimeError) as error:  # a PE that needs coordinates
+        refuse(f"does not hold a model of its own configuration ({str(error).splitlines()[0][:160]})")
+    # load_state_dict converts a tensor to its parameter's dtype: integers would become weights without a word
+    expected = model.state_dict()
+    wrong = next((name for name, tensor in tensors.items()
+                  if name in expected and tensor.dtype != expected[name].dtype), None)
+    if wrong is not None:
+        refuse(f"its tensor {wrong} is {tensors[wrong].dtype}, the model's {expected[wrong].dtype}")
+    try:
         model.load_state_dict(tensors, strict=True)
-    except (ValueError, TypeError, RuntimeError) as error:  # a PE that needs coordinates, a tensor of a wrong shape
+    except (ValueError, TypeError, RuntimeError) as error:  # a tensor missing, extra or of a wrong shape
         refuse(f"does not hold a model of its own configuration ({str(error).splitlines()[0][:160]})")
     return PackWeights(model.to(device).eval(), list(meta["model_ids"]), meta["step"])
 
@@ -78,7 +89,7 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
 def _metadata(header: dict, refuse) -> dict:
     try:
         meta = json.loads(header["pe_fast"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, RecursionError):  # Python's JSON reader recurses: a crafted nesting
         refuse("its metadata lacks pe_fast's description of the pack")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         refuse(f"its format is not {FORMAT}")
