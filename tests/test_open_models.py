@@ -163,6 +163,19 @@ def test_a_model_a_run_does_not_have_is_a_value_error_naming_it(lst_run):
             lst_run.model(bad)
     with pytest.raises(ValueError, match="split 'nope'"):
         lst_run.task_inputs("nope")
+    # torch's RuntimeError and AssertionError ("Torch not compiled with CUDA enabled") named no argument
+    for device in ("nonsense", "cuda:1000"):
+        with pytest.raises(ValueError, match=f"device '{device}'"):
+            lst_run.model(0, device)
+
+
+def test_a_model_id_from_the_runs_own_table_opens_it(lst_run):
+    """run.results' model_id column holds numpy integers: each opens its model, as a Python int does."""
+    model_id = lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]
+    assert not isinstance(model_id, int)
+    x = lst_run.task_inputs("test")[:4]
+    np.testing.assert_array_equal(lst_run.model(model_id)(x).detach(), lst_run.model(int(model_id))(x).detach())
+    assert lst_run.pack(np.int64(0)).model_ids == lst_run.config["packs"][0]
 
 
 def spoiled(tmp_path, lst_run, spoil) -> pe_fast.results.reading.Run:

@@ -3,6 +3,7 @@ Run, its settings as the record (of any pe_fast version), and whether folders po
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import re
 from collections.abc import Iterator
@@ -70,8 +71,10 @@ class Run:
         """Pack `index` as the sweep trained it: the stacked model of all its models (for batch work), their ids
         in its order, and the step its weights were taken at."""
         packs = self._packs()
-        if type(index) is not int or not 0 <= index < len(packs):
+        if _whole(index) is None or not 0 <= _whole(index) < len(packs):
             raise ModelNotFound(f"pack {index!r}: {self.path} has packs 0 to {len(packs) - 1}")
+        index = _whole(index)
+        device = _device(device)
         path = run_folder.pack_folder(self.path, index) / run_folder.WEIGHTS
         if path.exists() and not path.is_file():
             raise ReportError(f"{path} is not a file; not a pe_fast weights file")
@@ -114,8 +117,9 @@ class Run:
         return packs
 
     def _pack_weights(self, model_id: int, device) -> tuple[weights.PackWeights, int]:
-        if type(model_id) is not int:
+        if _whole(model_id) is None:
             raise ModelNotFound(f"model_id {model_id!r}: expected a model id (an int)")
+        model_id = _whole(model_id)
         index = next((p for p, pack in enumerate(self._packs()) if model_id in pack), None)
         if index is None:
             raise ModelNotFound(f"model_id {model_id}: not a trained model of {self.path} "
@@ -142,10 +146,10 @@ class Run:
         sources = self._pooled_sources()
         if sources is None:
             return None
-        if type(model_id) is not int or model_id not in sources:
+        if _whole(model_id) not in sources:
             raise ModelNotFound(f"model_id {model_id!r}: not a trained model of {self.path} "
                                 f"(its models: {_id_ranges(sorted(sources))})")
-        folder, source_id = sources[model_id]
+        folder, source_id = sources[_whole(model_id)]
         folders = self.config[run_folder.POOLED_FROM]
         if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)):
             raise ReportError(f"{self.path}/config.json: model {model_id}'s source folder is not among pooled_from")
@@ -166,6 +170,24 @@ class Run:
 
 class ModelNotFound(ValueError):
     """A model id, pack or split a run does not have (a caller's argument)."""
+
+
+def _whole(value) -> int | None:
+    """A model id or pack index as an int: a Python or numpy integer (run.results holds numpy ones), not a bool;
+    None for anything else."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+
+
+def _device(device) -> torch.device:
+    """The device a caller names, where this machine has it: torch says otherwise in a RuntimeError or, for CUDA
+    on a build without it, an AssertionError, neither naming the argument."""
+    try:
+        named = torch.device(device)
+        torch.empty(0, device=named)
+    except (RuntimeError, TypeError, ValueError, AssertionError) as error:
+        raise ValueError(f"device {device!r}: not a device of this machine ({str(error).splitlines()[0][:120]})") \
+            from None
+    return named
 
 
 def _id_ranges(ids: list[int]) -> str:
