@@ -32,7 +32,8 @@ import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.results import run_folder
-from pe_fast.results.reading import MAY_DIFFER, ReportError, check_alike, read_run, recorded_settings
+from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, named_folder, read_run,
+                                     recorded_settings)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
@@ -215,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", help="logs to compare with, parquet or CSV (default: the authors' own, which ship "
                         "with pe_fast)")
     args = parser.parse_args(argv)
-    directories = [Path(d) for d in args.directories]
     try:
+        directories = [named_folder(d) for d in args.directories]
         if len(set(d.resolve() for d in directories)) < len(directories):
             raise CompareError("a folder is named twice")
         logs = read_logs(Path(args.logs) if args.logs else None)
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                     run_folder.write_atomic(out, lambda tmp: tmp.write_text(text))
             except OSError as error:
                 raise CompareError(f"{'--out ' if args.out else ''}{out}: cannot write ({error.strerror or error})")
-    except CompareError as error:
+    except (CompareError, ReportError) as error:  # ReportError: a folder named by nothing
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(text, end="")

@@ -848,6 +848,22 @@ def test_a_fifo_in_a_folder_is_one_error_not_a_hang(tmp_path, capsys):
     assert within(60, load_run, tmp_path / "top").curves.empty
 
 
+def test_an_empty_folder_name_is_refused_not_read_as_the_working_folder(tmp_path, capsys, monkeypatch):
+    """Path("") is ".": the report read the folder it ran in and wrote report.md and figures/ there, and load_run("")
+    read it, as an empty --out once wrote a sweep there."""
+    from pe_fast.compare_lst_logs import main as compare_main
+    from pe_fast.results.reading import ReportError, load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    monkeypatch.chdir(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([""]), "'' names no folder")
+    assert_one_line(capsys, report_main([" ", str(folder), "--out", str(tmp_path / "pooled")]), "' ' names no folder")
+    assert_one_line(capsys, compare_main([""]), "'' names no folder")
+    with pytest.raises(ReportError, match="'' names no folder"):
+        load_run("")
+    assert snapshot(folder) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
     (folder / "a").symlink_to(folder / "b")

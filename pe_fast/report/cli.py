@@ -16,7 +16,7 @@ from pe_fast.report import pooling, rsa
 from pe_fast.report.figures import draw_figures
 from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt,
                                     map_alignment, statement, stopping_lines, summary_markdown)
-from pe_fast.results.reading import ReportError, Run, read_run, task_name
+from pe_fast.results.reading import ReportError, Run, named_folder, read_run, task_name
 from pe_fast.results.summary import is_baseline, sigma_label
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --rdms needs rsatoolbox, which is not installed: pip install \"pe_fast[rsa]\"", file=sys.stderr)
         return 2
     try:
-        folder = Path(argv[0]) if out is None else pooling.pool([Path(a) for a in argv], Path(out))
+        folders = [named_folder(a) for a in argv]
+        folder = folders[0] if out is None else pooling.pool(folders, Path(out))
         report = write_report(folder)
         if rdms:
             run = read_run(folder)

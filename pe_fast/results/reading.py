@@ -345,7 +345,15 @@ def load_run(directory: str | os.PathLike) -> Run:
     if not isinstance(directory, (str, os.PathLike)):  # Path() would say only "expected str, bytes or os.PathLike"
         raise TypeError(f"load_run: directory must be a path (str or os.PathLike), got {directory!r} "
                         f"({type(directory).__name__})")
-    return read_run(Path(directory))
+    return read_run(named_folder(directory))
+
+
+def named_folder(directory: str | os.PathLike) -> Path:
+    """The results folder a caller or a command line names: Path("") is ".", so an empty name would read (and the
+    report write into) the working folder; it is a ReportError instead."""
+    if isinstance(directory, str) and not directory.strip():
+        raise ReportError(f"{directory!r} names no folder; pass a sweep's results folder (--out of pe_fast.sweep)")
+    return Path(directory)
 
 
 def read_run(directory: Path) -> Run:
