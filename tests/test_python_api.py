@@ -108,6 +108,8 @@ def test_resume_from_python(tmp_path, keep_threads):
     first = pe_fast.sweep.run(**TINY, seeds=1, sigmas=[0.5], steps=4, eval_every=2, no_report=True, out=str(out))
     again = pe_fast.sweep.run(resume=True, out=str(out))  # finished: nothing to do, the same folder back
     pd.testing.assert_frame_equal(again.results, first.results)
+    # a path as a pathlib.Path, as load_run takes it (it was refused: "--out: expected str, got PosixPath")
+    assert pe_fast.sweep.run(resume=True, out=out).path == out
 
 
 def test_docs_example_runs(tmp_path, monkeypatch, keep_threads):

@@ -5,13 +5,15 @@ same results folder.
     run = pe_fast.sweep.run(task="lst", preset="cpu", sigmas=[0.2, 2.0], seeds=2, out="runs/lst")
     run.results          # one row per model (pandas), as results.parquet holds it
 
-A keyword is a flag's name with underscores (--seed-values: seed_values); a comma-separated flag takes a list;
-an on/off flag (--no-report, --resume) takes True. A bad argument raises UsageError (a ValueError) with the
-message the command line prints, naming the argument by its flag, before anything is written.
+A keyword is a flag's name with underscores (--seed-values: seed_values); a comma-separated flag takes a list; an
+on/off flag (--no-report, --resume) takes True; a path may be a str or a pathlib.Path. A bad argument raises
+UsageError (a ValueError) with the message the command line prints, naming the argument by its flag, before anything
+is written.
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 from pe_fast.results.reading import Run
 from pe_fast.results.settings import FLAGS
@@ -31,6 +33,8 @@ def arguments(keywords: dict) -> argparse.Namespace:
             raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
         if name in FLAGS and FLAGS[name].repeatable and isinstance(value, str):  # repeatable flag: a list here
             value = [value]
+        if isinstance(value, os.PathLike):  # a path (out=, data=) as Python code holds one: its text, as typed
+            value = os.fspath(value)
         setattr(namespace, name, None if value is False else value)
     return namespace
 
