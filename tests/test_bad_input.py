@@ -740,6 +740,7 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"sigma": [-1.0, None]}, "column sigma holds -1"),
     ({"sigma": ["small", None]}, "column sigma holds values that are not numbers"),
     ({"sigma": [float("inf"), None]}, "column sigma holds inf"),
+    ({"sigma": [None, None]}, "column sigma is empty for pe learned"),  # was drawn at no σ in the figures
     ({"seed": [float("nan"), 1]}, "column seed holds nan"),  # empty only for a baseline
     ({"seed": [1e300, 1]}, "column seed holds 1e+300"),
     ({"model_id": [0, 0]}, "column model_id holds 0 twice"),

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
@@ -456,6 +457,9 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
     if ((sigma <= 0) | np.isinf(sigma)).any():
         refuse("results", f"column sigma holds {sigma[(sigma <= 0) | np.isinf(sigma)].iloc[0]:g}; σ is finite and "
                           f"> 0 (or empty for PEs without one)")
+    unset = sigma.isna() & results["pe"].isin(SIGMA_PES)
+    if unset.any():
+        refuse("results", f"column sigma is empty for pe {results['pe'][unset].iloc[0]}, whose PE is drawn with a σ")
     baseline = results["pe"].str.startswith("baseline:")
     for name, may_be_empty in (("seed", baseline), ("model_id", False)):  # baselines have no seed
         if name in results and (problem := _not_counts(_numbers(results[name]), may_be_empty)):
