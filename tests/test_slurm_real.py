@@ -42,6 +42,25 @@ def reference(tmp_path_factory):
     return local_run(tmp_path_factory.mktemp("reference") / "local", SWEEP)
 
 
+def slowed_in_jobs(tmp_path: Path, cluster: dict, seconds_per_step: float) -> dict:
+    """The cluster's environment with every training step inside a SLURM job taking seconds_per_step longer (a
+    sitecustomize on the jobs' PYTHONPATH): how long a pack runs under SLURM no longer depends on how fast this
+    machine trains, and the results are unchanged (sleeping computes nothing)."""
+    hook = tmp_path / "slow_hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('SLURM_JOB_ID'):\n"
+        "    import time\n"
+        "    from pe_fast.train import PackTrainer\n"
+        "    fast_step = PackTrainer.train_step\n"
+        "    def slow_step(self):\n"
+        f"        time.sleep({seconds_per_step})\n"
+        "        return fast_step(self)\n"
+        "    PackTrainer.train_step = slow_step\n")
+    return {**cluster, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), cluster.get("PYTHONPATH")]))}
+
+
 def jobs_of(out) -> dict:
     path = out / "slurm" / "jobs.json"
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -97,7 +116,8 @@ def test_a_job_cancelled_mid_pack_resumes_from_its_checkpoint(tmp_path, cluster,
     between): the sweep names the job, exit 1; --resume submits that pack again, it continues from the checkpoint,
     and the results equal a local run's."""
     out = tmp_path / "slurm_run"
-    proc = start_sweep(*SWEEP, "--executor", "slurm", "--out", str(out), env=cluster)
+    # 100 steps of at least 20 ms: pack 0 is still training seconds after its first checkpoint, however fast
+    proc = start_sweep(*SWEEP, "--executor", "slurm", "--out", str(out), env=slowed_in_jobs(tmp_path, cluster, 0.02))
     try:
         deadline = time.monotonic() + 120
         while not ((out / "packs" / "0.checkpoint.pt").exists() and "0" in jobs_of(out)):
@@ -125,16 +145,17 @@ def test_a_job_cancelled_mid_pack_resumes_from_its_checkpoint(tmp_path, cluster,
 
 
 def test_a_job_past_its_time_limit_is_requeued_and_continues_to_equal_results(tmp_path, cluster):
-    """--slurm-time 1 and a pack that needs longer: SLURM signals the job before its limit, submitit requeues it, it
+    """--slurm-time 1 and a pack that needs longer (its steps slowed down inside SLURM): SLURM signals the job before its limit, submitit requeues it, it
     continues from its checkpoint, round after round, and the results equal an uninterrupted local run's (run
     beside it). When the signal comes is tested on the batch script (test_sweep_scale.py)."""
-    long = [*SWEEP[:SWEEP.index("--max-pack")], "--sigmas", "0.2", "--pe", "learned", "--steps", "20000",
-            "--eval-every", "5000", "--checkpoint-every", "500", "--no-report"]
+    # 2,000 steps of at least 35 ms: 70 s and more in SLURM, past the 1-minute limit however fast this machine is
+    long = [*SWEEP[:SWEEP.index("--max-pack")], "--sigmas", "0.2", "--pe", "learned", "--steps", "2000",
+            "--eval-every", "1000", "--checkpoint-every", "200", "--no-report"]
     local = start_sweep(*long, "--out", str(tmp_path / "local"))
     try:
         out = tmp_path / "slurm_run"
-        done = run_sweep(*long, "--executor", "slurm", "--slurm-time", "1", "--out", str(out), env=cluster,
-                         timeout=900)
+        done = run_sweep(*long, "--executor", "slurm", "--slurm-time", "1", "--out", str(out),
+                         env=slowed_in_jobs(tmp_path, cluster, 0.035), timeout=900)
         assert done.returncode == 0, done.stderr
         _, err = local.communicate(timeout=300)
     finally:
