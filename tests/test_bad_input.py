@@ -138,6 +138,7 @@ CASES = [
     ("netsim nodes beyond any network", NETSIM + ["--nodes", "1000000000"], "--nodes"),
     ("netsim timepoints beyond any network", NETSIM + ["--timepoints", "1000000000000"], "--timepoints"),
     ("netsim runs beyond any network", NETSIM + ["--runs", "1000000000"], "--runs"),
+    ("netsim series beyond any network", NETSIM + ["--timepoints", "1000000", "--runs", "10000"], "--runs 10000"),
     ("sigma rounding to zero in float32", LST + ["--sigmas", "1e-50"], "--sigmas"),
     ("data empty", FMRI + ["--data", ""], "--data"),
     ("lst train empty", LST + ["--lst-train", ""], "--lst-train"),

@@ -16,6 +16,9 @@ SEE = "see pe_fast.data.simulate_network"
 MAX_NODES = 10_000
 MAX_TIMEPOINTS = 10**6
 MAX_RUNS = 10_000
+# ... and of the three together: the simulation keeps its series [timepoints, runs, nodes] in float64, so each flag
+# within its range could still ask for terabytes (8 GB here)
+MAX_VALUES = 10**9
 NETWORK_SETTINGS = (
     TaskSetting("nodes", int, SEE, range=(2, MAX_NODES, "[]")),
     TaskSetting("modules", int, SEE, range=(1, None, "[)")),
@@ -41,6 +44,18 @@ def simulated_network(s):
     return simulate_network(**network, seed=s.netsim_seed or 0)
 
 
+def network_size(s: dict, given: set[str]) -> str | None:
+    """The simulated series within MAX_VALUES, a flag not given at simulate_network's default."""
+    from pe_fast.data.netsim import simulate_network
+    defaults = inspect.signature(simulate_network).parameters
+    nodes, timepoints, runs = (s.get(k) if s.get(k) is not None else defaults[k].default
+                               for k in ("nodes", "timepoints", "runs"))
+    if nodes * timepoints * runs > MAX_VALUES:
+        return (f"--nodes {nodes} × --timepoints {timepoints} × --runs {runs}: {nodes * timepoints * runs:,} "
+                f"simulated values; at most {MAX_VALUES:,} (8 GB in float64)")
+    return None
+
+
 KIND = TaskKind(
     name="netsim",
     # σ = 2 creeps up for longer here than on fMRI: 7,000 steps reach the report's plateau
@@ -51,5 +66,6 @@ KIND = TaskKind(
     settings=REGION_SETTINGS + NETWORK_SETTINGS,
     summary=REGION_SUMMARY,
     view=REGION_VIEW,
+    check=network_size,
     load=lambda s: MaskedRegionTask.from_settings(simulated_network(s), s),
 )
