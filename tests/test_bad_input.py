@@ -280,6 +280,14 @@ def test_ray_address_auto_without_a_cluster_is_refused(tmp_path, capsys, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ray_address_auto_with_a_malformed_ray_address_variable_is_refused(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", "not an address")  # what --ray-address auto reads first
+    code = sweep_main(LST + ["--executor", "ray", "--ray-address", "auto", "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "$RAY_ADDRESS 'not an address' is not an address")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory):
     """A sweep folder whose pack 0 is not finished yet: config.json and nothing else."""

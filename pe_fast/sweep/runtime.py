@@ -5,6 +5,7 @@ none of them."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 
 import torch
@@ -62,6 +63,9 @@ def running_ray_cluster() -> str | None:
     except ConnectionError:
         raise UsageError("--ray-address auto: no Ray cluster is running on this machine; start one with "
                          "ray start --head, or name one with --ray-address HOST:PORT") from None
+    except ValueError as error:  # auto reads $RAY_ADDRESS first, which may hold anything
+        raise UsageError(f"--ray-address auto: $RAY_ADDRESS {os.environ.get('RAY_ADDRESS')!r} is not an address "
+                         f"({error})") from None
 
 
 def resolve(s: dict):
