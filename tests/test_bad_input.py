@@ -442,6 +442,7 @@ RESUME_CASES = [
     ("config naming a setting twice", config_with_a_key_twice, [], "names 'steps' twice"),
     ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
+    ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
     ("packs a link out of the folder", link_out("packs"), [], "outside"),
 ]
 

@@ -61,7 +61,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
         for name in EXECUTOR_FLAGS:
             s[name] = default_of(name)
     for name in RUNTIME_FLAGS:
-        if getattr(args, name) not in (None, False):
+        if getattr(args, name) is not None and getattr(args, name) is not False:  # 0 == False: --threads 0 given
             s[name] = getattr(args, name)
     s["out"] = args.out
     try:
