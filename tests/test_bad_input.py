@@ -387,6 +387,16 @@ def checkpoint_a_folder(folder: Path):
     (folder / "packs" / "0.checkpoint.pt").mkdir()
 
 
+def lock_a_fifo(folder: Path):
+    os.mkfifo(folder / ".lock")
+
+
+def lock_text(text: str):
+    def change(folder: Path):
+        (folder / ".lock").write_text(text)
+    return change
+
+
 def link_out(name: str):
     """DIR/<name> a link to a folder beside DIR, holding a file the sweep must not touch."""
     def change(folder: Path):
@@ -443,6 +453,8 @@ RESUME_CASES = [
     ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
     ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
+    ("lock a FIFO", lock_a_fifo, [], "an unreadable lock"),  # read, it would block the sweep for ever
+    ("lock a JSON list", lock_text("[1, 2]"), [], "an unreadable lock"),
     ("packs a link out of the folder", link_out("packs"), [], "outside"),
 ]
 

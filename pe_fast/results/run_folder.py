@@ -83,11 +83,15 @@ def _alive(pid: int) -> bool:
 
 def read_lock(out: Path) -> dict | None:
     try:
-        return json.loads((out / LOCK).read_text())
+        status = (out / LOCK).stat()
+        # ours is a short JSON object; a FIFO would block the reader, anything else is not ours
+        holder = json.loads((out / LOCK).read_text()) if stat.S_ISREG(status.st_mode) and status.st_size < 4096 \
+            else {}
     except FileNotFoundError:
         return None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}  # a lock being written this instant, or a damaged one: treat as held by an unknown writer
+        holder = {}  # a lock being written this instant, or a damaged one: treat as held by an unknown writer
+    return holder if isinstance(holder, dict) else {}
 
 
 def lock_holder(out: Path) -> dict | None:
