@@ -768,6 +768,7 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"model_id": [0, 0]}, "column model_id holds 0 twice"),
     ({"model_id": [0, 0.5]}, "column model_id holds 0.5"),
     ({"model_id": [0, -7]}, "column model_id holds -7"),
+    ({"ood_acc": ["high", "low"]}, "column 'ood_acc' holds values that are not numbers"),  # the figures average it
 ])
 def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -808,6 +809,7 @@ def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_pat
     ({"model_id": [0, 0], "step": [0, float("inf")]}, "curves column step holds inf"),
     ({"model_id": [0, 0], "step": [0, -5]}, "curves column step holds -5"),
     ({"model_id": [0, 1.5], "step": [0, 5]}, "curves column model_id holds 1.5"),
+    ({"model_id": [0, 0], "step": [0, 5], "ood_acc": ["x", "y"]}, "curves column 'ood_acc' holds values that are not"),
 ])
 def test_curves_of_the_wrong_schema_are_one_error(curves, must_name, tmp_path):
     from pe_fast.results.reading import ReportError, load_run

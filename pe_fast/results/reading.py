@@ -439,6 +439,11 @@ def _numbers(column: pd.Series) -> pd.Series | None:
         else numbers
 
 
+# the columns of text a sweep writes (executors.train_and_store_pack, the task's data_kind); every other one holds
+# numbers, which the report averages and plots
+TEXT_COLUMNS = frozenset({"task", "data_kind", "pe", "optimizer", "stopped", "precision"})
+
+
 def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
     """The columns the report and load_run's users read, of the kind a sweep writes, or one ReportError naming the
     column: a folder someone else made (or a tampered one) is refused as a whole, before anything reads it."""
@@ -467,6 +472,11 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
     if "model_id" in results and results["model_id"].duplicated().any():
         refuse("results", f"column model_id holds {results['model_id'][results['model_id'].duplicated()].iloc[0]} "
                           f"twice; each model has one row")
+    for table, frame in (("results", results), ("curves", curves)):
+        text = next((name for name in frame.columns if name not in TEXT_COLUMNS
+                     and not pd.api.types.is_numeric_dtype(frame[name]) and _numbers(frame[name]) is None), None)
+        if text is not None:
+            refuse(table, f"column {str(text)[:40]!r} holds values that are not numbers")
     if not curves.empty:
         for name in ("model_id", "step"):
             if name not in curves or _numbers(curves[name]) is None or curves[name].isna().any():
