@@ -889,6 +889,18 @@ def test_an_empty_folder_name_is_refused_not_read_as_the_working_folder(tmp_path
     assert snapshot(folder) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_a_folder_name_too_long_is_one_line(tmp_path, capsys):
+    """A name the file system refuses (over 255 bytes): Path.is_dir raises for it rather than answering."""
+    from pe_fast.compare_lst_logs import main as compare_main
+    from pe_fast.results.reading import ReportError, load_run
+    name = str(tmp_path / ("x" * 300))
+    assert_one_line(capsys, report_main([name]), "File name too long")
+    assert_one_line(capsys, compare_main([name]), "File name too long")
+    with pytest.raises(ReportError, match="File name too long"):
+        load_run(name)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
     (folder / "a").symlink_to(folder / "b")

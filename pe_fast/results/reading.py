@@ -360,7 +360,11 @@ def named_folder(directory: str | os.PathLike) -> Path:
 def read_run(directory: Path) -> Run:
     """Top-level files when the sweep has finished; otherwise the finished packs (DIR/packs/<index>/).
     Without results.parquet but with curves.parquet, each model's last evaluation stands in for its results."""
-    if not directory.is_dir():
+    try:
+        folder = directory.is_dir()
+    except OSError as error:  # a name longer than the file system takes: is_dir raises rather than answers
+        raise ReportError(f"{directory}: {error.strerror or error}; pass a sweep's results folder") from None
+    if not folder:
         raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
     config = {}
     if (directory / run_folder.CONFIG).is_file():
