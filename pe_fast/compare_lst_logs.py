@@ -32,14 +32,15 @@ import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.results import run_folder
-from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, named_folder, read_run,
-                                     recorded_settings)
+from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_expansion, named_folder,
+                                     read_run, recorded_settings)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
 from pe_fast.tasks.lst_puzzles import AUTHORS_LOGS_FILE, authors_file
 
 LOG_COLUMNS = {"pe", "sigma", "seed", "epoch", "phase", "condition", "accuracy"}
+LOG_NUMBERS = ("sigma", "seed", "epoch", "accuracy")
 # An evaluation stands for a logged epoch when it lies within this share of the logs' 200-epoch spacing
 EPOCH_MATCH = 0.1
 OUTPUT = "compare_lst_logs.md"
@@ -60,13 +61,26 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
     if not path.is_file():
         raise CompareError(f"the logs are not at {path}; give --logs a parquet or CSV file of the authors' columns")
     try:
+        if path.suffix == ".parquet":  # a few MB may declare GBs of rows, as a results folder's tables may
+            import pyarrow.parquet
+            meta = pyarrow.parquet.read_metadata(path)
+            check_expansion(path, meta.num_rows * max(1, meta.num_columns) * 8, path.stat().st_size)
         logs = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except ReportError as error:
+        raise CompareError(str(error))
     except Exception as error:
         raise CompareError(f"{path} is not a readable {'parquet' if path.suffix == '.parquet' else 'CSV'} file "
                            f"({type(error).__name__})")
     if not LOG_COLUMNS <= set(logs.columns):
         raise CompareError(f"{path} lacks the columns {sorted(LOG_COLUMNS - set(logs.columns))}")
     logs = logs[logs["condition"] == "average"]
+    if logs.empty:
+        raise CompareError(f"{path} has no rows of condition average, the accuracies compared")
+    # averaged, matched to our σ, seeds and epochs: numbers, or the comparison fails far from the file's name
+    text = next((c for c in LOG_NUMBERS if not pd.api.types.is_numeric_dtype(logs[c])
+                 or pd.api.types.is_bool_dtype(logs[c])), None)
+    if text is not None:
+        raise CompareError(f"{path}: column {text} holds values that are not numbers")
     return logs.pivot_table(index=["pe", "sigma", "seed", "epoch"], columns="phase", values="accuracy",
                             dropna=False).reset_index()
 

@@ -219,3 +219,33 @@ def test_an_output_that_is_a_folder_is_one_line(tmp_path, capsys):
     (tmp_path / "run" / "compare_lst_logs.md").mkdir()
     code, err = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]), capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "cannot write" in err, err
+
+
+LOGS_HEADER = "pe,sigma,seed,epoch,phase,condition,accuracy\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (LOGS_HEADER, "no rows of condition average"),
+    (LOGS_HEADER + "learned,0.5,2235,200,test,average,high\n", "column accuracy holds values that are not numbers"),
+    (LOGS_HEADER + "learned,small,2235,200,test,average,0.5\n", "column sigma holds values that are not numbers"),
+    (LOGS_HEADER + "learned,0.5,2235,zero,test,average,0.5\n", "column epoch holds values that are not numbers"),
+])
+def test_logs_of_the_wrong_kind_are_one_line(text, message, tmp_path):
+    """--logs is a file from anyone: read as a program, a column of text where numbers belong is one line."""
+    write_run(tmp_path / "run", test_offset=0.0)
+    (tmp_path / "logs.csv").write_text(text)
+    done = subprocess.run([sys.executable, "-m", "pe_fast.compare_lst_logs", str(tmp_path / "run"), "--logs",
+                           str(tmp_path / "logs.csv")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert not (tmp_path / "run" / "compare_lst_logs.md").exists()
+
+
+def test_logs_that_expand_far_beyond_their_file_are_not_read(tmp_path, capsys, monkeypatch):
+    """A parquet file of few bytes declaring many rows: refused from its metadata, as a results folder's tables."""
+    from pe_fast.results import reading
+    monkeypatch.setattr(reading, "EXPANSION_FLOOR", 2**16)  # the floor of a real file: 256 MiB declared
+    write_run(tmp_path / "run", test_offset=0.0)
+    pd.DataFrame(dict(pe=["learned"] * 100_000, sigma=0.5, seed=2235, epoch=200, phase="test", condition="average",
+                      accuracy=0.5)).to_parquet(tmp_path / "logs.parquet")
+    code, err = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.parquet")]), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "declares" in err, err
