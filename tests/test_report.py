@@ -170,6 +170,19 @@ def test_control_characters_from_a_folder_reach_report_md_as_escapes():
     assert inert("σ × γ — ok") == "σ × γ — ok"  # letters and symbols of any script stay
 
 
+def test_a_folder_name_and_data_kind_reach_report_md_inert(tmp_path):
+    """The folder's name (its heading) and results' data_kind are anyone's text too: shown, never run."""
+    folder = tmp_path / "x\u202e<img src=x onerror=alert(1)>"
+    models = grid({"learned": [0.5]}, seeds=2)
+    results = synthetic_rows("fmri", models, layers=1, heads=1, probes=["same_network"], rng=np.random.default_rng(0))
+    write_folder(folder, "fmri", models, results, tokens=12)
+    results.assign(data_kind="<script>alert(1)</script>\n# INJECTED").to_parquet(folder / "results.parquet")
+    text = report.write_report(folder).read_text()
+    assert "<img" not in text and "<script" not in text and "\u202e" not in text
+    assert not any(line.startswith("# INJECTED") for line in text.splitlines())
+    assert text.startswith("# pe_fast report: x\\u202e&lt;img src=x onerror=alert(1)&gt;\n")
+
+
 def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
     """20 σ (colour bar), baseline rows in the table, ρ on the same_network probe against test_r2, and the
     PE-vs-FC figure once ground_truth.npz exists."""

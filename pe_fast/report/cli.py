@@ -84,12 +84,12 @@ def always(report: Report) -> bool:
 
 
 def title_lines(r: Report) -> list[str]:
-    lines = [f"# pe_fast report: {r.name}", ""]
+    lines = [f"# pe_fast report: {inert(r.name, cell=False)}", ""]  # a folder's name is anyone's text
     lines += [f"> {inert(note, cell=False)}" for note in r.run.notes] + ([""] if r.run.notes else [])
     baselines = int(is_baseline(r.results["pe"]).sum())
     kinds = r.results["data_kind"].dropna() if "data_kind" in r.results else pd.Series(dtype=str)
     data_kind = kinds.iloc[0] if len(kinds) else None  # fmri / simulated from real FC / netsim
-    return lines + [f"Task **{r.task}**" + (f" on data: **{data_kind}**" if data_kind else "")
+    return lines + [f"Task **{r.task}**" + (f" on data: **{inert(data_kind, cell=False)}**" if data_kind else "")
                     + f", {len(r.results) - baselines} trained models"
                     + (f" and {baselines} baseline rows" if baselines else "") + ".", ""]
 
