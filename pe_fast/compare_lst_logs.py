@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         directories = [named_folder(d) for d in args.directories]
         if len(set(d.resolve() for d in directories)) < len(directories):
             raise CompareError("a folder is named twice")
-        logs = read_logs(Path(args.logs) if args.logs else None)
+        if args.logs is not None and not args.logs.strip():  # Path("") is ".": not the authors' logs either
+            raise CompareError(f"--logs {args.logs!r} names no file")
+        logs = read_logs(Path(args.logs) if args.logs is not None else None)
         table, verdicts = compare(directories, logs)
         if table.empty:
             raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "

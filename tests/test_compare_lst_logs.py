@@ -249,3 +249,11 @@ def test_logs_that_expand_far_beyond_their_file_are_not_read(tmp_path, capsys, m
                       accuracy=0.5)).to_parquet(tmp_path / "logs.parquet")
     code, err = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.parquet")]), capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "declares" in err, err
+
+
+@pytest.mark.parametrize("logs", ["", " "])
+def test_an_empty_logs_name_is_refused_not_read_as_the_authors(logs, tmp_path, capsys):
+    write_run(tmp_path / "run", test_offset=0.0)
+    code, err = main([str(tmp_path / "run"), "--logs", logs]), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"--logs {logs!r} names no file" in err, err
+    assert not (tmp_path / "run" / "compare_lst_logs.md").exists()
