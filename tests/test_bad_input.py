@@ -387,6 +387,15 @@ def checkpoint_a_folder(folder: Path):
     (folder / "packs" / "0.checkpoint.pt").mkdir()
 
 
+def packs_a_file(folder: Path):
+    (folder / "packs").rmdir()
+    (folder / "packs").write_text("x")
+
+
+def pack_a_fifo(folder: Path):
+    os.mkfifo(folder / "packs" / "0")
+
+
 def lock_a_fifo(folder: Path):
     os.mkfifo(folder / ".lock")
 
@@ -456,6 +465,9 @@ RESUME_CASES = [
     ("lock a FIFO", lock_a_fifo, [], "an unreadable lock"),  # read, it would block the sweep for ever
     ("lock a JSON list", lock_text("[1, 2]"), [], "an unreadable lock"),
     ("packs a link out of the folder", link_out("packs"), [], "outside"),
+    # each once trained first, then failed writing the pack as if the disk had (exit 1)
+    ("packs a file", packs_a_file, [], "packs is not a folder"),
+    ("pack 0 a FIFO", pack_a_fifo, [], "packs/0 is not a folder"),
 ]
 
 

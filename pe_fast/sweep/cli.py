@@ -71,6 +71,14 @@ def check_folder(out: Path, resume: bool):
     if not resume and any(p.name != run_folder.LOCK for p in out.iterdir()):  # the lock: ours, or stale
         hint = f"; to continue it: --resume --out {out}" if (out / run_folder.CONFIG).is_file() else ""
         raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
+    # the sweep writes each pack into packs/<index>/ only after training it: a file in either place would fail
+    # that write, and the training before it would be lost
+    packs = out / "packs"
+    if packs.exists() and not packs.is_dir():
+        raise UsageError(f"{packs} is not a folder; delete it to retrain every pack")
+    for pack in packs.iterdir() if packs.is_dir() else ():
+        if pack.name.isdigit() and not pack.is_dir():
+            raise UsageError(f"{pack} is not a folder; delete it to retrain pack {pack.name}")
     try:
         run_folder.check_inside(out)
     except run_folder.LeavesFolder as error:
