@@ -131,3 +131,19 @@ def test_compare_lst_logs_bad_argument_is_one_line(tmp_path, capsys):
         compare_main([str(tmp_path), "--no-such-flag"])
     assert_one_line(capsys, exit_.value.code, "unrecognized arguments: --no-such-flag")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_compressed_npz_that_inflates_far_beyond_its_size_is_refused_unread(tmp_path, capsys):
+    """A 0.3 MB .npz whose member inflates to 258 MiB: refused from its declared size, as a results folder's
+    files are (reading.check_expansion), not read whole first."""
+    import zipfile
+    bomb = tmp_path / "bomb.npz"
+    shape = (2, 33_000, 1024)  # 258 MiB of float32 zeros: above the 256 MiB floor
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("ts.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        for _ in range(shape[0] * 33):
+            member.write(bytes(4 * 1000 * 1024))
+    code = sweep_main(FMRI + ["--data", str(bomb), "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"--data {bomb} declares 258 MiB once read, from 0.3 MiB on disk")
+    assert not (tmp_path / "run").exists()

@@ -215,11 +215,11 @@ def regular_file(path: Path) -> Path:
 EXPANSION, EXPANSION_FLOOR = 256, 2**28
 
 
-def check_expansion(path: Path, declared: int, stored: int):
-    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be a file pe_fast wrote."""
+def check_expansion(path: Path, declared: int, stored: int, what: str = "a file pe_fast writes"):
+    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be `what`."""
     if declared > max(EXPANSION * stored, EXPANSION_FLOOR):
         raise ReportError(f"{path} declares {declared / 2**20:,.0f} MiB once read, from {stored / 2**20:,.1f} MiB "
-                          f"on disk: not a file pe_fast writes")
+                          f"on disk: not {what}")
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
