@@ -150,6 +150,11 @@ CASES = [
                                                  "qos=short;touch PWNED"], "--slurm-option"),
     ("slurm partition with a quote", LST + ["--executor", "slurm", "--slurm-local", "--slurm-partition", "gpu'"],
      "--slurm-partition"),
+    # once taken: \w alone matches any Unicode letter
+    ("slurm option key not ASCII", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option", "qös=short"],
+     "--slurm-option"),
+    ("slurm partition not ASCII", LST + ["--executor", "slurm", "--slurm-local", "--slurm-partition", "gpü"],
+     "--slurm-partition"),
     ("pe with a line break", LST + ["--pe", "learned\nnone"], "--pe"),
     # step counts past --steps' own limit: --eval-every's ended in a 40-line overflow after config.json was written
     ("eval every beyond what can finish", LST + ["--eval-every", "1" + "0" * 30], "--eval-every"),

@@ -96,8 +96,9 @@ def check_choices(s: dict):
 
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 # what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
-SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+")
-SLURM_KEY = re.compile(r"[A-Za-z][\w-]*")
+# ASCII: \w alone matches any Unicode letter (qös), which no sbatch option, partition or account name holds
+SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+", re.ASCII)
+SLURM_KEY = re.compile(r"[A-Za-z][\w-]*", re.ASCII)
 SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
 
 
