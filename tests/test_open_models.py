@@ -164,7 +164,7 @@ def test_a_model_a_run_does_not_have_is_a_value_error_naming_it(lst_run):
     with pytest.raises(ValueError, match="split 'nope'"):
         lst_run.task_inputs("nope")
     # torch's RuntimeError and AssertionError ("Torch not compiled with CUDA enabled") named no argument
-    for device in ("nonsense", "cuda:1000"):
+    for device in ("nonsense", "cuda:1000", "meta"):  # meta: NotImplementedError once the weights were copied
         with pytest.raises(ValueError, match=f"device '{device}'"):
             lst_run.model(0, device)
 

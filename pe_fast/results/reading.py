@@ -180,12 +180,13 @@ def _whole(value) -> int | None:
 
 
 def _device(device) -> torch.device:
-    """The device a caller names, where this machine has it: torch says otherwise in a RuntimeError or, for CUDA
-    on a build without it, an AssertionError, neither naming the argument."""
+    """The device a caller names, where this machine has it and can hold weights: torch says otherwise in a
+    RuntimeError, for CUDA on a build without it an AssertionError, for meta (no data) a NotImplementedError once
+    the weights are copied there, none naming the argument."""
     try:
         named = torch.device(device)
-        torch.empty(0, device=named)
-    except (RuntimeError, TypeError, ValueError, AssertionError) as error:
+        torch.zeros(1, device=named).cpu()
+    except (RuntimeError, TypeError, ValueError, AssertionError, NotImplementedError) as error:
         raise ValueError(f"device {device!r}: not a device of this machine ({str(error).splitlines()[0][:120]})") \
             from None
     return named
