@@ -169,6 +169,14 @@ def test_a_model_a_run_does_not_have_is_a_value_error_naming_it(lst_run):
             lst_run.model(0, device)
 
 
+def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
+    """pe_table("0") once returned model 0's table where model("0") refused the string."""
+    for bad in ("0", True, 0.0):
+        with pytest.raises(ModelNotFound, match=f"model_id {bad!r}: expected a model id"):
+            lst_run.pe_table(bad)
+    np.testing.assert_array_equal(lst_run.pe_table(np.int64(0)), lst_run.pe_table(0))
+
+
 def test_a_model_id_from_the_runs_own_table_opens_it(lst_run):
     """run.results' model_id column holds numpy integers: each opens its model, as a Python int does."""
     model_id = lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]

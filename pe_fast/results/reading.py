@@ -46,7 +46,7 @@ class Run:
     def pe_table(self, model_id: int) -> np.ndarray:
         """The final PE table of one model (learned, random or fixed PEs): [N, D], or [L, N, D] with one per
         block."""
-        key = run_folder.pe_table_key(model_id)
+        key = run_folder.pe_table_key(_model_id(model_id))
         if key not in self.pe_tables:
             raise KeyError(f"model {model_id} has no PE table in {self.path} (a PE kind without one, or diverged)")
         return self.pe_tables[key]
@@ -56,6 +56,7 @@ class Run:
     def model(self, model_id: int, device: torch.device | str = "cpu") -> SingleTransformer:
         """Model `model_id` alone, as a plain torch module with its trained weights and PE (models/single.py:
         hook points, run_with_cache, run_with_hooks, attention), in eval mode on `device`."""
+        model_id = _model_id(model_id)
         pool = self._pooled_source(model_id)
         if pool is not None:
             source, source_id = pool
@@ -118,9 +119,6 @@ class Run:
         return packs
 
     def _pack_weights(self, model_id: int, device) -> tuple[weights.PackWeights, int]:
-        if _whole(model_id) is None:
-            raise ModelNotFound(f"model_id {model_id!r}: expected a model id (an int)")
-        model_id = _whole(model_id)
         index = next((p for p, pack in enumerate(self._packs()) if model_id in pack), None)
         if index is None:
             raise ModelNotFound(f"model_id {model_id}: not a trained model of {self.path} "
@@ -147,10 +145,10 @@ class Run:
         sources = self._pooled_sources()
         if sources is None:
             return None
-        if _whole(model_id) not in sources:
+        if model_id not in sources:
             raise ModelNotFound(f"model_id {model_id!r}: not a trained model of {self.path} "
                                 f"(its models: {_id_ranges(sorted(sources))})")
-        folder, source_id = sources[_whole(model_id)]
+        folder, source_id = sources[model_id]
         folders = self.config[run_folder.POOLED_FROM]
         if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)):
             raise ReportError(f"{self.path}/config.json: model {model_id}'s source folder is not among pooled_from")
@@ -177,6 +175,13 @@ def _whole(value) -> int | None:
     """A model id or pack index as an int: a Python or numpy integer (run.results holds numpy ones), not a bool;
     None for anything else."""
     return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+
+
+def _model_id(value) -> int:
+    """Every method taking a model id takes it here: the ids run.results holds, a string or a float refused."""
+    if _whole(value) is None:
+        raise ModelNotFound(f"model_id {value!r}: expected a model id (an int)")
+    return _whole(value)
 
 
 def _device(device) -> torch.device:
