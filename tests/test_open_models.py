@@ -177,6 +177,17 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
     np.testing.assert_array_equal(lst_run.pe_table(np.int64(0)), lst_run.pe_table(0))
 
 
+@pytest.mark.parametrize("inputs, error, why", [
+    ("abc", TypeError, "not a tensor"),
+    (torch.zeros(2, 16, 5, dtype=torch.complex64), TypeError, "complex"),  # its imaginary part once dropped
+    (torch.zeros(2, 7), ValueError, "must be"),  # the model's own message named `tokens`
+    (torch.zeros(2, 16, 5, device="meta"), ValueError, "meta"),  # torch's RuntimeError
+])
+def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_run):
+    with pytest.raises(error, match=f"inputs.*{why}"):
+        lst_run.attention(0, inputs)
+
+
 def test_a_model_id_from_the_runs_own_table_opens_it(lst_run):
     """run.results' model_id column holds numpy integers: each opens its model, as a Python int does."""
     model_id = lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]

@@ -158,10 +158,14 @@ class SingleTransformer(nn.Module):
         finally:
             self.pe_off = False
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def check_tokens(self, tokens: Tensor, name: str = "tokens"):
+        """A ValueError naming the argument (`name`: the caller's) unless tokens is [items, N, token_dim]."""
         if tokens.dim() != 3 or tokens.shape[1:] != (self.config.num_tokens, self.config.token_dim):
-            raise ValueError(f"tokens must be [items, {self.config.num_tokens}, {self.config.token_dim}], got "
+            raise ValueError(f"{name} must be [items, {self.config.num_tokens}, {self.config.token_dim}], got "
                              f"{list(tokens.shape)}")
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        self.check_tokens(tokens)
         h = self.hook_embed(self.embed(tokens))
         rope = None if self.rope_cos is None or self.pe_off else (self.rope_cos, self.rope_sin)
         for index, block in enumerate(self.blocks):
