@@ -97,6 +97,13 @@ CASES = [
      r"w_qkv is torch.float64 but x is torch.float32"),
     ("bias float64 with float32 x", lambda a: with_bias(lambda t: t.double())(as_float32(a)), TypeError,
      r"bias is torch.float64 but x is torch.float32"),
+    # rope tables in another dtype: the reference failed in a matmul, the C++ kernels rounded them without a word
+    ("rope float64 with float32 weights", lambda a: with_rope_table(0, torch.Tensor.double)(as_float32(a)),
+     TypeError, r"rope\[0\] is torch.float64 but w_qkv is torch.float32"),
+    ("rope float16 with float32 weights", lambda a: with_rope_table(1, torch.Tensor.half)(as_float32(a)),
+     TypeError, r"rope\[1\] is torch.float16 but w_qkv is torch.float32"),
+    ("rope float32 under float64", with_rope_table(0, torch.Tensor.float), TypeError,
+     r"rope\[0\] is torch.float32 but w_qkv is torch.float64"),
 ]
 
 

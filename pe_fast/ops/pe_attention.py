@@ -161,7 +161,7 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
         if tensor.device != x.device:
             raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}: every tensor argument must be "
                              f"on x's device")
-    check_dtypes(x, w_qkv, bias)
+    check_dtypes(x, w_qkv, bias, rope)
     if x.dim() != 4:
         raise ValueError(f"x must be [M,B,N,D], got shape {tuple(x.shape)}")
     M, _, N, D = x.shape
@@ -183,9 +183,10 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
             raise ValueError(f"rope must be (cos, sin) tables of shape [{N},{dh // 2}] with an even head dim")
 
 
-def check_dtypes(x: Tensor, w_qkv: Tensor, bias: Tensor | None) -> None:
-    """x and w_qkv in one dtype or MIXED_PRECISION's, and bias in x's, as the op will compute them: under autocast
-    x and the bias in autocast's dtype (pe_attention casts them)."""
+def check_dtypes(x: Tensor, w_qkv: Tensor, bias: Tensor | None, rope) -> None:
+    """x and w_qkv in one dtype or MIXED_PRECISION's, bias in x's and the rope tables in w_qkv's (a model's
+    buffers, as its weights: float32 under autocast), as the op will compute them: under autocast x and the bias
+    in autocast's dtype (pe_attention casts them)."""
     low = torch.get_autocast_dtype(x.device.type) if autocast_on(x.device) else None
     computed = low or x.dtype
     if computed != w_qkv.dtype and (computed, w_qkv.dtype) not in MIXED_PRECISION:
@@ -194,6 +195,10 @@ def check_dtypes(x: Tensor, w_qkv: Tensor, bias: Tensor | None) -> None:
                         f"with float32 weights, autocast's mix)")
     if bias is not None and low is None and bias.dtype != x.dtype:
         raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}: give bias x's dtype")
+    for i, table in enumerate(rope or ()):
+        if table.dtype != w_qkv.dtype:
+            raise TypeError(f"rope[{i}] is {table.dtype} but w_qkv is {w_qkv.dtype}: give the rope tables the "
+                            f"weights' dtype")
 
 
 def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_heads: int,
