@@ -42,10 +42,11 @@ def split_heads(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def rotate(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding: rotate the pairs (t[2i], t[2i+1]) by the angle whose cos/sin are given per token."""
+    """Rotary embedding: rotate the pairs (t[2i], t[2i+1]) by the angle whose cos/sin are given per token. In t's
+    dtype: under autocast t is 16-bit and the tables float32, and q and k turned float32 would not meet v."""
     even, odd = t[..., 0::2], t[..., 1::2]
     rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2)
+    return rotated.flatten(-2).to(t.dtype)
 
 
 def unrotate(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -57,7 +58,7 @@ def turn_qk(qkv: Tensor, num_heads: int, cos: Tensor, sin: Tensor, turn) -> Tens
     """qkv [M,B,N,3D] with q and k turned by `turn` (rotate; unrotate for gradients), in qkv's layout: for
     kernels that take the packed projection and apply RoPE outside."""
     q, k, v = split_heads(qkv, num_heads)  # [M,B,H,N,dh]
-    turned = torch.stack((turn(q, cos, sin).to(qkv.dtype), turn(k, cos, sin).to(qkv.dtype), v), dim=2)
+    turned = torch.stack((turn(q, cos, sin), turn(k, cos, sin), v), dim=2)
     return turned.permute(0, 1, 4, 2, 3, 5).reshape(qkv.shape)  # [M,B,3,H,N,dh] -> [M,B,N,3,H,dh]
 
 
