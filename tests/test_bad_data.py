@@ -135,7 +135,7 @@ def test_compare_lst_logs_bad_argument_is_one_line(tmp_path, capsys):
 
 def test_compressed_npz_that_inflates_far_beyond_its_size_is_refused_unread(tmp_path, capsys):
     """A 0.3 MB .npz whose member inflates to 258 MiB: refused from its declared size, as a results folder's
-    files are (reading.check_expansion), not read whole first."""
+    files are (pe_fast.data.declared_size), not read whole first."""
     import zipfile
     bomb = tmp_path / "bomb.npz"
     shape = (2, 33_000, 1024)  # 258 MiB of float32 zeros: above the 256 MiB floor

@@ -952,6 +952,7 @@ def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path,
     """A 2 MB pe_tables.npz that inflates to 2 GB and a 0.8 MB results.parquet of 50 M rows were read whole (issue
     55): what a file declares is checked against its size on disk before it is read."""
     import zipfile
+    from pe_fast.data import declared_size
     from pe_fast.results import reading
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
     with zipfile.ZipFile(folder / "pe_tables.npz", "w", zipfile.ZIP_DEFLATED) as archive, \
@@ -963,5 +964,5 @@ def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path,
     (folder / "pe_tables.npz").unlink()
     pd.DataFrame({"pe": ["learned"] * 2**23, "sigma": 0.1, "model_id": 0}).to_parquet(folder / "results.parquet")
     assert (folder / "results.parquet").stat().st_size < 2**20  # 8 M rows of one value: a few KB
-    monkeypatch.setattr(reading, "EXPANSION_FLOOR", 2**20)  # 192 MiB declared: above this floor, not the default's
+    monkeypatch.setattr(declared_size, "EXPANSION_FLOOR", 2**20)  # 192 MiB declared: above this floor, not the default's
     assert_one_line(capsys, report_main([str(folder)]), "results.parquet declares")

@@ -242,8 +242,8 @@ def test_logs_of_the_wrong_kind_are_one_line(text, message, tmp_path):
 
 def test_logs_that_expand_far_beyond_their_file_are_not_read(tmp_path, capsys, monkeypatch):
     """A parquet file of few bytes declaring many rows: refused from its metadata, as a results folder's tables."""
-    from pe_fast.results import reading
-    monkeypatch.setattr(reading, "EXPANSION_FLOOR", 2**16)  # the floor of a real file: 256 MiB declared
+    from pe_fast.data import declared_size
+    monkeypatch.setattr(declared_size, "EXPANSION_FLOOR", 2**16)  # the floor of a real file: 256 MiB declared
     write_run(tmp_path / "run", test_offset=0.0)
     pd.DataFrame(dict(pe=["learned"] * 100_000, sigma=0.5, seed=2235, epoch=200, phase="test", condition="average",
                       accuracy=0.5)).to_parquet(tmp_path / "logs.parquet")

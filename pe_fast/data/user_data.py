@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pe_fast.data.declared_size import inflation
 from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_centroid_distance
 
 PathLike = str | os.PathLike
@@ -200,14 +201,11 @@ def _read_npz(p: Path, key: str | None):
             members = {key: members[key]}
         if not members:
             raise DataError(f"{p}: the .npz file holds no arrays: save the time series with numpy.savez")
-        # a compressed member is read whole into memory: a few MB may inflate to GBs (a "bomb"); the results
-        # folders' readers hold the rule (imported here: pe_fast.results imports the tasks, which import this)
-        from pe_fast.results.reading import ReportError, check_expansion
-        try:
-            check_expansion(p, sum(i.file_size for i in members.values()), p.stat().st_size,
+        # a compressed member is read whole into memory: a few MB may inflate to GBs
+        problem = inflation(p, sum(i.file_size for i in members.values()), p.stat().st_size,
                             "a time series file (measured values compress little)")
-        except ReportError as error:
-            raise DataError(str(error)) from None
+        if problem is not None:
+            raise DataError(problem)
         try:
             arrays = {k: _npz_member(p, zf, i) for k, i in members.items()}
         except DataError:

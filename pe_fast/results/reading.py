@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pe_fast.data import declared_size
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
@@ -229,17 +230,12 @@ def regular_file(path: Path) -> Path:
     return path
 
 
-# A file in a folder someone else made may declare far more than it holds (a "bomb": a few MB that expand to GBs in
-# memory). Above this floor, what a table or array expands to may be at most EXPANSION times its bytes on disk:
-# pe_fast's own files expand about 1x (floats compress little), a table of mostly empty (NaN) columns about 100x.
-EXPANSION, EXPANSION_FLOOR = 256, 2**28
-
-
 def check_expansion(path: Path, declared: int, stored: int, what: str = "a file pe_fast writes"):
-    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be `what`."""
-    if declared > max(EXPANSION * stored, EXPANSION_FLOOR):
-        raise ReportError(f"{path} declares {declared / 2**20:,.0f} MiB once read, from {stored / 2**20:,.1f} MiB "
-                          f"on disk: not {what}")
+    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be `what` (a file in a folder
+    someone else made may declare far more than it holds)."""
+    problem = declared_size.inflation(path, declared, stored, what)
+    if problem is not None:
+        raise ReportError(problem)
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
