@@ -45,6 +45,8 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     assert all(again.pe_table(i).shape[-2:] == (12, 16) for i in learned)
     with pytest.raises(KeyError, match="no PE table"):
         again.pe_table(int(again.results.query("pe == 'none'")["model_id"].iloc[0]))
+    with pytest.raises(ValueError, match="model_id 999: not a model of"):  # not "has no PE table"
+        again.pe_table(999)
 
 
 @pytest.mark.parametrize("arguments, names", [

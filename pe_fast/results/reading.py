@@ -47,7 +47,11 @@ class Run:
     def pe_table(self, model_id: int) -> np.ndarray:
         """The final PE table of one model (learned, random or fixed PEs): [N, D], or [L, N, D] with one per
         block."""
-        key = run_folder.pe_table_key(_model_id(model_id))
+        model_id = _model_id(model_id)
+        known = sorted(int(i) for i in self.results["model_id"].dropna()) if "model_id" in self.results else []
+        if model_id not in known:
+            raise ModelNotFound(f"model_id {model_id}: not a model of {self.path} (its models: {_id_ranges(known)})")
+        key = run_folder.pe_table_key(model_id)
         if key not in self.pe_tables:
             raise KeyError(f"model {model_id} has no PE table in {self.path} (a PE kind without one, or diverged)")
         return self.pe_tables[key]
