@@ -966,3 +966,14 @@ def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path,
     assert (folder / "results.parquet").stat().st_size < 2**20  # 8 M rows of one value: a few KB
     monkeypatch.setattr(declared_size, "EXPANSION_FLOOR", 2**20)  # 192 MiB declared: above this floor, not the default's
     assert_one_line(capsys, report_main([str(folder)]), "results.parquet declares")
+
+
+@pytest.mark.parametrize("flags, flag", [(FMRI, "--data"), (LST, "--lst-ood")])
+def test_a_pipe_given_as_a_data_file_is_named_for_what_it_is(flags, flag, tmp_path, capsys):
+    """A FIFO where a data file belongs: one line saying it is not a regular file (it once said "no such file",
+    which sends the user looking for a path that exists), nothing read from it, nothing written."""
+    pipe = tmp_path / "series.npy"
+    os.mkfifo(pipe)
+    code = sweep_main(flags + [flag, str(pipe), "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "not a regular file")
+    assert not (tmp_path / "run").exists()

@@ -119,7 +119,8 @@ def _check_file(p: Path, expected: str):
     if p.is_dir():
         raise DataError(f"{p}: a folder, not a file: give {expected}")
     if not p.is_file():
-        raise DataError(f"{p}: no such file: check the path (expected {expected})")
+        what = "not a regular file (a pipe, device or socket)" if p.exists() else "no such file"
+        raise DataError(f"{p}: {what}: check the path (expected {expected})")
 
 
 def _is_nifti_name(p: Path) -> bool:

@@ -186,7 +186,8 @@ def read_puzzle_folder(path: str | os.PathLike) -> Puzzles:
     if path.is_file():
         return read_puzzles(path)
     if not path.is_dir():
-        raise PuzzleFileError(path, 0, "no such file or folder")
+        raise PuzzleFileError(path, 0, "not a regular file or folder (a pipe, device or socket)" if path.exists()
+                              else "no such file or folder")
     files = sorted(path.glob("*.csv"))
     if not files:
         raise PuzzleFileError(path, 0, "folder has no *.csv puzzle files: give a puzzle CSV file or a folder of them")
