@@ -521,7 +521,8 @@ def test_the_report_refuses_a_folder_with_any_setting_of_a_wrong_type(name, unfi
     assert snapshot(folder) == before
 
 
-@pytest.mark.parametrize("settings", [{"steps": "twenty"}, {"sigmas": "abc"}, {"seeds": "x"}])
+@pytest.mark.parametrize("settings", [{"steps": "twenty"}, {"sigmas": "abc"}, {"seeds": "x"},
+                                      {"sigmas": [float("inf")]}, {"lr": [float("nan")]}])
 def test_load_run_refuses_a_setting_of_a_wrong_type_as_a_value_error(settings, unfinished, tmp_path):
     import pe_fast
     folder = tmp_path / "run"

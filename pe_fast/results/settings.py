@@ -4,6 +4,7 @@ and migrate.py reads every older config.json as today's."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -343,6 +344,8 @@ def conform(name: str, value, hint):
         return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is float and number:
+        if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
+            raise SettingTypeError(f"--{name.replace('_', '-')}: expected a finite number, got {value!r}")
         return float(value)
     if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
         return value
