@@ -345,7 +345,7 @@ def conform(name: str, value, hint):
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is float and number:
         if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
-            raise SettingTypeError(f"--{name.replace('_', '-')}: expected a finite number, got {value!r}")
+            raise SettingTypeError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
         return float(value)
     if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
         return value
