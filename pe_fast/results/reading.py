@@ -48,8 +48,9 @@ class Run:
         """The final PE table of one model (learned, random or fixed PEs): [N, D], or [L, N, D] with one per
         block."""
         model_id = _model_id(model_id)
-        known = sorted(int(i) for i in self.results["model_id"].dropna()) if "model_id" in self.results else []
-        if model_id not in known:
+        ids = self.results["model_id"] if "model_id" in self.results else pd.Series(dtype=float)
+        if not (ids == model_id).any():
+            known = sorted(int(i) for i in ids.dropna())
             raise ModelNotFound(f"model_id {model_id}: not a model of {self.path} (its models: {_id_ranges(known)})")
         key = run_folder.pe_table_key(model_id)
         if key not in self.pe_tables:
@@ -198,9 +199,10 @@ def _whole(value) -> int | None:
 
 def _model_id(value) -> int:
     """Every method taking a model id takes it here: the ids run.results holds, a string or a float refused."""
-    if _whole(value) is None:
+    whole = _whole(value)
+    if whole is None:
         raise ModelNotFound(f"model_id {value!r}: expected a model id (an int)")
-    return _whole(value)
+    return whole
 
 
 def _device(device) -> torch.device:
