@@ -32,8 +32,8 @@ import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.results import run_folder
-from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_expansion, named_folder,
-                                     read_run, recorded_settings)
+from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_parquet_size,
+                                     named_folder, read_run, recorded_settings)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
@@ -63,8 +63,7 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
     try:
         if path.suffix == ".parquet":  # a few MB may declare GBs of rows, as a results folder's tables may
             import pyarrow.parquet
-            meta = pyarrow.parquet.read_metadata(path)
-            check_expansion(path, meta.num_rows * max(1, meta.num_columns) * 8, path.stat().st_size)
+            check_parquet_size(path, pyarrow.parquet.read_metadata(path))
         logs = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except ReportError as error:
         raise CompareError(str(error))

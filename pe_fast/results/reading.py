@@ -236,12 +236,17 @@ def regular_file(path: Path) -> Path:
     return path
 
 
-def check_expansion(path: Path, declared: int, stored: int, what: str = "a file pe_fast writes"):
-    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be `what` (a file in a folder
-    someone else made may declare far more than it holds)."""
-    problem = declared_size.inflation(path, declared, stored, what)
+def check_expansion(path: Path, declared: int, stored: int):
+    """One ReportError where `declared` bytes in memory from `stored` on disk cannot be a file pe_fast wrote (a file
+    in a folder someone else made may declare far more than it holds)."""
+    problem = declared_size.inflation(path, declared, stored, "a file pe_fast writes")
     if problem is not None:
         raise ReportError(problem)
+
+
+def check_parquet_size(path: Path, meta):
+    """check_expansion for a parquet file from its metadata (pyarrow's FileMetaData): 8 bytes a cell once read."""
+    check_expansion(path, meta.num_rows * max(1, meta.num_columns) * 8, path.stat().st_size)
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
@@ -251,7 +256,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         meta = pyarrow.parquet.read_metadata(path)
     except Exception as error:  # pyarrow raises several types for a truncated or foreign file
         raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
-    check_expansion(path, meta.num_rows * max(1, meta.num_columns) * 8, path.stat().st_size)
+    check_parquet_size(path, meta)
     try:
         return pd.read_parquet(path)
     except Exception as error:  # pyarrow raises several types for a truncated or foreign file
