@@ -97,10 +97,8 @@ def windows(run: np.ndarray, width: int) -> np.ndarray:
 
 def random_masks(shape: tuple[int, int], count: int, generator: torch.Generator) -> Tensor:
     """[S, N] bool with exactly `count` masked tokens per row, uniformly at random."""
-    order = torch.rand(shape, generator=generator).argsort(dim=1)
-    mask = torch.zeros(shape, dtype=torch.bool)
-    mask.scatter_(1, order[:, :count], True)
-    return mask
+    lowest = torch.rand(shape, generator=generator).topk(count, dim=1, largest=False).indices
+    return torch.zeros(shape, dtype=torch.bool).scatter_(1, lowest, True)
 
 
 def masked_input(values: Tensor, mask: Tensor) -> Tensor:
@@ -253,8 +251,12 @@ class MaskedRegionTask:
         """The masked tokens of each item [M,B,K], in order: the only outputs loss() reads, so that a training step
         computes them alone (StackedTransformer's output_tokens); and the targets at them, every one masked."""
         values, mask = targets
-        # a stable sort puts each item's K masked tokens first, in token order; static shapes (no nonzero())
-        tokens = mask.to(torch.uint8).argsort(dim=2, descending=True, stable=True)[..., :self.num_masked]
+        # each masked token's rank among its item's masked tokens is its slot: the K masked tokens in token order,
+        # with static shapes (no nonzero()) and no sort; unmasked tokens go to a spare slot K, dropped
+        K = self.num_masked
+        slot = torch.where(mask, mask.cumsum(2) - 1, K)
+        every_token = torch.arange(mask.shape[2], device=mask.device).expand(mask.shape)
+        tokens = mask.new_zeros((*mask.shape[:2], K + 1), dtype=torch.long).scatter_(2, slot, every_token)[..., :K]
         values = values.gather(2, tokens.unsqueeze(-1).expand(*tokens.shape, values.shape[-1]))
         return tokens, (values, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device))
 
@@ -362,7 +364,8 @@ class MaskedBatches:
         # drawn on the host from each model's own generator (a model trains the same in any pack), then ordered in
         # one call: the same masks as random_masks per model, for half the host time of twelve
         scores = torch.stack([torch.rand((B, N), generator=g) for g in self.generators])
-        mask = torch.zeros(M, B, N, dtype=torch.bool).scatter_(2, scores.argsort(dim=2)[..., :self.num_masked], True)
+        lowest = scores.topk(self.num_masked, dim=2, largest=False).indices
+        mask = torch.zeros(M, B, N, dtype=torch.bool).scatter_(2, lowest, True)
         mask = upload(mask, self.device)
         values = self.values[index]
         return masked_input(values, mask), (values, mask)
