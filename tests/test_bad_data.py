@@ -1,6 +1,7 @@
 """Bad data files and data-dependent flags, through the real command-line entry points: exit code 2, exactly one
 line on stderr naming the flag and the file or the problem, no traceback, no results folder (issue 42). The
 pattern and the tiny flag sets are tests/test_bad_input.py's; the cases that need files of their own are here."""
+import os
 from pathlib import Path
 
 import h5py
@@ -53,6 +54,38 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     Path(files["AMBIGUOUS"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,1250000000000000,3\n")
     (tmp_path / "empty").mkdir()
     files["EMPTY_FOLDER"] = str(tmp_path / "empty")
+    files["SUPERSCRIPT"] = str(tmp_path / "superscript.csv")  # '³' passes str.isdigit, not int()
+    Path(files["SUPERSCRIPT"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,12³0500000000000,3\n")
+    for name, make in (("ZERO_LINK", lambda p: p.symlink_to("/dev/zero")), ("PIPE", os.mkfifo)):
+        folder = tmp_path / name.lower()  # a puzzle folder: a good file, then one that never ends
+        folder.mkdir()
+        (folder / "a.csv").write_text(Path(files["NOT_LATIN"]).read_text().splitlines()[0] + "\n"
+                                      "0,,Binary,1235000000000000,4\n")
+        make(folder / "b.csv")
+        files[name] = str(folder)
+    with h5py.File(tmp_path / "unwritten.h5", "w") as f:  # 1 GiB of chunks never written: the fill value
+        f.create_dataset("timeseries", shape=(2, 12_500_000, 10), dtype="f4", chunks=(1, 1_000_000, 10),
+                         fillvalue=1.0)
+    files["UNWRITTEN"] = str(tmp_path / "unwritten.h5")
+    with h5py.File(tmp_path / "damaged.h5", "w") as f:
+        f.create_dataset("timeseries", data=np.random.default_rng(1).normal(size=(2, 60, 10)), chunks=(1, 60, 10),
+                         compression="gzip")
+        chunk = f["timeseries"].id.get_chunk_info(0)
+    with open(tmp_path / "damaged.h5", "r+b") as f:  # the first chunk's deflate stream overwritten
+        f.seek(chunk.byte_offset)
+        f.write(b"\xff" * chunk.size)
+    files["DAMAGED"] = str(tmp_path / "damaged.h5")
+    files["SPARSE"] = str(tmp_path / "sparse.npy")  # 8 GB declared, a few kB on disk
+    with open(files["SPARSE"], "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (2, 50_000_000, 10)})
+        f.truncate(f.tell() + 8 * 10**9)
+    files["LYING_NPZ"] = str(tmp_path / "lying.npz")  # a stored member whose header claims 100 rows, holding 60
+    np.savez(files["LYING_NPZ"], a=np.zeros((60, 10), "i1"), b=np.ones((60, 10), "i1"))
+    raw = Path(files["LYING_NPZ"]).read_bytes()
+    Path(files["LYING_NPZ"]).write_bytes(raw.replace(b"(60, 10)", b"(99, 10)", 1))
+    files["TWO_LABELS"] = str(write_table(tmp_path / "two_labels.csv", [f"r{i},{i},0,0,a,x" for i in range(10)],
+                                          header="label,x,y,z,network,Label"))
+    files["FAR"] = regions_at(tmp_path / "remote.csv", [(i * 1e200, 0, 0) for i in range(10)])
     files["TMP"] = str(tmp_path.resolve())
     return files
 
@@ -91,6 +124,23 @@ CASES = [
      "--lst-ood {AMBIGUOUS}:2: puzzle 1 of the file, '1250000000000000': ambiguous: its query may hold 3 or 4"),
     ("puzzle folder without CSV files", LST + ["--lst-train", "EMPTY_FOLDER"],
      "--lst-train {EMPTY_FOLDER}:0: folder has no *.csv puzzle files"),
+    ("puzzle in superscript digits", LST + ["--lst-ood", "SUPERSCRIPT"],
+     "--lst-ood {SUPERSCRIPT}:2: puzzle must be 16 digits 0-5, got '12³0500000000000'"),
+    ("puzzle folder with a link to /dev/zero", LST + ["--lst-ood", "ZERO_LINK"],
+     "--lst-ood {ZERO_LINK}/b.csv:0: not a regular file (a pipe, device or socket)"),
+    ("puzzle folder with a pipe", LST + ["--lst-ood", "PIPE"],
+     "--lst-ood {PIPE}/b.csv:0: not a regular file (a pipe, device or socket)"),
+    ("h5 of chunks never written", FMRI + ["--data", "UNWRITTEN"],
+     "--data {UNWRITTEN} declares 954 MiB once read, from 0.0 MiB on disk"),
+    ("h5 with a damaged chunk", FMRI + ["--data", "DAMAGED"],
+     "--data {DAMAGED}: cannot read dataset 'timeseries'"),
+    ("sparse npy", FMRI + ["--data", "SPARSE"], "--data {SPARSE} declares 7,629 MiB once read, from 0.0 MiB on disk"),
+    ("npz member longer than it holds", FMRI + ["--data", "LYING_NPZ"],
+     "--data {LYING_NPZ}: member a.npy declares shape (99, 10), more than the member holds"),
+    ("regions table with label twice", FMRI + ["--data", "NPY", "--regions", "TWO_LABELS"],
+     "--regions {TWO_LABELS}: the regions table's header names column 'label' twice"),
+    ("regions far beyond a brain", FMRI + ["--data", "NPY", "--regions", "FAR"],
+     "--regions {FAR}: the x, y, z columns hold values beyond ±1,000,000"),
 ]
 
 
@@ -147,3 +197,16 @@ def test_compressed_npz_that_inflates_far_beyond_its_size_is_refused_unread(tmp_
     code = sweep_main(FMRI + ["--data", str(bomb), "--out", str(tmp_path / "run")])
     assert_one_line(capsys, code, f"--data {bomb} declares 258 MiB once read, from 0.3 MiB on disk")
     assert not (tmp_path / "run").exists()
+
+
+def test_chunked_h5_values_are_judged_as_the_same_values_stored_contiguously(tmp_path):
+    """A chunked dataset is read in its own dtype, not float32 first: values near 1e100 (inf as float32) and a
+    large offset with small variation (constant as float32) load as the contiguous copy of the same data does."""
+    rng = np.random.default_rng(0)
+    for values in (rng.normal(size=(2, 60, 10)) * 1e100, 1e6 + 1e-3 * rng.normal(size=(2, 60, 10))):
+        for layout, options in (("contiguous", {}), ("chunked", dict(chunks=(1, 60, 10), compression="gzip"))):
+            with h5py.File(tmp_path / f"{layout}.h5", "w") as f:
+                f.create_dataset("timeseries", data=values, **options)
+        contiguous, chunked = (load_user_data(tmp_path / f"{layout}.h5") for layout in ("contiguous", "chunked"))
+        for a, b in zip(contiguous.runs, chunked.runs):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

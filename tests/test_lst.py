@@ -255,7 +255,7 @@ def test_a_puzzle_whose_other_blanks_complete_several_ways_is_read(tmp_path):
 
 
 def test_missing_file_and_empty_folder(tmp_path):
-    with pytest.raises(lst_puzzles.PuzzleFileError, match=r":0: cannot read"):
+    with pytest.raises(lst_puzzles.PuzzleFileError, match=r":0: no such file"):
         lst_puzzles.read_puzzles(tmp_path / "absent.csv")
     with pytest.raises(lst_puzzles.PuzzleFileError, match=r":0: .*no \*\.csv"):
         lst_puzzles.read_puzzle_folder(tmp_path)

@@ -10,6 +10,13 @@ from pathlib import Path
 EXPANSION, EXPANSION_FLOOR = 256, 2**28
 
 
+def stored_bytes(path: Path) -> int:
+    """The bytes a file holds on disk: its size, less the holes of a sparse file (which read as zeros for free)."""
+    status = path.stat()
+    allocated = status.st_blocks * 512
+    return min(status.st_size, allocated) if allocated else status.st_size  # 0 blocks: a file system that counts none
+
+
 def inflation(path: Path, declared: int, stored: int, what: str) -> str | None:
     """Why `declared` bytes in memory from `stored` on disk cannot be `what`; None where they can."""
     if declared > max(EXPANSION * stored, EXPANSION_FLOOR):

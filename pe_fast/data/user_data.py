@@ -38,13 +38,14 @@ from __future__ import annotations
 import csv
 import os
 import struct
+import unicodedata
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from pe_fast.data.declared_size import inflation
+from pe_fast.data.declared_size import inflation, stored_bytes
 from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_centroid_distance
 
 PathLike = str | os.PathLike
@@ -137,6 +138,7 @@ def _read_array_file(p: Path, dataset: str | None):
             arr = np.load(p, mmap_mode="r")
         except Exception as e:
             raise DataError(f"{p}: not a readable .npy file ({_why(e)}): save it with numpy.save") from None
+        _check_declared(p, arr.nbytes)  # a sparse file's holes: GBs of zeros scanned from a few kB
         return (*_split_subjects(arr, p), "npy, memory-mapped")
     if ext == ".npz":
         return _read_npz(p, dataset)
@@ -144,6 +146,12 @@ def _read_array_file(p: Path, dataset: str | None):
         return _read_h5(p, dataset)
     raise DataError(f"{p}: unknown file type {p.suffix!r}: use .npy, .npz, .h5/.hdf5, or .dtseries.nii "
                     f"with a .dlabel.nii parcellation")
+
+
+def _check_declared(p: Path, declared: int):
+    problem = inflation(p, declared, stored_bytes(p), "a time series file (measured values compress little)")
+    if problem is not None:
+        raise DataError(problem)
 
 
 def _why(e: Exception) -> str:
@@ -182,8 +190,12 @@ def _npz_member(p: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
         read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(f)
         offset = f.tell()
+        data_end = info.header_offset + 30 + name_len + extra_len + info.file_size
     if dtype.hasobject:
         raise DataError(f"{p}: member {info.filename} holds Python objects: save numeric arrays")
+    if offset + int(np.prod(shape)) * dtype.itemsize > data_end:  # a memory map would read the next member's bytes
+        raise DataError(f"{p}: member {info.filename} declares shape {tuple(shape)}, more than the member holds: "
+                        f"the file is damaged; save it again with numpy.savez")
     if int(np.prod(shape)) == 0:
         return np.zeros(shape, dtype)
     return np.memmap(p, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
@@ -203,10 +215,7 @@ def _read_npz(p: Path, key: str | None):
         if not members:
             raise DataError(f"{p}: the .npz file holds no arrays: save the time series with numpy.savez")
         # a compressed member is read whole into memory: a few MB may inflate to GBs
-        problem = inflation(p, sum(i.file_size for i in members.values()), p.stat().st_size,
-                            "a time series file (measured values compress little)")
-        if problem is not None:
-            raise DataError(problem)
+        _check_declared(p, sum(i.file_size for i in members.values()))
         try:
             arrays = {k: _npz_member(p, zf, i) for k, i in members.items()}
         except DataError:
@@ -268,10 +277,11 @@ def _read_h5(p: Path, name: str | None):
             raise DataError(f"{p}: dataset {name!r} keeps its data in an external file ({ds.external[0][0]}): save "
                             f"its data in the file itself")
         _check_dtype(ds, p)
-        declared = ds.size * 4  # bytes as float32, the form it is read into
+        declared = ds.size * ds.dtype.itemsize
         if declared > _MEMORY_BYTES:
-            raise DataError(f"{p}: dataset {name!r} declares shape {ds.shape} ({declared / 2**30:.0f} GiB as float32), "
+            raise DataError(f"{p}: dataset {name!r} declares shape {ds.shape} ({declared / 2**30:.0f} GiB), "
                             f"more than this machine's memory ({_MEMORY_BYTES / 2**30:.0f} GiB)")
+        _check_declared(p, declared)  # chunks never written read as the fill value: GBs from a few kB
         offset = ds.id.get_offset()
         if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0:
             arr = np.memmap(p, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
@@ -279,14 +289,13 @@ def _read_h5(p: Path, name: str | None):
         else:
             if ds.ndim not in (2, 3):
                 _split_subjects(ds, p, f"dataset {name!r}")  # raises the dimension error
-            # Chunked or compressed: read into float32, one subject at a time (no subjects: an empty array, which
-            # _check_runs refuses, naming the file).
-            arr = np.empty(ds.shape, np.float32)
-            if ds.ndim == 3:
-                for i in range(ds.shape[0]):
-                    arr[i] = ds[i]
-            else:
-                arr[...] = ds[()]
+            # Chunked or compressed: read whole in its own dtype, so that its values are checked as a contiguous
+            # dataset's are (no subjects: an empty array, which _check_runs refuses, naming the file).
+            try:
+                arr = ds[()]
+            except Exception as e:  # a damaged chunk, a filter whose plugin is not installed
+                raise DataError(f"{p}: cannot read dataset {name!r} ({_why(e)}): check the file, or save it again "
+                                f"without compression or with gzip") from None
             fmt = f"HDF5 dataset {name!r}, chunked, read into memory"
         return (*_split_subjects(arr, p, f"dataset {name!r}"), fmt)
 
@@ -421,6 +430,9 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
                             f"({flat.size} constant regions): drop those regions or that run")
 
 
+MAX_COORDINATE_MM = 1e6  # a kilometre: far beyond any brain, in any unit a table would use
+
+
 def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
     try:
         # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark, which would hide the first column's name
@@ -431,6 +443,10 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
                     for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"{p}: cannot read the regions table ({_why(e)}): give a CSV with a header line") from None
+    repeated = next((c for c in columns if columns.count(c) > 1), None)
+    if repeated is not None:  # a second column of the name would silently replace the first
+        raise DataError(f"{p}: the regions table's header names column {repeated!r} twice (letter case aside): "
+                        f"give each column once")
     if "label" not in columns:
         raise DataError(f"{p}: the regions table has no 'label' column (it has {columns}): "
                         f"add a header line label[,x,y,z][,network]")
@@ -440,12 +456,13 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
     if len(rows) != n:
         raise DataError(f"{p}: the regions table has {len(rows)} rows but {where} has {n} regions: "
                         f"give one row per region")
-    labels = [r["label"] for r in rows]
+    labels = [unicodedata.normalize("NFC", r["label"]) for r in rows]  # one "é", however it was typed
     if len(set(labels)) != n or "" in labels:
         dup = next(l for l in labels if labels.count(l) > 1 or l == "")
         raise DataError(f"{p}: region label {dup!r} is empty or repeated: give every region its own label")
     if parcel_names is not None:
         # CIFTI: match the table to the dlabel's parcels by name.
+        parcel_names = [unicodedata.normalize("NFC", name) for name in parcel_names]
         missing = [name for name in parcel_names if name not in set(labels)]
         if missing:
             raise DataError(f"{p}: the regions table lacks parcel(s) {missing[:3]} of the parcellation: "
@@ -462,6 +479,9 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
             raise DataError(f"{p}: region {bad!r} has a non-numeric x, y or z: give coordinates in mm") from None
         if not np.isfinite(centroids).all():
             raise DataError(f"{p}: the x, y, z columns hold NaN or Inf: give finite coordinates in mm")
+        if np.abs(centroids).max() > MAX_COORDINATE_MM:  # squared distances would overflow to inf
+            raise DataError(f"{p}: the x, y, z columns hold values beyond ±{MAX_COORDINATE_MM:,.0f}: give "
+                            f"coordinates in mm")
     networks, network_names = None, None
     if "network" in columns:
         values = [r["network"] for r in rows]

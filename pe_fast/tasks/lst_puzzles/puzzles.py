@@ -91,9 +91,10 @@ class Puzzles:
 
 def _check_puzzle_field(text: str) -> tuple[list[int] | None, str | None]:
     """Parse the 16-digit grid; returns (grid, None) or (None, problem)."""
-    if len(text) != NUM_CELLS or not text.isdigit():
-        problem = f"puzzle must be {NUM_CELLS} digits, got {text!r} ({len(text)} characters)"
-        if text.isdigit() and len(text) < NUM_CELLS:
+    digits = text.isascii() and text.isdigit()  # isdigit alone passes '³' and other digits int() refuses
+    if len(text) != NUM_CELLS or not digits:
+        problem = f"puzzle must be {NUM_CELLS} digits 0-5, got {text!r} ({len(text)} characters)"
+        if digits and len(text) < NUM_CELLS:
             problem += "; leading zeros lost by a spreadsheet or pandas?"
         return None, problem
     grid = [int(ch) for ch in text]
@@ -132,6 +133,9 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
     """Read one puzzle CSV file; raises PuzzleFileError on the first problem found (each row's form first, then
     whether the rows are puzzles with their solutions)."""
     path = Path(path)
+    if not path.is_file():  # a pipe would never end, a link to /dev/zero never stop growing
+        raise PuzzleFileError(path, 0, "not a regular file (a pipe, device or socket)" if path.exists()
+                              else "no such file")
     try:
         # utf-8-sig: tolerate the byte-order mark some spreadsheet programs write.
         with open(path, newline="", encoding="utf-8-sig") as fh:
