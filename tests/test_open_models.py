@@ -106,7 +106,7 @@ def test_the_hooks_hold_the_forwards_values_and_an_edit_changes_the_output(lst_r
     # one head's pattern replaced by the uniform one
     uniform = lambda v, hook: torch.full_like(v, 1.0 / v.shape[-1])  # noqa: E731
     assert not torch.allclose(model.run_with_hooks(x, [("blocks.0.attn.hook_pattern", uniform)]), no_pe, atol=1e-4)
-    with pytest.raises(KeyError, match="no hook point"):
+    with pytest.raises(ValueError, match="fwd_hooks: no hook point"):
         model.run_with_hooks(x, [("blocks.0.hook_nothing", uniform)])
 
 
@@ -295,3 +295,25 @@ def test_read_only_coordinates_are_saved_without_a_warning(tmp_path, recwarn):
     x = torch.randn(2, 4, 5, 2)
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(x)[0], model(x)[0])
+
+
+def test_a_model_takes_its_tokens_in_any_real_form_and_refuses_the_rest_naming_them(lst_run):
+    """The single model's forward, run.attention and the hooks take the tokens as a tensor of another dtype, a
+    numpy array (big-endian too) or a nested list, each equal to the float32 tensor's result; complex values,
+    text, a meta tensor and a malformed hook are a TypeError or ValueError naming the argument."""
+    model = lst_run.model(0)
+    x = lst_run.task_inputs("test")[:5]
+    expected = model(x).detach()
+    for same in (x.double(), x.numpy(), x.numpy().astype(">f4"), x.tolist()):
+        torch.testing.assert_close(model(same).detach(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lst_run.attention(0, x.numpy().astype(">f8")), lst_run.attention(0, x))
+    refused = [(x.to(torch.complex64), TypeError, "tokens: torch.complex64 values are complex"),
+               ("x", TypeError, "tokens: not a tensor or array of numbers"),
+               (x.to("meta"), ValueError, "tokens on the meta device")]
+    for tokens, error, message in refused:
+        with pytest.raises(error, match=message):
+            model(tokens)
+    with pytest.raises(ValueError, match="inputs on the meta device"):
+        lst_run.attention(0, x.to("meta"))
+    with pytest.raises(TypeError, match="fwd_hooks: each item must be"):
+        model.run_with_hooks(x, ["blocks.0.attn.hook_pattern"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -158,15 +159,30 @@ class SingleTransformer(nn.Module):
         finally:
             self.pe_off = False
 
-    def check_tokens(self, tokens: Tensor, name: str = "tokens"):
-        """A ValueError naming the argument (`name`: the caller's) unless tokens is [items, N, token_dim]."""
+    def as_tokens(self, tokens, name: str = "tokens") -> Tensor:
+        """tokens as the model takes them: a tensor (or array, or nested list) of real numbers [items, N, token_dim],
+        in the model's dtype on its device; else a TypeError or ValueError naming the argument (`name`: the
+        caller's)."""
+        if not isinstance(tokens, Tensor):
+            if isinstance(tokens, np.ndarray) and not tokens.dtype.isnative:  # big-endian: torch takes native only
+                tokens = tokens.astype(tokens.dtype.newbyteorder("="))
+            try:
+                tokens = torch.as_tensor(tokens)
+            except (TypeError, ValueError, RuntimeError) as error:  # a str, a ragged list, an object array
+                raise TypeError(f"{name}: not a tensor or array of numbers ({str(error).splitlines()[0][:120]})") \
+                    from None
+        if tokens.is_complex():  # a cast would drop the imaginary part with a warning only
+            raise TypeError(f"{name}: {tokens.dtype} values are complex, the model takes real ones")
+        if tokens.device.type == "meta":
+            raise ValueError(f"{name} on the meta device: they hold no values to run the model on")
         if tokens.dim() != 3 or tokens.shape[1:] != (self.config.num_tokens, self.config.token_dim):
             raise ValueError(f"{name} must be [items, {self.config.num_tokens}, {self.config.token_dim}], got "
                              f"{list(tokens.shape)}")
+        weight = self.embed.weight
+        return tokens.to(weight.device, weight.dtype)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        self.check_tokens(tokens)
-        h = self.hook_embed(self.embed(tokens))
+        h = self.hook_embed(self.embed(self.as_tokens(tokens)))
         rope = None if self.rope_cos is None or self.pe_off else (self.rope_cos, self.rope_sin)
         for index, block in enumerate(self.blocks):
             pe = getattr(self.pos_embed, str(index)) if index < self.pe_blocks and not self.pe_off else None
@@ -187,10 +203,13 @@ class SingleTransformer(nn.Module):
         None to keep it), as TransformerLens's run_with_hooks takes them."""
         points, handles = self.hook_points(), []
         try:
-            for chosen, function in fwd_hooks:
+            for pair in fwd_hooks:
+                if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and callable(pair[1])):
+                    raise TypeError(f"fwd_hooks: each item must be (hook name or test, function), got {pair!r:.80}")
+                chosen, function = pair
                 names = [n for n in points if (chosen(n) if callable(chosen) else n == chosen)]
                 if not names:
-                    raise KeyError(f"no hook point {chosen!r}; the hook points: {', '.join(points)}")
+                    raise ValueError(f"fwd_hooks: no hook point {chosen!r}; the hook points: {', '.join(points)}")
                 for name in names:
                     handles.append(points[name].register_forward_hook(
                         lambda module, inputs, output, function=function: function(output, module)))

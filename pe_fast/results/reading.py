@@ -115,20 +115,8 @@ class Run:
 
     def attention(self, model_id: int, inputs: torch.Tensor) -> torch.Tensor:
         """Model `model_id`'s attention probabilities on `inputs` [items, N, token_dim]: [L, items, H, N, N]."""
-        model = self.model(model_id)
-        try:
-            tokens = torch.as_tensor(inputs)
-        except (TypeError, ValueError, RuntimeError) as error:  # a str, a ragged list, an object array
-            raise TypeError(f"inputs: not a tensor or array of numbers ({str(error).splitlines()[0][:120]})") \
-                from None
-        if tokens.is_complex():  # the float32 cast below would drop the imaginary part with a warning only
-            raise TypeError(f"inputs: {tokens.dtype} values are complex, the model takes real ones")
-        try:  # the model is on the CPU
-            tokens = tokens.to("cpu", torch.float32)
-        except (RuntimeError, NotImplementedError) as error:  # a meta tensor holds no values
-            raise ValueError(f"inputs on {tokens.device}: cannot be read ({str(error).splitlines()[0][:120]})") \
-                from None
-        model.check_tokens(tokens, "inputs")
+        model = self.model(model_id)  # on the CPU
+        tokens = model.as_tokens(inputs, "inputs")
         return model.attention(tokens)
 
     def _packs(self) -> list[list[int]]:
