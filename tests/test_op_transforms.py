@@ -226,3 +226,31 @@ def test_overhead_benchmark_times_the_op_path_it_names(tmp_path, monkeypatch):
         no_gpu = subprocess.run([sys.executable, "bench/op/bench_op_overhead.py", "--device", "cuda"], cwd=root,
                                 capture_output=True, text=True)
         assert no_gpu.returncode == 2 and len(no_gpu.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_torch_func_grad_vmap_of_grad_and_jacrev_equal_autograd(backend):
+    """torch.func's gradient transforms, which a custom op's autograd does not support, run the op's
+    autograd.Function: grad equals torch.autograd's gradient, vmap(grad) a loop of grad, and jacrev the
+    reference backend's Jacobian built row by row with torch.autograd.grad (float64)."""
+    if backend == "cpp" and importlib.util.find_spec("pe_fast._C") is None:
+        pytest.skip("the C++ extension is not built")
+    t = make(("cpu", "reference", torch.float64))
+    x, w, b = t["x"][0], t["w"][0], t["b"][0]
+    loss = lambda pe: pe_attention(x, pe, w, b, H, backend=backend)[0].square().sum()  # noqa: E731
+    pe = t["pe"][0].clone().requires_grad_()
+    expected, = torch.autograd.grad(loss(pe), pe)
+    torch.testing.assert_close(torch.func.grad(loss)(t["pe"][0]), expected, rtol=1e-9, atol=1e-9)
+    by_loop = torch.stack([torch.func.grad(loss)(p) for p in t["pe"]])
+    torch.testing.assert_close(vmap(torch.func.grad(loss))(t["pe"]), by_loop, rtol=1e-9, atol=1e-9)
+    row = lambda pe: pe_attention(x, pe, w, b, H, backend=backend)[0][0, 0, 0]  # noqa: E731
+    out = pe_attention(x, pe, w, b, H, backend="reference")[0][0, 0, 0]
+    rows = torch.stack([torch.autograd.grad(out[i], pe, retain_graph=True)[0] for i in range(D)])
+    torch.testing.assert_close(torch.func.jacrev(row)(t["pe"][0]), rows, rtol=1e-9, atol=1e-9)
+
+
+def test_num_heads_as_a_numpy_integer_is_the_int():
+    import numpy as np
+    t = make(("cpu", "reference", torch.float64))
+    args = (t["x"][0], t["pe"][0], t["w"][0], t["b"][0])
+    torch.testing.assert_close(pe_attention(*args, np.int64(H)), pe_attention(*args, H), rtol=0, atol=0)

@@ -39,7 +39,7 @@ def through_the_op():
     modules = [importlib.import_module(m) for m in CHOOSERS if m in sys.modules]
     saved = [m.is_traced for m in modules]
     for m in modules:
-        m.is_traced = lambda *tensors: True
+        m.is_traced = lambda *tensors, **_: True
     try:
         yield
     finally:

@@ -7,6 +7,7 @@ One `torch.library` custom op (schema, fake tensor, autograd, vmap) whose body d
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -103,15 +104,19 @@ class _EagerPEAttention(torch.autograd.Function):
     """The custom op's forward and autograd, called without the op: in plain eager mode the custom-op
     dispatcher's Python layers cost more host time than the kernels themselves at small shapes (the H100
     profile at N = 16 was host-bound; bench/results/h100-20261126/profile_n16.log). Same functions, same
-    numbers; whatever traces or transforms the call goes through the op (`is_traced`)."""
+    numbers. It is also the path of torch.func's transforms (grad, vmap, jacrev), which a custom op's autograd
+    does not support; whatever traces the call (torch.compile, fake tensors, modes) goes through the op."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
+    def forward(*inputs):
+        return _forward(*inputs)
 
+    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return fold_into_model_axis(info, in_dims, args, PER_MODEL, _EagerPEAttention.apply)
 
 
 @_pe_attention.register_vmap
@@ -214,6 +219,8 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
     A bad argument raises TypeError or ValueError naming it before any backend runs (`check_inputs`).
     """
+    if isinstance(num_heads, numbers.Integral) and not isinstance(num_heads, (bool, int)):
+        num_heads = int(num_heads)  # numpy's integers: the schema takes a Python int
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend)
     if autocast_on(x.device):
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
@@ -223,6 +230,7 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     pe, b_qkv = (None if t is None else t.to(w_qkv.dtype) for t in (pe, b_qkv))  # the parameters' dtype
     cos, sin = rope if rope is not None else (None, None)
     inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
-    op = _pe_attention if is_traced(*(t for t in inputs if isinstance(t, Tensor))) else _EagerPEAttention.apply
+    traced = is_traced(*(t for t in inputs if isinstance(t, Tensor)), torch_func_too=False)
+    op = _pe_attention if traced else _EagerPEAttention.apply
     out, stats, _, _ = op(*inputs)
     return out, stats

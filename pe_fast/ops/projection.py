@@ -85,6 +85,6 @@ def split_projection_backward(dqkv: Tensor, x: Tensor, pe: Tensor | None, w_qkv:
     dpe = None
     if pe is not None:
         dpe = torch.bmm(d_addend, w_qkv.transpose(1, 2))
-        dw.baddbmm_(pe.transpose(1, 2), d_addend)
+        dw = dw.baddbmm(pe.transpose(1, 2), d_addend)  # out of place: torch.func's vmap has a rule for it
     db = d_addend.sum(1) if b_qkv is not None else None
     return dx, dpe, dw, db

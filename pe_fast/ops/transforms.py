@@ -7,20 +7,25 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
-def _is_plain(t: Tensor) -> bool:
-    """Not a subclass (fake, functional) nor wrapped by a transform. The legacy batched tensors of a batched
-    backward (autograd.grad(is_grads_batched=True)) show up nowhere else."""
-    return (type(t) in (Tensor, torch.nn.Parameter) and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+def _is_plain(t: Tensor, torch_func_wrapped_too: bool = False) -> bool:
+    """Not a subclass (fake, functional) nor wrapped by a transform (unless torch_func_wrapped_too: then a
+    torch.func transform's wrapping is allowed). The legacy batched tensors of a batched backward
+    (autograd.grad(is_grads_batched=True)) show up nowhere else."""
+    return (type(t) in (Tensor, torch.nn.Parameter)
+            and (torch_func_wrapped_too or not torch._C._functorch.is_functorch_wrapped_tensor(t))
             and not torch._C._functorch.is_legacy_batchedtensor(t))
 
 
-def is_traced(*tensors: Tensor | None) -> bool:
+def is_traced(*tensors: Tensor | None, torch_func_too: bool = True) -> bool:
     """Whether this call is traced or transformed (torch.compile, vmap / grad, a dispatch or function mode,
     tensors that are not plain): then only the custom op's registrations (fake, vmap, autograd) are right.
-    Otherwise it is plain eager mode, where calling the backend directly is the same computation."""
-    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    Otherwise it is plain eager mode, where calling the backend directly is the same computation.
+    torch_func_too=False: torch.func's transforms (grad, vmap, jacrev) alone do not count, for an
+    autograd.Function with its own vmap rule, which they support and a custom op's autograd does not."""
+    return (torch.compiler.is_compiling()
+            or (torch_func_too and torch._C._are_functorch_transforms_active())
             or _get_current_dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled()
-            or not all(_is_plain(t) for t in tensors if t is not None))
+            or not all(_is_plain(t, not torch_func_too) for t in tensors if t is not None))
 
 
 def fold_into_model_axis(info, in_dims, args, per_model, op):
