@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -63,6 +64,8 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     (dict(width=10**9), "--width"),
     (dict(nodes=10**9), "--nodes"),
     (dict(timepoints=10**12), "--timepoints"),
+    (dict(steps=False), "--steps: expected int, got False"),  # False is "off" for an on/off flag only
+    (dict(task=False), "--task"),
 ])
 def test_bad_arguments_raise_naming_them_and_write_nothing(arguments, names, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -96,12 +99,27 @@ def test_an_empty_out_writes_nothing(out, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_numpy_scalars_arrays_ranges_and_lists_of_paths_are_the_values_they_hold():
+    """What a Python caller holds a number or a list in: numpy's integers, floats and bools, a 1-d array, a range,
+    a list of data paths (comma-separated on the command line) give the settings the plain values give."""
+    from pe_fast.sweep import api, settings
+    example = Path(__file__).resolve().parents[1] / "docs" / "example-fmri"
+    data, regions = str(example / "series.npy"), str(example / "regions.csv")
+    given = dict(task="fmri", steps=np.int64(4), sigmas=np.array([0.1, 2.0]), seed_values=range(3),
+                 mask_fraction=np.float32(0.25), no_report=np.bool_(True), data=[Path(data)], regions=regions)
+    plain = dict(task="fmri", steps=4, sigmas=[0.1, 2.0], seed_values=[0, 1, 2], mask_fraction=0.25, no_report=True,
+                 data=data, regions=regions)
+    assert settings.from_flags(api.arguments(given)) == settings.from_flags(api.arguments(plain))
+
+
 def test_arguments_of_a_wrong_type_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError, match="load_run: directory must be a path"):
         pe_fast.load_run(123)
     with pytest.raises(UsageError, match="--out: expected str, got 123"):
         pe_fast.sweep.run(resume=True, out=123)
+    with pytest.raises(UsageError, match="--out: expected str, got False"):  # not "no --out": a new folder here
+        pe_fast.sweep.run(**TINY, out=False)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import types
 import typing
 from collections.abc import Callable
+
+import numpy as np
 
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SINUSOIDAL_PES
@@ -339,14 +342,21 @@ def conform(name: str, value, hint):
             return None
         hint = next(option for option in typing.get_args(hint) if option is not type(None))
     if typing.get_origin(hint) is tuple:
-        if not isinstance(value, (list, tuple)):
+        # a Python caller's range or 1-d numpy array is a list too
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            value = value.tolist()
+        if not isinstance(value, (list, tuple, range)):
             raise SettingTypeError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
         return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    # numpy's scalars are numbers (numbers.Integral, numbers.Real) as Python's are; a bool is not a number here
+    boolean = isinstance(value, (bool, np.bool_))
+    number = isinstance(value, numbers.Real) and not boolean
     if hint is float and number:
         if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
             raise SettingTypeError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
         return float(value)
-    if (hint is int and number and isinstance(value, int)) or (hint in (str, bool) and type(value) is hint):
-        return value
+    if hint is int and number and isinstance(value, numbers.Integral):
+        return int(value)
+    if (hint is bool and boolean) or (hint is str and isinstance(value, str)):
+        return hint(value)
     raise SettingTypeError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")

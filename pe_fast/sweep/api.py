@@ -15,9 +15,16 @@ from __future__ import annotations
 import argparse
 import os
 
+import numpy as np
+
 from pe_fast.results.reading import Run
 from pe_fast.results.settings import FLAGS
 from pe_fast.sweep import UsageError, program, resume, settings
+from pe_fast.tasks import KINDS
+
+
+# the task settings that name several files, comma-separated (--data): a list of paths from Python
+SEVERAL_FILES = {setting.name for kind in KINDS.values() for setting in kind.settings if setting.files == "several"}
 
 
 def arguments(keywords: dict) -> argparse.Namespace:
@@ -29,13 +36,18 @@ def arguments(keywords: dict) -> argparse.Namespace:
         if name not in vars(namespace):
             raise UsageError(f"unknown argument {name}=; the arguments are the flags of python -m pe_fast.sweep "
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
-        if name in on_off and not isinstance(value, bool):
-            raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
+        if name in on_off:
+            if not isinstance(value, (bool, np.bool_)):
+                raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
+            value = None if not value else True  # an on/off flag left off is not given
         if name in FLAGS and FLAGS[name].repeatable and isinstance(value, str):  # repeatable flag: a list here
             value = [value]
         if isinstance(value, os.PathLike):  # a path (out=, data=) as Python code holds one: its text, as typed
             value = os.fspath(value)
-        setattr(namespace, name, None if value is False else value)
+        if name in SEVERAL_FILES and isinstance(value, (list, tuple)):  # comma-separated on the command line
+            value = ",".join(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value) \
+                if all(isinstance(v, (str, os.PathLike)) for v in value) else value
+        setattr(namespace, name, value)
     return namespace
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import numpy as np
+
 import pe_fast
 from pe_fast.results.settings import (FLAGS, KEEP, LIST_SETTINGS, OPTIONAL_LISTS, Flag, Settings, default_of, is_list,
                                       value_type)
@@ -71,7 +73,9 @@ def add_task_flags(p: argparse.ArgumentParser):
 def parse_list(text, convert, flag: str) -> tuple:
     """A comma-separated flag (or a preset's or config.json's value) as a tuple; a value given twice would
     train the same models twice, so it is refused."""
-    if isinstance(text, (list, tuple)):
+    if isinstance(text, np.ndarray) and text.ndim == 1:  # a Python caller's array, range or list: the same
+        text = text.tolist()
+    if isinstance(text, (list, tuple, range)):
         text = ",".join(map(str, text))
     try:
         values = [convert(v.strip()) for v in str(text).split(",") if v.strip()]

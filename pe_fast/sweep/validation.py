@@ -32,7 +32,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     if s["width"] % s["heads"]:
         raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
     kind = KINDS[s["task"]]
-    given = {name for name, value in vars(args).items() if value not in (None, False)} if args else set()
+    given = {name for name, value in vars(args).items() if value is not None and value is not False} if args else set()
     for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
         if flag not in kind.flags and flag in given:
             owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
