@@ -61,10 +61,12 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
     if not path.is_file():
         raise CompareError(f"the logs are not at {path}; give --logs a parquet or CSV file of the authors' columns")
     try:
-        if path.suffix == ".parquet":  # a few MB may declare GBs of rows, as a results folder's tables may
-            import pyarrow.parquet
-            check_parquet_size(path, pyarrow.parquet.read_metadata(path))
-        logs = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        with open(path, "rb") as file:  # a file, not a path's text: pandas would expand a leading ~
+            if path.suffix == ".parquet":  # a few MB may declare GBs of rows, as a results folder's tables may
+                import pyarrow.parquet
+                check_parquet_size(path, pyarrow.parquet.read_metadata(file))
+                file.seek(0)
+            logs = pd.read_parquet(file) if path.suffix == ".parquet" else pd.read_csv(file)
     except ReportError as error:
         raise CompareError(str(error))
     except Exception as error:

@@ -978,3 +978,47 @@ def test_a_pipe_given_as_a_data_file_is_named_for_what_it_is(flags, flag, tmp_pa
     code = sweep_main(flags + [flag, str(pipe), "--out", str(tmp_path / "run")])
     assert_one_line(capsys, code, "not a regular file")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_named_tilde_is_that_folder_not_home(tmp_path, capsys, monkeypatch):
+    """pandas expands a leading ~ of a path's text: a folder named "~" was read, and a sweep's --out ~ written, as
+    $HOME. The parquet files go through files pe_fast opens, so "~" is the folder of that name."""
+    from pe_fast.results.reading import load_run
+    home = tmp_path / "home"
+    minimal_run(home, pd.DataFrame({**GOOD, "ood_acc": [0.1, 0.2]}))  # another run's numbers, in $HOME
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    minimal_run(tmp_path / "~", pd.DataFrame(GOOD))
+    assert load_run("~").results["ood_acc"].tolist() == [0.5, 0.6]
+    before = snapshot(home)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main(LST + ["--out", "~"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert load_run("~").results["pe"].tolist() == ["learned"] and snapshot(home) == before
+
+
+@pytest.mark.parametrize("out, must_name", [
+    ("{run}/packs/x", "lies inside the results folder {run}"),
+    ("pooled\nnext", "holds a control character"),
+    ("  ", "'  ' names no folder"),
+    (os.fsdecode(b"pooled\xff"), "holds bytes that are not UTF-8 text"),
+])
+def test_a_pooled_out_follows_the_sweeps_rules_for_a_new_folder(out, must_name, tmp_path, capsys, monkeypatch):
+    """The pooled report's --out is checked as the sweep's (run_folder.check_out_folder): inside another results
+    folder, a line break, blank, bytes that are not UTF-8: one line, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    run, other = (minimal_run(tmp_path / name, pd.DataFrame(GOOD)) for name in ("run", "other"))
+    before = snapshot(tmp_path)
+    code = report_main([str(run), str(other), "--out", out.format(run=run)])
+    assert_one_line(capsys, code, must_name.format(run=run))
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["other", "run"]
+
+
+def test_a_sweep_out_of_bytes_that_are_not_utf8_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line(capsys, sweep_main(LST + ["--out", os.fsdecode(b"run\xff")]), "holds bytes that are not UTF-8")
+    assert list(tmp_path.iterdir()) == []

@@ -76,7 +76,11 @@ def pool(directories: list[Path], out: Path) -> Path:
         raise ReportError("pooling needs two or more results folders (one folder: python -m pe_fast.report DIR)")
     if len({d.resolve() for d in directories}) < len(directories):
         raise ReportError("a folder is named twice")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    try:
+        run_folder.check_out_folder(out)
+    except run_folder.OutFolderError as error:
+        raise ReportError(f"--out {error}")
+    if out.exists() and any(out.iterdir()):
         raise ReportError(f"--out {out} exists and is not an empty folder; the pooled run goes to a new one")
     runs = {d: read_run(d) for d in directories}
     for directory, run in runs.items():

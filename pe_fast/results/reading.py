@@ -240,15 +240,17 @@ def check_parquet_size(path: Path, meta):
 def _read_parquet(path: Path) -> pd.DataFrame:
     import pyarrow.parquet
     regular_file(path)
-    try:
-        meta = pyarrow.parquet.read_metadata(path)
-    except Exception as error:  # pyarrow raises several types for a truncated or foreign file
-        raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
-    check_parquet_size(path, meta)
-    try:
-        return pd.read_parquet(path)
-    except Exception as error:  # pyarrow raises several types for a truncated or foreign file
-        raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
+    with open(path, "rb") as file:  # a file, not a path's text: see run_folder.write_parquet
+        try:
+            meta = pyarrow.parquet.read_metadata(file)
+        except Exception as error:  # pyarrow raises several types for a truncated or foreign file
+            raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
+        check_parquet_size(path, meta)
+        try:
+            file.seek(0)
+            return pd.read_parquet(file)
+        except Exception as error:  # pyarrow raises several types for a truncated or foreign file
+            raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:

@@ -235,6 +235,47 @@ def readable_table(path: Path) -> bool:
     return True
 
 
+class OutFolderError(ValueError):
+    """A folder named to be written (the sweep's --out, the pooled report's --out) that cannot be: its message
+    follows the flag's name."""
+
+
+def check_out_folder(name: str | os.PathLike):
+    """A folder to write must be named by text (not blank, no control character, UTF-8 as the parquet files
+    record it), be a folder or creatable where its nearest existing parent is writable, and lie outside every
+    other results folder (inside one, its packs/ say, it would be read as part of that one, and that folder's
+    --resume or report would trip over it). name: as given, before Path("") makes it "."."""
+    name, out = os.fspath(name), Path(name)
+    if not name.strip():  # Path("") is ".": the folder one runs in
+        raise OutFolderError(f"{name!r} names no folder")
+    if re.search(r"[\x00-\x1f\x7f]", name):
+        raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 text, as os.fsdecode keeps them
+        raise OutFolderError(f"{name!r}: holds bytes that are not UTF-8 text; rename it") from None
+    try:
+        out.lstat()
+    except (FileNotFoundError, NotADirectoryError):  # to be made; under a file: said below
+        pass
+    except OSError as error:  # a name longer than the file system takes, a loop of links
+        raise OutFolderError(f"{out}: {error.strerror or error}")
+    if out.is_symlink() and not out.exists():  # mkdir would fail on the link after the checks
+        raise OutFolderError(f"{out} is a link to {os.readlink(out)}, which does not exist")
+    if out.exists() and not out.is_dir():
+        raise OutFolderError(f"{out} is a file, not a folder")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise OutFolderError(f"{out}: {existing} is a file, so the folder cannot be made")
+    try:  # a real probe: permission bits do not bind root, and some file systems are read-only
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        raise OutFolderError(f"{out}: cannot write in {existing} ({error.strerror or error})")
+    home = next((p for p in out.resolve().parents if (p / CONFIG).is_file()), None)
+    if home is not None:
+        raise OutFolderError(f"{out} lies inside the results folder {home}; choose a folder outside it")
+
+
 class LeavesFolder(Exception):
     """A path in the results folder that leads out of it (a symbolic link): nothing is written through it."""
 
@@ -258,13 +299,20 @@ def check_inside(out: Path):
                                    f"its folder only: replace the link by the folder or file itself")
 
 
+def write_parquet(table: pd.DataFrame, path: Path):
+    """Written through a file we open: given a path, pandas expands a leading ~ (a folder named "~" would be
+    $HOME) and pyarrow reads "s3:..." as a URL."""
+    with open(path, "wb") as file:
+        table.to_parquet(file, index=False)
+
+
 def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_tables: dict[str, np.ndarray],
                 summary: str):
     """Every pack together in the top-level files; results.parquet last (its presence means finished)."""
     write_atomic(out / PE_TABLES, lambda tmp: save_npz(tmp, pe_tables))
-    write_atomic(out / CURVES, lambda tmp: curves.to_parquet(tmp, index=False))
+    write_atomic(out / CURVES, lambda tmp: write_parquet(curves, tmp))
     write_atomic(out / SUMMARY, lambda tmp: tmp.write_text(summary))
-    write_atomic(out / RESULTS, lambda tmp: results.to_parquet(tmp, index=False))
+    write_atomic(out / RESULTS, lambda tmp: write_parquet(results, tmp))
 
 
 def remove_partials(out: Path):
@@ -377,8 +425,8 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the pack from the rest of a group
-        results.to_parquet(tmp / RESULTS, index=False)
-        curves.to_parquet(tmp / CURVES, index=False)
+        write_parquet(results, tmp / RESULTS)
+        write_parquet(curves, tmp / CURVES)
         np.savez_compressed(tmp / PE_TABLES, **pe_tables)
         if save_weights is not None:
             save_weights(tmp / WEIGHTS)

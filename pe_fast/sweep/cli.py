@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,30 +20,11 @@ from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import BatchSampler, PackTrainer
 
 
-def check_out_folder(out: Path):
-    """--out must be a folder, or creatable: where it or its nearest existing parent is writable."""
+def check_out_folder(name: str):
     try:
-        out.lstat()
-    except (FileNotFoundError, NotADirectoryError):  # to be made; under a file: said below
-        pass
-    except OSError as error:  # a name longer than the file system takes, a loop of links
-        raise UsageError(f"--out {out}: {error.strerror or error}")
-    if out.is_symlink() and not out.exists():  # mkdir would fail on the link after the checks
-        raise UsageError(f"--out {out} is a link to {os.readlink(out)}, which does not exist")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
-    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise UsageError(f"--out {out}: {existing} is a file, so the folder cannot be made")
-    try:  # a real probe: permission bits do not bind root, and some file systems are read-only
-        tempfile.TemporaryDirectory(dir=existing).cleanup()
-    except OSError as error:
-        raise UsageError(f"--out {out}: cannot write in {existing} ({error.strerror or error})")
-    # inside another results folder (its packs/, say) the sweep would be read as part of it, and that folder's
-    # --resume or report would trip over it
-    home = next((p for p in out.resolve().parents if (p / run_folder.CONFIG).is_file()), None)
-    if home is not None:
-        raise UsageError(f"--out {out} lies inside the results folder {home}; choose a folder outside it")
+        run_folder.check_out_folder(name)
+    except run_folder.OutFolderError as error:
+        raise UsageError(f"--out {error}")
 
 
 def check_against_task(s: Settings, task):
@@ -89,9 +68,10 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     """Train the sweep and write its results folder; then write_report(DIR) unless --no-report. The sweep does not
     import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
     resume = s.packs is not None
-    out = Path(s.out) if s.out is not None else Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = s.out if s.out is not None else str(Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_out_folder(name)
+    out = Path(name)
     s = dataclasses.replace(s, out=str(out))
-    check_out_folder(out)
     holder = run_folder.lock_holder(out) if out.is_dir() else None
     if holder is not None:
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "

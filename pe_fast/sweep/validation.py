@@ -25,8 +25,6 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     check_types(s)
     check_choices(s)
     check_text(s)
-    if s["out"] is not None and not s["out"].strip():  # Path("") is ".": the sweep would write where it runs
-        raise UsageError(f"--out {s['out']!r} names no folder")
     check_ranges(s, args)
     models = check_grid(s)
     if s["width"] % s["heads"]:
@@ -103,12 +101,18 @@ SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of 
 
 
 def check_text(s: dict):
-    """No setting's text holds a line break or another control character: the values reach job scripts, file
-    names and one-line messages."""
+    """No setting's text holds a line break or another control character (the values reach job scripts, file
+    names and one-line messages) or bytes that are not UTF-8 text."""
     for name, value in s.items():
         for text in value if isinstance(value, tuple) else (value,):
             if isinstance(text, str) and CONTROL_CHARACTER.search(text):
                 raise UsageError(f"--{name.replace('_', '-')} {text!r}: holds a control character (a line break?)")
+            if isinstance(text, str) and not text.isascii():
+                try:  # config.json and the parquet files record it as UTF-8
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # a file name's bytes that are not UTF-8 text, as os.fsdecode keeps them
+                    raise UsageError(f"--{name.replace('_', '-')} {text!r}: holds bytes that are not UTF-8 text; "
+                                     f"rename it") from None
 
 
 def check_grid(s: dict) -> int:
