@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import threading
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -662,7 +663,7 @@ def tamper_seed_as_text(pack: Path):
 @pytest.mark.parametrize("tamper, must_name", [
     (lambda pack: (pack / "curves.parquet").write_bytes(os.urandom(5000)), "curves.parquet is not a readable parquet"),
     (tamper_pe_tables, "pe_tables.npz is not a readable .npz file"),
-    (tamper_seed_as_text, "results column seed is stored as"),
+    (tamper_seed_as_text, "column 'seed' is stored as"),
 ], ids=["curves random bytes", "pe tables of objects", "seed stored as text"])
 def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, must_name, half_finished, tmp_path,
                                                                         capsys):
@@ -772,13 +773,13 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
 
 
 @pytest.mark.parametrize("change, must_name", [
-    ({"pe": [3, 4]}, "column pe holds 3"),
+    ({"pe": [3, 4]}, "column 'pe' is stored as int64, not text"),
     ({"pe": ["learned", "<script>alert(1)</script>"]}, "column pe holds '<script>"),
     ({"pe": ["learned", "$\\frac{$"]}, "column pe holds"),
-    ({"seed": ["one", "two"]}, "column seed"),
+    ({"seed": ["one", "two"]}, "column 'seed' is stored as"),
     ({"sigma": [0.0, None]}, "column sigma holds 0"),
     ({"sigma": [-1.0, None]}, "column sigma holds -1"),
-    ({"sigma": ["small", None]}, "column sigma holds values that are not numbers"),
+    ({"sigma": ["small", None]}, "column 'sigma' is stored as"),
     ({"sigma": [float("inf"), None]}, "column sigma holds inf"),
     ({"sigma": [None, None]}, "column sigma is empty for pe learned"),  # was drawn at no σ in the figures
     ({"seed": [float("nan"), 1]}, "column seed holds nan"),  # empty only for a baseline
@@ -786,7 +787,10 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"model_id": [0, 0]}, "column model_id holds 0 twice"),
     ({"model_id": [0, 0.5]}, "column model_id holds 0.5"),
     ({"model_id": [0, -7]}, "column model_id holds -7"),
-    ({"ood_acc": ["high", "low"]}, "column 'ood_acc' holds values that are not numbers"),  # the figures average it
+    ({"ood_acc": ["high", "low"]}, "column 'ood_acc' is stored as"),  # the figures average it
+    ({"ood_acc": [True, False]}, "column 'ood_acc' is stored as bool, not numbers"),  # arithmetic on bools fails
+    ({"ood_acc": [Decimal("0.5"), Decimal("0.6")]}, "column 'ood_acc' is stored as decimal128"),
+    ({"sigma": pd.to_datetime(["2020-01-01", None])}, "column 'sigma' is stored as timestamp"),
 ])
 def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -809,6 +813,7 @@ def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp
     ({"model_0": np.zeros((16, 8), np.float16)}, "entry model_0 is a 2-axis float16"),
     ({"model_0": np.zeros((3, 8))}, "entry model_0 has shape [3, 8], not [16, width]"),  # model_1 has 16 tokens
     ({"attention_map_1": np.zeros((2, 16, 3))}, "entry attention_map_1 has shape [2, 16, 3], not [blocks, 16, 16]"),
+    ({"model_0": np.zeros((1, 16, 0))}, "entry model_0 is a 3-axis float64 array of shape [1, 16, 0]"),  # no width
 ])
 def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -822,12 +827,28 @@ def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_pat
     assert snapshot(folder) == before
 
 
+def test_a_big_endian_pe_table_is_its_numbers_and_an_entry_stored_twice_is_refused(tmp_path):
+    """Big-endian float64 is a table numpy writes as legally as native; a zip of two members of one name would
+    have np.load keep one of them silently."""
+    import zipfile
+    from pe_fast.results.reading import ReportError, load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    table = np.arange(32.0).reshape(4, 8)
+    np.savez(folder / "pe_tables.npz", model_0=table.astype(">f8"))
+    np.testing.assert_array_equal(load_run(folder).pe_table(0), table)
+    with zipfile.ZipFile(folder / "pe_tables.npz", "a") as archive, pytest.warns(UserWarning, match="Duplicate"):
+        with archive.open("model_0.npy", "w") as member:
+            np.lib.format.write_array(member, np.zeros((4, 8)))
+    with pytest.raises(ReportError, match="holds the entry 'model_0.npy' twice"):
+        load_run(folder)
+
+
 @pytest.mark.parametrize("curves, must_name", [
     ({"model_id": [0], "ood_acc": [0.5]}, "curves column step is missing"),
     ({"model_id": [0, 0], "step": [0, float("inf")]}, "curves column step holds inf"),
     ({"model_id": [0, 0], "step": [0, -5]}, "curves column step holds -5"),
     ({"model_id": [0, 1.5], "step": [0, 5]}, "curves column model_id holds 1.5"),
-    ({"model_id": [0, 0], "step": [0, 5], "ood_acc": ["x", "y"]}, "curves column 'ood_acc' holds values that are not"),
+    ({"model_id": [0, 0], "step": [0, 5], "ood_acc": ["x", "y"]}, "column 'ood_acc' is stored as"),
 ])
 def test_curves_of_the_wrong_schema_are_one_error(curves, must_name, tmp_path):
     from pe_fast.results.reading import ReportError, load_run
@@ -1022,3 +1043,17 @@ def test_a_sweep_out_of_bytes_that_are_not_utf8_is_refused_before_training(tmp_p
     monkeypatch.chdir(tmp_path)
     assert_one_line(capsys, sweep_main(LST + ["--out", os.fsdecode(b"run\xff")]), "holds bytes that are not UTF-8")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_text_that_inflates_far_beyond_its_file_is_refused_unread(tmp_path, capsys, monkeypatch):
+    """A few kB of compressed parquet holding one long string per row: the 8-bytes-a-cell estimate saw 16 bytes;
+    the pages' own uncompressed size is counted (the floor lowered to test at kB, not at its 256 MiB)."""
+    from pe_fast.data import declared_size
+    from pe_fast.results.reading import ReportError, load_run
+    monkeypatch.setattr(declared_size, "EXPANSION_FLOOR", 2**20)
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    pd.DataFrame({**GOOD, "data_kind": ["x" * 2**22] * 2}).to_parquet(folder / "results.parquet",
+                                                                     compression="zstd")
+    assert (folder / "results.parquet").stat().st_size < 2**14
+    with pytest.raises(ReportError, match="declares 4 MiB once read"):
+        load_run(folder)

@@ -233,8 +233,24 @@ def check_expansion(path: Path, declared: int, stored: int):
 
 
 def check_parquet_size(path: Path, meta):
-    """check_expansion for a parquet file from its metadata (pyarrow's FileMetaData): 8 bytes a cell once read."""
-    check_expansion(path, meta.num_rows * max(1, meta.num_columns) * 8, path.stat().st_size)
+    """check_expansion for a parquet file from its metadata (pyarrow's FileMetaData): 8 bytes a cell once read,
+    or its pages' own uncompressed size where larger (text: a few compressed bytes may hold a 300 MB string)."""
+    pages = sum(meta.row_group(g).column(c).total_uncompressed_size
+                for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    check_expansion(path, max(meta.num_rows * max(1, meta.num_columns) * 8, pages), path.stat().st_size)
+
+
+def check_parquet_schema(path: Path, meta):
+    """Every column of a results or curves file stored as the sweep stores it: TEXT_COLUMNS as text, every other
+    one as integers or floats (a bool, decimal or timestamp would reach the report's arithmetic as one)."""
+    import pyarrow as pa
+    for field in meta.schema.to_arrow_schema():
+        text, kind = field.name in TEXT_COLUMNS, field.type
+        fits = pa.types.is_null(kind) or (pa.types.is_string(kind) or pa.types.is_large_string(kind) if text
+                                          else pa.types.is_integer(kind) or pa.types.is_floating(kind))
+        if not fits:
+            raise ReportError(f"{path}: column {str(field.name)[:40]!r} is stored as {str(kind)[:40]}, not "
+                              f"{'text' if text else 'numbers'}; not a pe_fast results folder")
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
@@ -246,6 +262,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         except Exception as error:  # pyarrow raises several types for a truncated or foreign file
             raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
         check_parquet_size(path, meta)
+        check_parquet_schema(path, meta)
         try:
             file.seek(0)
             return pd.read_parquet(file)
@@ -262,6 +279,10 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     except (zipfile.BadZipFile, OSError, ValueError) as error:
         raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
     check_expansion(path, sum(m.file_size for m in members), path.stat().st_size)
+    names = [m.filename for m in members]
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:  # np.load would keep one of the two, silently
+        raise ReportError(f"{path} holds the entry {twice[:40]!r} twice; not a file pe_fast writes")
     try:
         with np.load(path) as data:
             return {key: data[key] for key in data.files}
@@ -281,10 +302,13 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
             raise ReportError(f"{path}: entry {key[:40]!r} is not {run_folder.PE_TABLE}<id> or "
                               f"{run_folder.ATTENTION_MAP}<id>; not a pe_fast results folder")
         # float16 and long double: numbers, but numpy's linear algebra (RSA, the spectrum) takes neither
-        if not (table.dtype in (np.float32, np.float64) or np.issubdtype(table.dtype, np.integer)) \
-                or table.ndim not in (2, 3):
-            raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array, not a table of "
-                              f"numbers [tokens, width] or [blocks, tokens, width]; not a pe_fast results folder")
+        native = table.dtype.newbyteorder("=")  # a big-endian table: the same numbers
+        if not (native in (np.float32, np.float64) or np.issubdtype(native, np.integer)) \
+                or table.ndim not in (2, 3) or 0 in table.shape:
+            raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array of shape "
+                              f"{list(table.shape)}, not a table of numbers [tokens, width] or [blocks, tokens, "
+                              f"width]; not a pe_fast results folder")
+        tables[key] = table = table.astype(native, copy=False)
         tokens = table.shape[-2] if tokens is None else tokens
         square = key.startswith(run_folder.ATTENTION_MAP)
         if table.shape[-2] != tokens or (square and table.shape[-1] != tokens):
@@ -329,12 +353,6 @@ def read_pack(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.nd
     if "pe" not in results or "sigma" not in results:
         raise ReportError(f"{folder}: results lack the columns pe and sigma; not a pe_fast pack")
     check_columns(folder, results, curves)
-    # stored as the sweep stores them, since they are joined with the other packs' into one table
-    stored = next((name for name in ("sigma", "seed", "model_id", "steps") if name in results
-                   and not pd.api.types.is_numeric_dtype(results[name])), None)
-    if stored is not None:
-        raise ReportError(f"{folder}: results column {stored} is stored as {results[stored].dtype}, not as numbers; "
-                          f"not a pe_fast pack")
     return results, curves, pe_tables
 
 
@@ -476,10 +494,7 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
         shown = repr(bad_pe if isinstance(bad_pe, str) else getattr(bad_pe, "item", lambda: bad_pe)())[:40]
         refuse("results", f"column pe holds {shown}, not a PE kind ({', '.join(PE_KINDS)}) or a "
                           f"baseline:NAME")
-    for name in ("sigma", "seed", "model_id"):
-        if name in results and _numbers(results[name]) is None:
-            refuse("results", f"column {name} holds values that are not numbers")
-    sigma = _numbers(results["sigma"])
+    sigma = _numbers(results["sigma"])  # every column but the text ones is stored as numbers (check_parquet_schema)
     if ((sigma <= 0) | np.isinf(sigma)).any():
         refuse("results", f"column sigma holds {sigma[(sigma <= 0) | np.isinf(sigma)].iloc[0]:g}; σ is finite and "
                           f"> 0 (or empty for PEs without one)")
@@ -493,15 +508,10 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
     if "model_id" in results and results["model_id"].duplicated().any():
         refuse("results", f"column model_id holds {results['model_id'][results['model_id'].duplicated()].iloc[0]} "
                           f"twice; each model has one row")
-    for table, frame in (("results", results), ("curves", curves)):
-        text = next((name for name in frame.columns if name not in TEXT_COLUMNS
-                     and not pd.api.types.is_numeric_dtype(frame[name]) and _numbers(frame[name]) is None), None)
-        if text is not None:
-            refuse(table, f"column {str(text)[:40]!r} holds values that are not numbers")
     if not curves.empty:
         for name in ("model_id", "step"):
-            if name not in curves or _numbers(curves[name]) is None or curves[name].isna().any():
-                refuse("curves", f"column {name} is missing or not numbers")
+            if name not in curves or curves[name].isna().any():
+                refuse("curves", f"column {name} is missing or empty")
             if problem := _not_counts(_numbers(curves[name]), False):
                 refuse("curves", f"column {name} holds {problem}")
 
