@@ -11,7 +11,7 @@ import importlib
 import sys
 
 import pe_fast
-from pe_fast.program_exit import exit_now
+from pe_fast.program_exit import exit_now, print_error
 
 # subcommand -> the module whose main(argv) runs it
 PROGRAMS = {"sweep": "pe_fast.sweep.program", "report": "pe_fast.report.cli",
@@ -23,12 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"pe-fast {pe_fast.__version__}")
         return 0
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        print_error(f"pe-fast: name a program: {', '.join(PROGRAMS)} (see pe-fast --help)")
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 0 if argv else 2
+        return 0
     if argv[0] not in PROGRAMS:
-        print(f"error: pe-fast {argv[0]}: not a program; choose from {', '.join(PROGRAMS)} (see pe-fast --help)",
-              file=sys.stderr)
+        print_error(f"pe-fast {argv[0]}: not a program; choose from {', '.join(PROGRAMS)} (see pe-fast --help)")
         return 2
     program = importlib.import_module(PROGRAMS[argv[0]])
     try:

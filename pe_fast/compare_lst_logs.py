@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
+from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
 from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_parquet_size,
                                      named_folder, read_run, recorded_settings)
@@ -46,7 +47,7 @@ EPOCH_MATCH = 0.1
 OUTPUT = "compare_lst_logs.md"
 
 
-class CompareError(Exception):
+class CompareError(ValueError):
     """Bad input: one line, exit code 2."""
 
 
@@ -243,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "
                                f"of the authors' logs (every 200 epochs) for a seed of theirs")
         out = Path(args.out) if args.out else directories[0] / OUTPUT if len(directories) == 1 else None
+        home = next((p for p in out.resolve().parents if (p / run_folder.CONFIG).is_file()), None) if out else None
+        if args.out and home is not None and out.name != OUTPUT and (out.exists() or out.is_symlink()):
+            raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a new "
+                               f"name")
         text = markdown(table, verdicts, directories)
         if out is not None:
             try:
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as error:
                 raise CompareError(f"{'--out ' if args.out else ''}{out}: cannot write ({error.strerror or error})")
     except (CompareError, ReportError) as error:  # ReportError: a folder named by nothing
-        print(f"error: {error}", file=sys.stderr)
+        print_error(error)
         return 2
     print(text, end="")
     return 0

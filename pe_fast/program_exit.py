@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import threading
 from typing import NoReturn
@@ -26,3 +27,13 @@ def exit_now(code: int | None) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code or 0)
+
+
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def print_error(message: object):
+    """The program's error, one line on stderr: outside text it quotes (a lock's host name, $RAY_ADDRESS) shows
+    a line break or a terminal escape as its escape."""
+    text = CONTROL_CHARACTER.sub(lambda match: ascii(match.group())[1:-1], str(message))
+    print(f"error: {text}", file=sys.stderr)

@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -1057,3 +1058,59 @@ def test_text_that_inflates_far_beyond_its_file_is_refused_unread(tmp_path, caps
     assert (folder / "results.parquet").stat().st_size < 2**14
     with pytest.raises(ReportError, match="declares 4 MiB once read"):
         load_run(folder)
+
+
+def test_a_pooled_folder_whose_sources_lead_back_to_it_is_one_error(tmp_path):
+    """config.json's pooled_from naming the folder itself (or a folder that names it): model() read it again,
+    without end (RecursionError)."""
+    from pe_fast.results.reading import ReportError, load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    other = minimal_run(tmp_path / "other", pd.DataFrame(GOOD))
+    for here, there in ((folder, folder), (folder, other), (other, folder)):
+        (here / "config.json").write_text(json.dumps({
+            "settings": {"task": "lst"}, "pooled_from": [str(there)],
+            "models": [{"model_id": i, "pooled_from": [0, i]} for i in (0, 1)]}))
+    for start in (folder, other):
+        with pytest.raises(ReportError, match="pooled_from leads back to .*, a loop"):
+            load_run(start).model(0)
+
+
+def test_data_a_folder_names_that_cannot_be_loaded_is_a_value_error(tmp_path, capsys):
+    """run.task_inputs loads the task from config.json's settings: data that is not a readable file is a
+    ValueError naming it (DataError was an Exception of its own, which a caller's `except ValueError` missed)."""
+    from pe_fast.results.reading import load_run
+    files = inputs(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main(FMRI + ["--data", files["NPY"], "--out", str(tmp_path / "run")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config["settings"]["data"] = "/dev/zero"
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="/dev/zero"):
+        load_run(tmp_path / "run").task_inputs("test")
+
+
+def test_outside_text_with_a_line_break_stays_one_line(tmp_path, capsys, monkeypatch):
+    """A lock's host name and $RAY_ADDRESS are anyone's text: quoted in the error, a line break shows as \\n."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".lock").write_text(json.dumps({"pid": 1, "host": "other\n<b>", "started": "now"}))
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(folder)]), "pid 1 on other\\n<b>")
+    if importlib.util.find_spec("ray") is not None:
+        monkeypatch.setenv("RAY_ADDRESS", "a\nb")
+        code = sweep_main(LST + ["--executor", "ray", "--ray-address", "auto", "--out", str(tmp_path / "ray")])
+        assert_one_line(capsys, code, "a\\nb")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_report_it_cannot_write_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only folder (as root, permission bits do not bind, so the refusal is the file system's, simulated):
+    one line naming the file, exit 2, no traceback."""
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+
+    def read_only(path, write):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    monkeypatch.setattr(run_folder, "write_atomic", read_only)
+    assert_one_line(capsys, report_main([str(folder)]), f"{folder}/figures/")

@@ -257,3 +257,18 @@ def test_an_empty_logs_name_is_refused_not_read_as_the_authors(logs, tmp_path, c
     code, err = main([str(tmp_path / "run"), "--logs", logs]), capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"--logs {logs!r} names no file" in err, err
     assert not (tmp_path / "run" / "compare_lst_logs.md").exists()
+
+
+def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
+    """--out names any path; over a file of a results folder (its results.parquet, say) the table would replace
+    the run's results."""
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.0)
+    results = tmp_path / "run" / "results.parquet"
+    before = results.read_bytes()
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(results)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "is a file of the results folder" in err, err
+    assert results.read_bytes() == before
+    new_name = tmp_path / "run" / "t.md"  # a new file in the folder is the user's to write
+    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(new_name)]) == 0

@@ -147,6 +147,8 @@ def test_docs_example_runs(tmp_path, monkeypatch, keep_threads):
 def test_pe_fast_command(capsys):
     assert cli.main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"pe-fast {pe_fast.__version__}"
     assert cli.main(["bogus"]) == 2 and "choose from sweep, report, compare-lst-logs" in capsys.readouterr().err
+    assert cli.main([]) == 2 and capsys.readouterr().err == \
+        "error: pe-fast: name a program: sweep, report, compare-lst-logs (see pe-fast --help)\n"
     assert cli.main(["sweep", "--task", "bogus"]) == 2
     assert cli.main(["report", "--version"]) == 0
 

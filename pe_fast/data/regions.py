@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-class DataError(Exception):
+class DataError(ValueError):
     """A problem with the user's data or set-up: one line naming the problem and the fix.
 
     The CLI prints the message and exits with status 2.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
 from pe_fast.report import pooling, rsa
 from pe_fast.report.figures import draw_figures
@@ -239,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             run = read_run(folder)
             print(f"RDMs written to {rsa.export(run, task_name(run), folder)}", file=sys.stderr)
     except ReportError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(error)
+        return 2
+    except OSError as error:  # a read-only folder, a full disk: nothing more is written
+        print_error(f"{error.filename or argv[0]}: {error.strerror or error}; the report could not be written")
         return 2
     print(f"report written to {report}", file=sys.stderr)
     return 0

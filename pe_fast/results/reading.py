@@ -27,6 +27,9 @@ class ReportError(ValueError):
     load_run, a bad argument (a ValueError)."""
 
 
+POOLED_CHAIN = "pooled chain"  # Run._loaded's key: the pooled folders a source folder was reached through
+
+
 @dataclasses.dataclass
 class Run:
     """A results folder as Python objects (pe_fast.load_run): results and curves one row per model (and
@@ -161,7 +164,11 @@ class Run:
         if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)):
             raise ReportError(f"{self.path}/config.json: model {model_id}'s source folder is not among pooled_from")
         if folder not in self._loaded:
-            self._loaded[folder] = read_run(Path(folders[folder]))
+            source, seen = Path(folders[folder]), self._loaded.get(POOLED_CHAIN, ()) + (self.path.resolve(),)
+            if source.resolve() in seen:  # a pooled run of pooled runs may go on; one that comes back never ends
+                raise ReportError(f"{self.path}/config.json: pooled_from leads back to {source}, a loop")
+            self._loaded[folder] = read_run(source)
+            self._loaded[folder]._loaded[POOLED_CHAIN] = seen
         return self._loaded[folder], source_id
 
     def task(self):

@@ -12,6 +12,7 @@ import torch
 
 from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
+from pe_fast.program_exit import print_error
 from pe_fast.results import reading, run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, executors, folder, grid, resume, settings
@@ -154,10 +155,10 @@ def main(argv: list[str] | None = None, write_report: Callable[[Path], object] |
     try:
         run(resume.from_resume(args) if args.resume else settings.from_flags(args), write_report)
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(error)
         return 2
     except executors.PackFailed as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_error(error)
         return 1
     except OSError as error:  # a full disk, a lost mount: the checkpoints written before it are whole
         where = f" ({error.filename})" if error.filename else ""
