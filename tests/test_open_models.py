@@ -317,3 +317,82 @@ def test_a_model_takes_its_tokens_in_any_real_form_and_refuses_the_rest_naming_t
         lst_run.attention(0, x.to("meta"))
     with pytest.raises(TypeError, match="fwd_hooks: each item must be"):
         model.run_with_hooks(x, ["blocks.0.attn.hook_pattern"])
+
+
+# ---- a configuration that asks for more than its file holds (hostile cases W01-W03): the metadata is checked
+# against the tensors before any model is built, so the refusal costs no memory of the size the metadata names
+
+def peak_growth_mib(action) -> float:
+    """How far this process's peak resident memory rose above its resident memory at the start while `action` ran,
+    in MiB (Linux: the peak is reset first through /proc/self/clear_refs; elsewhere getrusage's lifetime peak). The
+    free memory malloc keeps (a sweep in this process turns glibc's trimming off: pe_fast.memory) is given back
+    first, or an allocation would reuse it unseen."""
+    import ctypes
+    import ctypes.util
+    import resource
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc
+        pass
+
+    def status(key):
+        with open("/proc/self/status") as file:
+            return next(int(line.split()[1]) for line in file if line.startswith(key + ":")) / 1024
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")  # the peak (VmHWM) from now on
+        start, peak = status("VmRSS"), lambda: status("VmHWM")
+    except OSError:
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731
+    action()
+    return peak() - start
+
+
+def pe_tensors_dropped(pe, num_tokens):
+    """The weights file's configuration changed to PE `pe` over `num_tokens` tokens, with no PE tensor and no
+    coordinates left (the data repacked, so the file is a well-formed safetensors file): the sizes are the
+    metadata's alone."""
+    def spoil(path):
+        data = path.read_bytes()
+        length = struct.unpack("<Q", data[:8])[0]
+        header, body = json.loads(data[8:8 + length]), data[8 + length:]
+        meta = json.loads(header["__metadata__"]["pe_fast"])
+        meta["model_config"].update(pe=pe, num_tokens=num_tokens, readout_token=0)
+        if pe not in ("learned", "random"):
+            meta["sigmas"] = [None] * len(meta["model_ids"])
+        kept, out = {"__metadata__": dict(header["__metadata__"], pe_fast=json.dumps(meta))}, b""
+        for name, entry in sorted(((n, e) for n, e in header.items() if n != "__metadata__"),
+                                  key=lambda item: item[1]["data_offsets"][0]):
+            if name.split(".")[0] in ("absolute", "rotary", "relative", "task"):
+                continue
+            start, end = entry["data_offsets"]
+            kept[name] = dict(entry, data_offsets=[len(out), len(out) + end - start])
+            out += body[start:end]
+        text = json.dumps(kept).encode()
+        text += b" " * ((8 - len(text) % 8) % 8)
+        path.write_bytes(struct.pack("<Q", len(text)) + text + out)
+    return spoil
+
+
+@pytest.mark.parametrize("pe, num_tokens, missing", [
+    ("learned", 1_000_000, "absolute.tables.0"),  # W01: was the tables built from num_tokens (GBs at 3e7)
+    ("relative", 4_000, "relative.index"),        # W02: was numpy's [N, N] offsets, a MemoryError at N = 40000
+    ("rope", 8_000_000, "rotary.cos"),            # W03: was the [N, head_dim/2] angles, a MemoryError at 5e7
+])
+def test_a_configuration_larger_than_its_tensors_is_refused_before_any_model_is_built(
+        pe, num_tokens, missing, tmp_path, lst_run):
+    run = spoiled(tmp_path, lst_run, pe_tensors_dropped(pe, num_tokens))
+    model_id = run.config["packs"][0][0]
+    errors = []
+
+    def open_model():
+        try:
+            run.model(model_id)
+        except Exception as error:  # noqa: BLE001 (which one is asserted below, after the memory)
+            errors.append(error)
+    assert peak_growth_mib(open_model) < 64  # each took hundreds of MiB (GBs at the tester's sizes) to be refused
+    assert len(errors) == 1 and isinstance(errors[0], ReportError), errors
+    assert run_folder.WEIGHTS in str(errors[0]) and missing in str(errors[0])
+    assert len(str(errors[0]).splitlines()) == 1

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pe_fast.data.declared_size import inflation, stored_bytes
 from pe_fast.models import ModelConfig, StackedTransformer
+from pe_fast.models.absolute_pe import SINUSOIDAL_PES
+from pe_fast.models.relative_pe import RelativePE
+from pe_fast.models.transformer import ROTARY_PES
+from pe_fast.results.settings import MAX_DEPTH, MAX_MLP_WIDTH, MAX_MODELS, MAX_WIDTH
 
 FORMAT = "pe_fast-weights-1"
 COORDINATES = "task.coordinates"  # the tensor of the task's token coordinates [N, k], float64, where it has any
@@ -56,18 +62,23 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
     try:
         with safe_open(str(path), framework="pt") as file:
             header = file.metadata() or {}
-            shapes = {name: tuple(file.get_slice(name).get_shape()) for name in file.keys()}
+            declared = {}
+            for name in file.keys():
+                view = file.get_slice(name)
+                declared[name] = (tuple(view.get_shape()), view.get_dtype())
             meta = _metadata(header, refuse)
             config = _model_config(meta["model_config"], refuse)
-            _check_shapes(config, len(meta["model_ids"]), shapes, refuse)
-            tensors = {name: file.get_tensor(name) for name in shapes}
+            _check_tensors(path, config, len(meta["model_ids"]), declared, refuse)
+            tensors = {name: file.get_tensor(name) for name in declared}
     except SafetensorError as error:
         refuse(f"cannot be read ({str(error)[:120]})")
     except OSError as error:
         raise UnreadableWeights(f"{path} cannot be read ({error.strerror or error})")
     coordinates = tensors.pop(COORDINATES, None)
-    if coordinates is not None and coordinates.dtype != torch.float64:
-        refuse(f"its tensor {COORDINATES} is {coordinates.dtype}, not torch.float64")
+    if coordinates is not None and not torch.isfinite(coordinates).all():
+        refuse(f"its tensor {COORDINATES} holds NaN or Inf: not token coordinates")
+    if config.pe == "relative":
+        _check_relative_index(config, tensors, coordinates, refuse)
     try:
         model = StackedTransformer(config, meta["seeds"], meta["sigmas"],
                                    None if coordinates is None else coordinates.numpy())
@@ -116,6 +127,10 @@ def _model_config(fields: dict, refuse) -> ModelConfig:
     for name in ("num_tokens", "token_dim", "out_dim", "width", "depth", "heads", "mlp_width"):
         if not (type(fields[name]) is int and fields[name] >= 1):
             refuse(f"its model configuration's {name} is {fields[name]!r}, not a positive whole number")
+    for name, most in (("width", MAX_WIDTH), ("depth", MAX_DEPTH), ("mlp_width", MAX_MLP_WIDTH),
+                       ("heads", fields["width"])):
+        if fields[name] > most:  # the sweep's own ranges (results/settings.py): a larger one no sweep trained
+            refuse(f"its model configuration's {name} is {fields[name]}, more than a sweep allows ({most})")
     if not (fields["readout_token"] is None or type(fields["readout_token"]) is int):
         refuse("its model configuration's readout_token is not a token index")
     try:
@@ -127,21 +142,88 @@ def _model_config(fields: dict, refuse) -> ModelConfig:
     return config
 
 
-def _check_shapes(config: ModelConfig, models: int, shapes: dict[str, tuple], refuse):
-    """The configuration's sizes are those of the tensors in the file, before a model of that size is built: a
-    tampered configuration cannot ask for more memory than the file holds."""
-    expected = {"embed.weight": (models, config.token_dim, config.width),
-                "head.weight": (models, config.width, config.out_dim)}
+def expected_tensors(config: ModelConfig, models: int, declared: dict[str, tuple]) -> dict[str, tuple]:
+    """Every tensor a pack of `models` models of this configuration keeps (StackedTransformer's state_dict), each
+    as (shape, safetensors dtype): what a file must hold, exactly, before a model is built from its metadata. The
+    one size the configuration does not fix, the relative PE's count of distinct offsets, is the file's (its
+    relative.tables.0's last axis), checked against its coordinates' once they are read (_check_relative_index)."""
+    M, D, N, F32 = models, config.width, config.num_tokens, "F32"
+    expected = {"embed.weight": ((M, config.token_dim, D), F32), "embed.bias": ((M, D), F32),
+                "head.weight": ((M, D, config.out_dim), F32), "head.bias": ((M, config.out_dim), F32)}
     for block in range(config.depth):
-        expected[f"blocks.{block}.mlp_in.weight"] = (models, config.width, config.mlp_width)
-    blocks = {name.split(".")[1] for name in shapes if name.startswith("blocks.")}
-    if len(blocks) != config.depth:
-        refuse(f"it holds {len(blocks)} blocks, its configuration {config.depth}")
-    for name, shape in expected.items():
-        if shapes.get(name) != shape:
-            refuse(f"its tensor {name} is {shapes.get(name)}, its configuration's {shape}")
-    token_tensors = {"absolute.tables.0": 1, "absolute.table0": 1, "absolute.fixed": 1, "rotary.cos": 0,
-                     "relative.index": 0, COORDINATES: 0}
-    for name, axis in token_tensors.items():
-        if name in shapes and (len(shapes[name]) <= axis or shapes[name][axis] != config.num_tokens):
-            refuse(f"its tensor {name} is {shapes[name]}: not {config.num_tokens} tokens")
+        prefix = f"blocks.{block}."
+        expected.update({prefix + "attention.w_qkv": ((M, D, 3 * D), F32),
+                         prefix + "attention.b_qkv": ((M, 3 * D), F32),
+                         prefix + "attention.out.weight": ((M, D, D), F32),
+                         prefix + "attention.out.bias": ((M, D), F32),
+                         prefix + "mlp_in.weight": ((M, D, config.mlp_width), F32),
+                         prefix + "mlp_in.bias": ((M, config.mlp_width), F32),
+                         prefix + "mlp_out.weight": ((M, config.mlp_width, D), F32),
+                         prefix + "mlp_out.bias": ((M, D), F32)})
+        for norm in ("norm_attn", "norm_mlp"):
+            expected.update({f"{prefix}{norm}.weight": ((M, D), F32), f"{prefix}{norm}.bias": ((M, D), F32)})
+    pe_blocks = config.depth if config.pe_at == "every" else 1
+    if config.pe == "learned":
+        expected.update({f"absolute.tables.{block}": ((M, N, D), F32) for block in range(pe_blocks)})
+    elif config.pe == "random":
+        expected.update({f"absolute.table{block}": ((M, N, D), F32) for block in range(pe_blocks)})
+    elif config.pe in SINUSOIDAL_PES:
+        expected["absolute.fixed"] = ((M, N, D), F32)
+    elif config.pe in ROTARY_PES:
+        half = (config.width // config.heads) // 2
+        expected.update({"rotary.cos": ((N, half), F32), "rotary.sin": ((N, half), F32)})
+    elif config.pe == "relative":
+        offsets = declared.get("relative.tables.0", ((),))[0][-1:] or (1,)
+        expected["relative.index"] = ((N, N), "I64")
+        expected.update({f"relative.tables.{block}": ((M, config.heads, *offsets), F32)
+                         for block in range(pe_blocks)})
+    return expected
+
+
+def _check_tensors(path: Path, config: ModelConfig, models: int, declared: dict[str, tuple], refuse):
+    """The file's tensors (name -> (shape, dtype) as its header declares them) are exactly those its configuration
+    implies, of its shapes and dtypes, before any tensor is read or any model built: a tampered configuration
+    cannot ask for more memory than the file holds (its num_tokens is the size of the PE's tensors and of its
+    coordinates), and what the rebuild allocates beside them stays within the file's size on disk."""
+    if not 1 <= models <= MAX_MODELS:
+        refuse(f"it holds {models} models, more than a sweep trains ({MAX_MODELS})")
+    expected = expected_tensors(config, models, declared)
+    for name, (shape, dtype) in expected.items():
+        if name not in declared:
+            refuse(f"it lacks the tensor {name} its configuration (pe {config.pe!r}) implies")
+        if declared[name] != (shape, dtype):
+            refuse(f"its tensor {name} is {declared[name][1]} {list(declared[name][0])}, its configuration's "
+                   f"{dtype} {list(shape)}")
+    extra = sorted(set(declared) - set(expected) - {COORDINATES})
+    if extra:
+        refuse(f"it holds the tensor {extra[0]}, which its configuration (pe {config.pe!r}) has no place for")
+    axes = 0
+    if COORDINATES in declared:
+        shape, dtype = declared[COORDINATES]
+        if dtype != "F64" or len(shape) != 2 or shape[0] != config.num_tokens or shape[1] < 1:
+            refuse(f"its tensor {COORDINATES} is {dtype} {list(shape)}, not F64 coordinates of its "
+                   f"{config.num_tokens} tokens")
+        axes = shape[1]
+    elif config.pe in ("sin2d", "sinnd", "rope2d"):
+        refuse(f"its PE {config.pe!r} needs the tasks' token coordinates ({COORDINATES}), and it holds none")
+    if config.pe == "relative" and not 1 <= expected["relative.tables.0"][0][-1] <= config.num_tokens ** 2:
+        refuse(f"its relative PE has {expected['relative.tables.0'][0][-1]} offsets, not one per offset between "
+               f"its {config.num_tokens} tokens")
+    # the tensors read, the model built beside them; the relative PE's offsets computed from the coordinates
+    # (an [N, N, axes] array, sorted to find the distinct ones: a few copies of it)
+    sizes = {"F32": 4, "F64": 8, "I64": 8}
+    held = sum(math.prod(shape) * sizes[dtype] for shape, dtype in declared.values())
+    scratch = 4 * 8 * config.num_tokens ** 2 * max(axes, 1) if config.pe == "relative" else 0
+    problem = inflation(path, 2 * held + scratch, stored_bytes(path), "a pe_fast weights file")
+    if problem is not None:
+        raise UnreadableWeights(problem)
+
+
+def _check_relative_index(config: ModelConfig, tensors: dict, coordinates, refuse):
+    """The relative PE's offsets, computed from the file's coordinates as the model does (with no model's tables
+    allocated), are the file's relative.index and as many as its tables hold: the tables are never shorter than
+    the index they are read through."""
+    pe = RelativePE(0, 1, 1, config.num_tokens, None if coordinates is None else coordinates.numpy())
+    count = pe.tables[0].shape[-1]
+    if tensors["relative.tables.0"].shape[-1] != count or not torch.equal(pe.index, tensors["relative.index"]):
+        refuse(f"its relative PE's offsets are not those of its {config.num_tokens} tokens' coordinates")
