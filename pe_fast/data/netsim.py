@@ -49,6 +49,8 @@ TRANSFERS = {
 
 # Noise is drawn this many integration steps at a time (part of the stream's definition: keep fixed).
 _NOISE_BLOCK = 512
+# The smallest leading real part of G's eigenvalues, relative to its spectral radius, taken as a growing mode.
+NO_GROWING_MODE = 1e-3
 
 
 def module_of_nodes(nodes: int, modules: int) -> np.ndarray:
@@ -74,9 +76,14 @@ def modular_graph(nodes: int, modules: int, p_within: float, p_between: float, c
     np.fill_diagonal(edges, False)
     indegree = edges.sum(1, keepdims=True)
     g = edges / np.maximum(indegree, 1) - inhibition / nodes
-    leading = np.linalg.eigvals(g).real.max()
-    if leading <= 1e-9:
-        raise ValueError("the graph has no growing mode to scale (no edges?): raise p_within or lower inhibition")
+    eigenvalues = np.linalg.eigvals(g)
+    leading = eigenvalues.real.max()
+    # A graph without a growing mode (e.g. no cycle of excitatory edges, as few nodes per module draw) has a leading
+    # real part of 0 or below, which eigvals returns as rounding noise up to ~1e-5 of the spectrum (a defective
+    # eigenvalue 0): scaled to `coupling`, that noise would blow G up by 10⁵ or more and saturate every node.
+    if leading <= NO_GROWING_MODE * max(np.abs(eigenvalues).max(), 1e-300):
+        raise ValueError("the graph has no growing mode to scale (too few excitatory edges): raise p_within or "
+                         "p_between, put more nodes in each module or lower inhibition")
     return g * (coupling / leading), module
 
 

@@ -45,7 +45,10 @@ TOKENS_SETTING = TaskSetting("tokens", str, "pixels (64 tokens, default) or patc
                              default="pixels", choices=TOKENS)
 
 
-def check_train_images(count: int, available: int) -> int:
+def check_train_images(count: int, available: int, least: int = 1) -> int:
+    if count < least:
+        raise ValueError(f"--train-images {count}: the masked task needs at least {least} training images (the "
+                         "linear baseline's pixel covariance)")
     if count > available:
         raise ValueError(f"--train-images {count}: the training split has {available} images")
     return count
@@ -68,7 +71,7 @@ class DigitsTask(MaskedRegionTask):
         super().__init__(data, name, **options)
         if train_images is not None:  # a small training set, where the PE's inductive bias should matter most
             train = self.splits["train"]
-            keep = slice(0, check_train_images(train_images, len(train)))
+            keep = slice(0, check_train_images(train_images, len(train), least=2))
             self.splits["train"] = type(train)(train.values[keep], train.mask[keep], train.x[keep])
             flat = train.values[keep].numpy().transpose(0, 2, 1).reshape(-1, self.num_tokens).astype(np.float64)
             self.train_covariance = np.cov(flat, rowvar=False)  # the linear reference fits the same images

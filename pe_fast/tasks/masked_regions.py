@@ -203,6 +203,10 @@ class MaskedRegionTask:
             return np.concatenate([windows(zscore(data.runs[i]), window) for i in run_indices])
 
         train_values, test_values = samples(train_runs), samples(test_runs)
+        for split_name, values in (("training", train_values), ("test", test_values)):
+            if not values.any():  # z-scored: every region constant in every run, nothing to predict (R² = 0 / 0)
+                raise ValueError(f"every region of the {split_name} runs is constant over its run: the data hold "
+                                 "nothing to predict")
         generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
         self.splits: dict[str, RegionSplit] = {}
         for split_name, values in (("train", train_values), ("test", test_values)):
@@ -274,11 +278,13 @@ class MaskedRegionTask:
         weight = mask.to(torch.float64).unsqueeze(-1).expand_as(values)
         total = weight.sum()
         reference = ((values.double() ** 2) * weight).sum() / total
+        reference = float(reference)
         rows = []
         for m in range(len(outputs)):
             mse = float((((outputs[m].double() - values.double()) ** 2) * weight).sum() / total)
+            # masked targets all 0 (regions constant over these items' runs): R² is undefined, not a crash
             rows.append({columns.score(split, columns.MSE): mse,
-                         columns.score(split, columns.R2): 1.0 - mse / float(reference)})
+                         columns.score(split, columns.R2): 1.0 - mse / reference if reference > 0 else math.nan})
         return rows
 
     def pe_metrics(self, table: np.ndarray) -> dict:

@@ -12,18 +12,29 @@ from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGI
 # default.
 SEE = "see pe_fast.data.simulate_network"
 # The simulation's size, far above any network of this study (the paper's 100 nodes, 4 runs of 1,000 time points),
-# so that a typo is one line, not a failed allocation: 10,000 nodes already make a 10⁸-entry attention map per item.
-MAX_NODES = 10_000
+# so that a typo is one line, not a failed allocation or an hour of silent simulation. Each maximum alone (the
+# others at their least) finishes its data generation within about a minute on the project's 2-core machine
+# (docs/reproduction-netsim.md): 3,000 nodes (30 s: the graph's eigenvalues, O(nodes³), take most of it), 10⁶ time
+# points (the integration's 5 × 10⁶ steps, 65 s), 10,000 runs.
+MAX_NODES = 3_000
 MAX_TIMEPOINTS = 10**6
 MAX_RUNS = 10_000
 # ... and of the three together: the simulation keeps its series [timepoints, runs, nodes] in float64, so each flag
 # within its range could still ask for terabytes (8 GB here)
 MAX_VALUES = 10**9
+# ... and its time: (burn-in + timepoints × sample_every) Heun steps of runs × nodes² each plus a fixed cost per
+# step (~25,000 of those units), and the leading eigenvalue's 1.5 × nodes³, each unit ~5e-10 s on one core: at most
+# about a minute (what each maximum alone takes).
+STEP_OVERHEAD = 25_000
+MAX_WORK = 1.3e11
+# Past a few times the defaults' 1.6 the nodes saturate at ±1 and stop varying (at 5 every run of the defaults has
+# constant nodes; 1e300 overflows): the range that still simulates a varying network at the defaults.
+MAX_COUPLING = 4.0
 NETWORK_SETTINGS = (
     TaskSetting("nodes", int, SEE, range=(2, MAX_NODES, "[]")),
     TaskSetting("modules", int, SEE, range=(1, None, "[)")),
     TaskSetting("p_within", float, SEE, range=(0, 1, "[]")), TaskSetting("p_between", float, SEE, range=(0, 1, "[]")),
-    TaskSetting("coupling", float, SEE, range=(0, None, "[)")),
+    TaskSetting("coupling", float, SEE, range=(0, MAX_COUPLING, "[]")),
     TaskSetting("inhibition", float, SEE, range=(0, None, "[)")),
     TaskSetting("noise", float, SEE, range=(0, None, "[)")),
     TaskSetting("timepoints", int, SEE, range=(2, MAX_TIMEPOINTS, "[]")),
@@ -41,7 +52,17 @@ def simulated_network(s):
     nodes, modules = (network.get(k, defaults[k].default) for k in ("nodes", "modules"))
     if modules > nodes:
         raise ValueError(f"--modules {modules} is more than --nodes {nodes}: every module needs at least one node")
-    return simulate_network(**network, seed=s.netsim_seed or 0)
+    try:
+        return simulate_network(**network, seed=s.netsim_seed or 0)
+    except ValueError as error:
+        if "no growing mode" not in str(error):
+            raise
+        graph = ", ".join(f"--{k.replace('_', '-')} {network.get(k, defaults[k].default)}"
+                          for k in ("modules", "p_within", "p_between", "inhibition"))
+        raise ValueError(f"--nodes {nodes} with {graph} and --netsim-seed {s.netsim_seed or 0} draws a network "
+                         "without a growing mode to scale to --coupling (too few excitatory edges, e.g. no cycle): "
+                         "give more --nodes per module, a higher --p-within or --p-between, or a lower "
+                         "--inhibition") from None
 
 
 def network_size(s: dict, given: set[str]) -> str | None:
@@ -53,6 +74,12 @@ def network_size(s: dict, given: set[str]) -> str | None:
     if nodes * timepoints * runs > MAX_VALUES:
         return (f"--nodes {nodes} × --timepoints {timepoints} × --runs {runs}: {nodes * timepoints * runs:,} "
                 f"simulated values; at most {MAX_VALUES:,} (8 GB in float64)")
+    steps = defaults["burn_in"].default + timepoints * defaults["sample_every"].default
+    work = steps * (runs * nodes**2 + STEP_OVERHEAD) + 1.5 * nodes**3
+    if work > MAX_WORK:
+        return (f"--nodes {nodes}, --timepoints {timepoints}, --runs {runs}: the simulation would take about "
+                f"{work * 5e-10 / 60:,.0f} min; at most (500 + 5 × timepoints) × (runs × nodes² + {STEP_OVERHEAD:,}) "
+                f"+ 1.5 × nodes³ ≤ {MAX_WORK:.2g} (about a minute): fewer nodes, time points or runs")
     return None
 
 
