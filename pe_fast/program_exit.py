@@ -29,6 +29,7 @@ def exit_now(code: int | None) -> NoReturn:
     os._exit(code or 0)
 
 
+# a line break or a terminal escape: refused in names and settings, shown as its escape in messages
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pe_fast.program_exit import CONTROL_CHARACTER
 from pe_fast.results import migrate
 
 LOCK = ".lock"
@@ -248,7 +249,7 @@ def check_out_folder(name: str | os.PathLike):
     name, out = os.fspath(name), Path(name)
     if not name.strip():  # Path("") is ".": the folder one runs in
         raise OutFolderError(f"{name!r} names no folder")
-    if re.search(r"[\x00-\x1f\x7f]", name):
+    if CONTROL_CHARACTER.search(name):
         raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
     try:
         name.encode("utf-8")

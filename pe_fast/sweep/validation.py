@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
+from pe_fast.program_exit import CONTROL_CHARACTER
 from pe_fast.results import settings as results_settings
 from pe_fast.results.settings import (EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, MAX_SIGMA, MIN_SIGMA, Settings,
                                       default_of)
@@ -92,7 +93,6 @@ def check_choices(s: dict):
             raise UsageError(f"--{name.replace('_', '-')}: {','.join(map(str, values))} names a value twice")
 
 
-CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 # what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
 # ASCII: \w alone matches any Unicode letter (qös), which no sbatch option, partition or account name holds
 SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+", re.ASCII)
