@@ -33,6 +33,8 @@ def data_files(tmp_path: Path) -> dict[str, str]:
             f.create_dataset("timeseries", shape=shape, dtype="f4", chunks=True, maxshape=(None, None, 10))
         files[name] = str(path)
     series = np.random.default_rng(0).normal(size=(2, 60, 10)).astype("f4")
+    np.save(tmp_path / "four_regions.npy", series[..., :4])
+    files["FOUR_REGIONS"] = str(tmp_path / "four_regions.npy")
     series.tofile(tmp_path / "raw.bin")
     with h5py.File(tmp_path / "external.h5", "w") as f:  # its data in raw.bin, beside it
         f.create_dataset("timeseries", shape=series.shape, dtype="f4", external=[(str(tmp_path / "raw.bin"), 0,
@@ -139,6 +141,9 @@ CASES = [
      "--data {LYING_NPZ}: member a.npy declares shape (99, 10), more than the member holds"),
     ("regions table with label twice", FMRI + ["--data", "NPY", "--regions", "TWO_LABELS"],
      "--regions {TWO_LABELS}: the regions table's header names column 'label' twice"),
+    # 4 regions have 2 connectivity gradients, not the 3 the PE is compared with: once a traceback after training
+    ("data of 4 regions", FMRI + ["--data", "FOUR_REGIONS"],
+     "--data {FOUR_REGIONS}: 4 regions; the sweep needs at least 5"),
     ("regions far beyond a brain", FMRI + ["--data", "NPY", "--regions", "FAR"],
      "--regions {FAR}: the x, y, z columns hold values beyond ±1,000,000"),
 ]

@@ -24,7 +24,7 @@ import torch
 from pe_fast.models.transformer import compute_path_problem, compute_paths
 from pe_fast.report.cli import main as report_main
 from pe_fast.results import run_folder
-from pe_fast.results.settings import Settings
+from pe_fast.results.settings import FLAGS, LIST_SETTINGS, Settings
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
 from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
@@ -531,6 +531,49 @@ def test_load_run_refuses_a_setting_of_a_wrong_type_as_a_value_error(settings, u
     shutil.copytree(unfinished, folder)
     config_with(**settings)(folder)
     with pytest.raises(ValueError, match=f"config.json has settings this pe_fast cannot read .*--{next(iter(settings))}"):
+        pe_fast.load_run(folder)
+
+
+# Every setting with a range (the record's and netsim's own), one below its lowest value as config.json records it
+RANGED = {name: flag.range[0] for name, flag in FLAGS.items() if flag.range}
+RANGED.update({setting.name: setting.range[0] for setting in KINDS["netsim"].settings if setting.range})
+
+
+def below_range(name: str):
+    value = RANGED[name] - 1
+    return [value] if name in LIST_SETTINGS else value
+
+
+@pytest.mark.parametrize("name", sorted(RANGED))
+def test_a_recorded_setting_out_of_its_range_is_refused_by_resume_report_and_load_run(name, unfinished, tmp_path,
+                                                                                     capsys):
+    """config.json is read by one rule whoever reads it: a value --resume refuses (eval_every 0 once passed the
+    report and load_run), the report and load_run refuse too, naming the setting."""
+    import pe_fast
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(**{name: below_range(name)})(folder)
+    before = snapshot(folder)
+    flag = f"--{name.replace('_', '-')}"
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), flag)
+    assert_one_line(capsys, report_main([str(folder)]), flag)
+    with pytest.raises(ValueError, match=flag):
+        pe_fast.load_run(folder)
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("change, must_name", [(config_with(steps=2**64), "--steps"),
+                                               (config_with(sigmas=[0.0]), "--sigmas"),
+                                               (config_packs([[0], [0]]), "packs"),
+                                               (config_packs([[0], []]), "packs")])
+def test_a_recorded_value_resume_refuses_the_report_refuses_too(change, must_name, unfinished, tmp_path, capsys):
+    import pe_fast
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    change(folder)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), must_name)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    with pytest.raises(ValueError, match=must_name):
         pe_fast.load_run(folder)
 
 

@@ -37,8 +37,12 @@ def refused(args, must_name, tmp_path, capsys, monkeypatch):
     (NETSIM + ["--nodes", "10000", "--timepoints", "2", "--runs", "1"], "--nodes"),
     (NETSIM + ["--nodes", "1000", "--timepoints", "1000000", "--runs", "1"], "--timepoints 1000000"),
     (DIGITS + ["--train-images", "1"], "--train-images 1"),
+    # 4 nodes that do simulate: the 3 connectivity gradients of 4 regions ended in a traceback after training
+    (NETSIM + ["--nodes", "4", "--modules", "1", "--p-within", "1", "--inhibition", "0"], "--nodes"),
+    # noise 1e300 simulated and trained on independent noise: no network left in the data
+    (NETSIM + ["--noise", "1e300"], "--noise"),
 ], ids=["few nodes per module", "coupling 1e300", "coupling saturating", "nodes 10000", "nodes × timepoints",
-        "one digit image"])
+        "one digit image", "fewer nodes than gradients", "noise drowning the network"])
 def test_refused_in_one_line(args, must_name, tmp_path, capsys, monkeypatch):
     start = time.monotonic()
     with np.errstate(all="warn"):

@@ -17,6 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
+# The connectivity gradients every region task compares learned PEs with (metrics.gradients.fc_gradients); a
+# diffusion map of n regions has n − 2 of them at most, hence the fewest regions a task takes.
+GRADIENTS = 3
+MIN_REGIONS = GRADIENTS + 2
+
+
 class DataError(ValueError):
     """A problem with the user's data or set-up: one line naming the problem and the fix.
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from pe_fast.data.regions import GRADIENTS
+
 KERNELS = ("normalized_angle", "cosine")
 
 
@@ -41,7 +43,7 @@ def _affinity(fc: np.ndarray, sparsity: float, kernel: str) -> np.ndarray:
     return np.maximum(affinity, 0.0)  # BrainSpace zeroes negative affinities (only cosine has them)
 
 
-def diffusion_gradients(fc: np.ndarray, n_components: int = 3, sparsity: float = 0.9,
+def diffusion_gradients(fc: np.ndarray, n_components: int = GRADIENTS, sparsity: float = 0.9,
                         kernel: str = "normalized_angle", alpha: float = 0.5,
                         diffusion_time: float = 0) -> np.ndarray:
     """The first `n_components` connectivity gradients of a square FC matrix, [N, n_components].
@@ -90,7 +92,7 @@ def diffusion_gradients(fc: np.ndarray, n_components: int = 3, sparsity: float =
     return _positive_peak(psi * scale)
 
 
-def fc_gradients(fc: np.ndarray, n_components: int = 3) -> np.ndarray:
+def fc_gradients(fc: np.ndarray, n_components: int = GRADIENTS) -> np.ndarray:
     """The gradients pe_fast compares learned PEs with: the cosine kernel, as Margulies et al. 2016 (whose
     Schaefer-100 gradient 1 cubnm ships; ours from cubnm's group FC correlates with it at 0.966, the
     normalised angle's at 0.63, its first two eigenvalues being almost tied), and the normalised angle where

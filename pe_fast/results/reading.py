@@ -18,7 +18,7 @@ from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
-from pe_fast.results.settings import FLAGS, Settings, check_types
+from pe_fast.results.settings import FLAGS, Settings, check_packs, check_ranges, check_types
 from pe_fast.tasks import KINDS
 
 
@@ -419,7 +419,11 @@ def read_run(directory: Path) -> Run:
                               f"settings, models and packs)")
         if config.get("settings"):  # each of the type the sweep wrote: the report formats and computes with them
             try:
-                check_types(dict(migrate.settings(config["settings"])), complete=False)
+                settings = dict(migrate.settings(config["settings"]))
+                check_types(settings, complete=False)
+                check_ranges(settings)  # the flags' rules: what --resume would refuse, the report refuses too
+                if isinstance(config.get("packs"), list):
+                    check_packs(config["packs"])
             except (KeyError, TypeError, ValueError) as error:
                 raise ReportError(f"{directory / run_folder.CONFIG} has settings this pe_fast cannot read "
                                   f"({error})") from None

@@ -302,8 +302,8 @@ def pe_dropout_of(s: Settings, kind: str) -> float:
     return s.pe_dropout if kind in s.pe_dropout_on else 0.0
 
 
-class SettingTypeError(ValueError):
-    """A setting not of the type Settings declares; the message names it as its flag."""
+class SettingError(ValueError):
+    """A setting not of the type Settings declares, or outside its range; the message names it as its flag."""
 
 
 def check_types(s: dict, complete: bool = True):
@@ -317,7 +317,7 @@ def check_types(s: dict, complete: bool = True):
             continue
         if field.name not in s:
             if field.default is dataclasses.MISSING:
-                raise SettingTypeError(f"--{field.name.replace('_', '-')} is missing")
+                raise SettingError(f"--{field.name.replace('_', '-')} is missing")
             s[field.name] = field.default
         if not (field.name == "precision" and s[field.name] is None):  # None: the device's default, chosen later
             s[field.name] = conform(field.name, s[field.name], hints[field.name])
@@ -331,12 +331,12 @@ def check_types(s: dict, complete: bool = True):
 
 def check_task(task):
     if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
-        raise SettingTypeError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+        raise SettingError(f"--task {task!r}: choose from {', '.join(KINDS)}")
 
 
 def conform(name: str, value, hint):
     """value as the type hint says (ints as floats where floats are asked for, lists as tuples), or
-    SettingTypeError."""
+    SettingError."""
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         if value is None:
             return None
@@ -346,17 +346,55 @@ def conform(name: str, value, hint):
         if isinstance(value, np.ndarray) and value.ndim == 1:
             value = value.tolist()
         if not isinstance(value, (list, tuple, range)):
-            raise SettingTypeError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+            raise SettingError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
         return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
     # numpy's scalars are numbers (numbers.Integral, numbers.Real) as Python's are; a bool is not a number here
     boolean = isinstance(value, (bool, np.bool_))
     number = isinstance(value, numbers.Real) and not boolean
     if hint is float and number:
         if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
-            raise SettingTypeError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
+            raise SettingError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
         return float(value)
     if hint is int and number and isinstance(value, numbers.Integral):
         return int(value)
     if (hint is bool and boolean) or (hint is str and isinstance(value, str)):
         return hint(value)
-    raise SettingTypeError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+    raise SettingError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+
+
+def check_ranges(s: dict):
+    """Every numeric setting present finite and in its row's range (Flag.range, a task setting's range), every σ in
+    [MIN_SIGMA, MAX_SIGMA]: the sweep's flags, a resumed config.json and a folder the report reads, alike."""
+    ranges = {name: flag.range for name, flag in FLAGS.items() if flag.range}
+    if s.get("task") in KINDS:
+        ranges.update({setting.name: setting.range for setting in KINDS[s["task"]].settings if setting.range})
+    for name, (low, high, ends) in ranges.items():
+        values = s.get(name)
+        for value in values if isinstance(values, (tuple, list)) else (values,):
+            if value is not None:
+                check_range(name, value, low, high, ends)
+    sigmas = s.get("sigmas") or ()
+    if any(not (math.isfinite(v) and MIN_SIGMA <= v <= MAX_SIGMA) for v in sigmas):
+        raise SettingError(f"--sigmas: every σ must be a number in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (the PE is "
+                           f"float32), got {list(sigmas)}")
+
+
+def check_range(name: str, value: float, low: float, high: float | None, ends: str):
+    above = value >= low if ends[0] == "[" else value > low
+    below = high is None or (value <= high if ends[1] == "]" else value < high)
+    if not (math.isfinite(value) and above and below):
+        allowed = f"{'≥' if ends[0] == '[' else '>'} {low:,}"
+        allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:,}"
+        raise SettingError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
+
+
+def check_packs(packs, models: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """config.json's packs: lists of model ids, none empty, each id once (and, given the grid's size, every id of
+    the grid)."""
+    packs = conform("packs", packs, tuple[tuple[int, ...], ...])
+    ids = sorted(i for pack in packs for i in pack)
+    expected = list(range(models)) if models is not None else sorted(set(i for i in ids if i >= 0))
+    if not all(packs) or ids != expected:
+        held = f"the grid's {models} models" if models is not None else "model ids ≥ 0"
+        raise SettingError(f"packs: {[list(p) for p in packs][:4]}... do not hold {held} once each, in packs none empty")
+    return packs

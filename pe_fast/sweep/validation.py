@@ -5,7 +5,6 @@ last, by runtime.resolve."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 from pathlib import Path
@@ -13,8 +12,7 @@ from pathlib import Path
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.program_exit import CONTROL_CHARACTER
 from pe_fast.results import settings as results_settings
-from pe_fast.results.settings import (EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, MAX_SIGMA, MIN_SIGMA, Settings,
-                                      default_of)
+from pe_fast.results.settings import EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, Settings, default_of
 from pe_fast.sweep import UsageError, grid, runtime
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskSetting
@@ -63,10 +61,10 @@ def conform(name: str, value, hint):
 
 
 def as_usage_error(rule, *args):
-    """rule(*args), its SettingTypeError (the results layer's, which knows no UsageError) a UsageError."""
+    """rule(*args), its SettingError (the results layer's, which knows no UsageError) a UsageError."""
     try:
         return rule(*args)
-    except results_settings.SettingTypeError as error:
+    except results_settings.SettingError as error:
         raise UsageError(str(error)) from None
 
 
@@ -129,27 +127,12 @@ def check_grid(s: dict) -> int:
 
 def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
     """config.json's packs hold every model id of the grid exactly once."""
-    packs = conform("packs", packs, tuple[tuple[int, ...], ...])
-    ids = sorted(i for pack in packs for i in pack)
-    if ids != list(range(models)) or not all(packs):
-        raise UsageError(f"packs: {[list(p) for p in packs][:4]}... do not hold the grid's {models} models "
-                         f"once each")
-    return packs
+    return as_usage_error(results_settings.check_packs, packs, models)
 
 
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
-    ranges = {**{name: flag.range for name, flag in FLAGS.items() if flag.range},
-              **{setting.name: setting.range for setting in KINDS[s["task"]].settings if setting.range}}
-    for name, (low, high, ends) in ranges.items():
-        values = s.get(name)
-        for value in values if isinstance(values, (tuple, list)) else (values,):
-            if value is None:
-                continue
-            check_range(name, value, low, high, ends)
-    if any(not (math.isfinite(v) and MIN_SIGMA <= v <= MAX_SIGMA) for v in s["sigmas"]):
-        raise UsageError(f"--sigmas: every σ must be a number in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (the PE is "
-                         f"float32), got {list(s['sigmas'])}")
+    as_usage_error(results_settings.check_ranges, s)
     cores = len(os.sched_getaffinity(0))
     if s["executor"] == "local" and s["threads"] is not None and s["threads"] > cores:
         raise UsageError(f"--threads {s['threads']}: this machine has {cores} cores")
@@ -171,15 +154,6 @@ def check_pe_dropout_on(s: dict, args: argparse.Namespace | None):
                              f"{', '.join(ADDITIVE_PES)}")
     if args is not None and args.pe_dropout_on is not None and not s["pe_dropout"]:
         raise UsageError("--pe-dropout-on applies with a --pe-dropout above 0 only")
-
-
-def check_range(name: str, value: float, low: float, high: float | None, ends: str):
-    above = value >= low if ends[0] == "[" else value > low
-    below = high is None or (value <= high if ends[1] == "]" else value < high)
-    if not (math.isfinite(value) and above and below):
-        allowed = f"{'≥' if ends[0] == '[' else '>'} {low:,}"
-        allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:,}"
-        raise UsageError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
 
 
 def check_executor_flags(s: dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pe_fast.data.regions import GRADIENTS, MIN_REGIONS, DataError
 from pe_fast.tasks.base import TaskKind, TaskSetting
 from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
@@ -20,7 +21,11 @@ def region_data(s):
     if s.data:
         from pe_fast.data.user_data import load_user_data
         paths = DATA.paths(s.data)  # several CIFTI runs, one subject each
-        return load_user_data(paths if len(paths) > 1 else paths[0], regions=s.regions, parcellation=s.parcellation)
+        data = load_user_data(paths if len(paths) > 1 else paths[0], regions=s.regions, parcellation=s.parcellation)
+        if len(data.labels) < MIN_REGIONS:  # the loader, a library too, takes 2 or more
+            raise DataError(f"{paths[0]}: {len(data.labels)} regions; the sweep needs at least {MIN_REGIONS} (the "
+                            f"PE is compared with {GRADIENTS} connectivity gradients, and n regions have n − 2)")
+        return data
     from pe_fast.data import brain_atlas
     if s.atlas == "glasser360":
         return brain_atlas.load_glasser360_surrogate()
