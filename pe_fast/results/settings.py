@@ -393,8 +393,10 @@ def check_packs(packs, models: int | None = None) -> tuple[tuple[int, ...], ...]
     the grid)."""
     packs = conform("packs", packs, tuple[tuple[int, ...], ...])
     ids = sorted(i for pack in packs for i in pack)
-    expected = list(range(models)) if models is not None else sorted(set(i for i in ids if i >= 0))
-    if not all(packs) or ids != expected:
+    distinct = len(set(ids)) == len(ids) and all(i >= 0 for i in ids)
+    complete = models is None or ids == list(range(models))
+    if not (all(packs) and distinct and complete):
         held = f"the grid's {models} models" if models is not None else "model ids ≥ 0"
-        raise SettingError(f"packs: {[list(p) for p in packs][:4]}... do not hold {held} once each, in packs none empty")
+        raise SettingError(f"packs: {[list(p) for p in packs][:4]}... do not hold {held} once each, in packs "
+                           f"none empty")
     return packs
