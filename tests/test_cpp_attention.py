@@ -187,7 +187,8 @@ def test_the_extension_imports_on_its_own():
 
 def test_the_kernels_load_once_from_pe_fast_kernels_and_a_bad_path_is_named(tmp_path):
     """PE_FAST_KERNELS (bench/cpu/isa.sh) loads that build in place of the installed one, its ISA read from the build
-    itself; a path that is no build leaves the reference running, with one warning naming the path."""
+    itself; a path that is no build leaves the reference running, with one warning naming the path, and a Python
+    file named there (whatever its suffix) is never run."""
     from pe_fast.ops import extension
     probe = ("import torch, pe_fast.ops, pe_fast._C; from pe_fast.ops import extension, backends; "
              "print(extension.ISA, 'cpp' in backends.BACKENDS, extension.MODULE is pe_fast._C)")
@@ -203,6 +204,13 @@ def test_the_kernels_load_once_from_pe_fast_kernels_and_a_bad_path_is_named(tmp_
     assert missing.returncode == 0, missing.stderr
     assert missing.stdout.split() == ["None", "False", "False"]
     assert "no_such_C.so" in missing.stderr and "not built" in missing.stderr
+    assert "unset PE_FAST_KERNELS" in missing.stderr
+    for name in ("evil.py", "evil.so"):
+        (tmp_path / name).write_text("print('the named file ran')\n")
+        source = run(str(tmp_path / name))
+        assert source.returncode == 0, source.stderr
+        assert source.stdout.split() == ["None", "False", "False"]
+        assert "ran" not in source.stdout + source.stderr and name in source.stderr
 
 
 @pytest.mark.parametrize("x_scale", [10.0, 100.0, 1e3, 1e4])

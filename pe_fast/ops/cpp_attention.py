@@ -53,9 +53,11 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
 
 
 if extension.MODULE is None:
+    remedy = ("unset PE_FAST_KERNELS, or name a build of bench/cpu/isa.sh" if extension.REQUESTED else
+              "reinstall with a C++ compiler present: pip install torch==2.13.0 \"setuptools>=70.1\" ninja && "
+              "pip install --no-build-isolation -e .")
     log.warning("pe_fast's C++ CPU kernels are not built (%s), so pe_attention runs the slower PyTorch reference "
-                "on CPU. For the fast path, reinstall with a C++ compiler present: pip install torch==2.13.0 "
-                "\"setuptools>=70.1\" ninja && pip install --no-build-isolation -e .", extension.ERROR)
+                "on CPU. For the fast path, %s", extension.ERROR, remedy)
 else:
     @torch.library.register_fake("pe_fast_cpp::attention_forward")
     def _(qkv, addend, num_heads, probes):

@@ -10,21 +10,26 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import pathlib
 import sys
 
 NAME = "pe_fast._C"
+# the build $PE_FAST_KERNELS names, or None for the installed one
+REQUESTED = os.environ.get("PE_FAST_KERNELS") or None
 
 
 def _load():
-    path = os.environ.get("PE_FAST_KERNELS")
-    if not path:
+    path = REQUESTED
+    if path is None:
         return importlib.import_module(NAME)
-    spec = importlib.util.spec_from_file_location(NAME, path)
-    if spec is None or not os.path.isfile(path):
-        raise ImportError(f"PE_FAST_KERNELS={path!r} is not a compiled pe_fast._C")
+    # only a shared library, through the extension loader: a .py file (or any source) named here is never run
+    if not (os.path.isfile(path) and path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))):
+        raise ImportError(f"PE_FAST_KERNELS={path!r} is not a compiled pe_fast._C (a file ending in "
+                          f"{' or '.join(importlib.machinery.EXTENSION_SUFFIXES)})")
+    spec = importlib.util.spec_from_file_location(NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # a later `import pe_fast._C` finds it instead of loading the installed one too
