@@ -471,6 +471,10 @@ RESUME_CASES = [
     ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
     ("lock a FIFO", lock_a_fifo, [], "an unreadable lock"),  # read, it would block the sweep for ever
     ("lock a JSON list", lock_text("[1, 2]"), [], "an unreadable lock"),
+    ("lock pid too large for os.kill", lock_text(json.dumps({"pid": 2**70, "host": socket.gethostname()})), [],
+     "an unreadable lock"),
+    ("lock pid a bool", lock_text(json.dumps({"pid": True, "host": socket.gethostname()})), [], "an unreadable lock"),
+    ("lock nested deeper than the parser goes", lock_text("[" * 2000 + "]" * 2000), [], "an unreadable lock"),
     ("packs a link out of the folder", link_out("packs"), [], "outside"),
     # each once trained first, then failed writing the pack as if the disk had (exit 1)
     ("packs a file", packs_a_file, [], "packs is not a folder"),

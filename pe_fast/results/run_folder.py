@@ -37,6 +37,7 @@ from pe_fast.program_exit import CONTROL_CHARACTER
 from pe_fast.results import migrate
 
 LOCK = ".lock"
+MAX_PID = 2**22  # Linux's pid_max ceiling (PID_MAX_LIMIT)
 PARTIAL = ".partial-"  # the infix of temporary files and folders
 # The folder's files (and, but for the summary and the report, each finished pack's under packs/<i>/)
 CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
@@ -90,9 +91,13 @@ def read_lock(out: Path) -> dict | None:
             else {}
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         holder = {}  # a lock being written this instant, or a damaged one: treat as held by an unknown writer
-    return holder if isinstance(holder, dict) else {}
+    if not isinstance(holder, dict):
+        return {}
+    pid = holder.get("pid")
+    # a pid os.kill cannot take (text, a bool, 2**70) is no lock of ours
+    return holder if type(pid) is int and 0 < pid <= MAX_PID else {}
 
 
 def lock_holder(out: Path) -> dict | None:
@@ -100,8 +105,7 @@ def lock_holder(out: Path) -> dict | None:
     holder = read_lock(out)
     if holder is None:
         return None
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
-            and not _alive(holder["pid"]):
+    if holder.get("host") == socket.gethostname() and not _alive(holder["pid"]):
         return None
     return holder
 
