@@ -167,6 +167,24 @@ CASES = [
     # mkdir's error once the checks had passed: exit 1, "free the space ... --resume"
     ("out name too long", LST + ["--out", "a" * 300], "--out"),
     ("out a link to nowhere", LST + ["--out", "DANGLING"], "--out"),
+    ("out under a link to nowhere", LST + ["--out", "DANGLING/run"], "--out"),
+    # a local Ray instance or submitit's local executor trains here, with this machine's device and cores
+    ("cuda on a local Ray where there is none", LST + ["--executor", "ray", "--device", "cuda"], "--device"),
+    ("cuda on slurm-local where there is none", LST + ["--executor", "slurm", "--slurm-local", "--device", "cuda"],
+     "--device"),
+    ("threads beyond the cores of a local Ray", LST + ["--executor", "ray", "--threads", "1024"], "--threads"),
+    ("threads beyond the cores of slurm-local", LST + ["--executor", "slurm", "--slurm-local", "--threads", "1024"],
+     "--threads"),
+    ("slurm gpus beyond any node", LST + ["--executor", "slurm", "--slurm-local", "--slurm-gpus", "1000000"],
+     "--slurm-gpus"),
+    ("slurm time beyond a year", LST + ["--executor", "slurm", "--slurm-local", "--slurm-time", "10000000"],
+     "--slurm-time"),
+    ("slurm option setting the time", LST + ["--executor", "slurm", "--slurm-local", "--slurm-time", "5",
+                                             "--slurm-option", "time=10"], "--slurm-time"),
+    ("slurm option setting the GPUs", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
+                                             "gres=gpu:2"], "--slurm-gpus"),
+    ("slurm option setting the job array", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
+                                                  "array=0-3"], "pe_fast sets array itself"),
 ]
 
 
@@ -186,7 +204,8 @@ def inputs(tmp_path: Path) -> dict[str, str]:
 
 
 def fill(args: list[str], files: dict[str, str]) -> list[str]:
-    return [files.get(a, a) if "/" not in a else a.replace("FILE", files["FILE"]) for a in args]
+    return [files.get(a, a) if "/" not in a else re.sub(r"^(FILE|DANGLING)/", lambda m: files[m[1]] + "/", a)
+            for a in args]
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -245,6 +264,24 @@ def test_an_out_inside_another_results_folder_is_refused(inside, tmp_path):
     assert sorted(other.rglob("*")) == before
 
 
+def test_a_results_folder_is_known_by_its_config_alone_too(tmp_path):
+    """A sweep's first file is config.json: an --out beside it, before packs/ exists, is inside it as well."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"settings": {}, "packs": []}))
+    done = refuse_sweep(*LST, "--out", str(other / "new"))
+    assert done.returncode == 2 and f"inside the results folder {other}" in done.stderr, done.stderr
+    assert sorted(p.name for p in other.iterdir()) == ["config.json"]
+
+
+def test_another_programs_config_json_in_a_parent_folder_is_no_results_folder(tmp_path):
+    """A config.json of some other program (a project's, a home folder's) does not make its folder a run's."""
+    (tmp_path / "config.json").write_text(json.dumps({"editor": "vim"}))
+    done = refuse_sweep(*LST, "--out", str(tmp_path / "runs" / "first"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs" / "first" / "results.parquet").is_file()
+
+
 @pytest.mark.parametrize("service, must_name", [("silent", "does not answer as a Ray cluster within 1 s"),
                                                 ("http", "the service there is not a Ray cluster")])
 def test_a_ray_address_of_another_service_is_refused_within_seconds(service, must_name, tmp_path, capsys,
@@ -284,6 +321,16 @@ def test_ray_address_auto_without_a_cluster_is_refused(tmp_path, capsys, monkeyp
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray looks for this machine's cluster: none there
     code = sweep_main(LST + ["--executor", "ray", "--ray-address", "auto", "--out", str(tmp_path / "run")])
     assert_one_line(capsys, code, "--ray-address auto: no Ray cluster is running on this machine")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("variable", ["nowhere", "127.0.0.1:99999"])
+def test_a_malformed_ray_address_variable_is_refused_before_anything_is_written(variable, tmp_path, capsys,
+                                                                                monkeypatch):
+    """ray.init joins $RAY_ADDRESS where --ray-address is left out: it is checked as the flag is."""
+    monkeypatch.setenv("RAY_ADDRESS", variable)
+    code = sweep_main(LST + ["--executor", "ray", "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"$RAY_ADDRESS {variable!r}: expected auto or HOST:PORT")
     assert list(tmp_path.iterdir()) == []
 
 

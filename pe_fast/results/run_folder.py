@@ -265,20 +265,37 @@ def check_out_folder(name: str | os.PathLike):
         pass
     except OSError as error:  # a name longer than the file system takes, a loop of links
         raise OutFolderError(f"{out}: {error.strerror or error}")
-    if out.is_symlink() and not out.exists():  # mkdir would fail on the link after the checks
-        raise OutFolderError(f"{out} is a link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
         raise OutFolderError(f"{out} is a file, not a folder")
-    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    for path in (out, *out.absolute().parents):
+        if path.exists():
+            existing = path
+            break
+        if path.is_symlink():  # mkdir would fail on the link after the checks
+            raise OutFolderError(f"{out}: {path} is a link to {os.readlink(path)}, which does not exist")
     if not existing.is_dir():
         raise OutFolderError(f"{out}: {existing} is a file, so the folder cannot be made")
     try:  # a real probe: permission bits do not bind root, and some file systems are read-only
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as error:
         raise OutFolderError(f"{out}: cannot write in {existing} ({error.strerror or error})")
-    home = next((p for p in out.resolve().parents if (p / CONFIG).is_file()), None)
+    home = next((p for p in out.resolve().parents if is_results_folder(p)), None)
     if home is not None:
         raise OutFolderError(f"{out} lies inside the results folder {home}; choose a folder outside it")
+
+
+def is_results_folder(folder: Path) -> bool:
+    """Whether folder is a sweep's or a pooled report's: its config.json beside packs/, or a config.json of
+    theirs alone (a sweep's first file). Another program's config.json (a home folder's, a project's) is not."""
+    if not (folder / CONFIG).is_file():
+        return False
+    if (folder / "packs").is_dir():
+        return True
+    try:
+        config = read_config(folder)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and ("settings" in config or POOLED_FROM in config)
 
 
 class LeavesFolder(Exception):

@@ -23,7 +23,9 @@ from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
 MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish (nor a warm-up, an evaluation
                       # or a checkpoint period longer)
-MAX_THREADS = 1024    # per Ray or SLURM worker; a local sweep gets at most this machine's cores
+MAX_THREADS = 1024    # per Ray or SLURM worker; a sweep on this machine gets at most its cores
+MAX_SLURM_GPUS = 16   # per job, the most a node holds; a pack trains on one
+MAX_SLURM_MINUTES = 365 * 24 * 60  # per job: SLURM clusters cap jobs at days, none at a year
 MAX_WIDTH = 2**16
 MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
 MAX_DEPTH = 1000
@@ -183,11 +185,11 @@ class Settings:
     slurm_partition: str | None = setting(None, executor="slurm", runtime=True,
                                           help="--executor slurm: the partition to submit to")
     # minutes per job; a pack that needs longer is requeued and continues
-    slurm_time: int = setting(60, range=(1, None, "[)"), executor="slurm", runtime=True,
+    slurm_time: int = setting(60, range=(1, MAX_SLURM_MINUTES, "[]"), executor="slurm", runtime=True,
                               help="--executor slurm: minutes per job (default 60); a pack that needs longer is "
                                    "requeued and continues from its checkpoint")
     # per job; None: 1 with --device cuda, else 0
-    slurm_gpus: int | None = setting(None, range=(0, None, "[)"), executor="slurm", runtime=True,
+    slurm_gpus: int | None = setting(None, range=(0, MAX_SLURM_GPUS, "[]"), executor="slurm", runtime=True,
                                      help="--executor slurm: GPUs per job (default: 1 with --device cuda)")
     slurm_account: str | None = setting(None, executor="slurm", runtime=True,
                                         help="--executor slurm: the account to charge")

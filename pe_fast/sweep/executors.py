@@ -102,7 +102,10 @@ class Job(Protocol):
 
 
 class Executor(Protocol):
-    runs_elsewhere: bool  # its packs train on other machines (which may have a device this one lacks)
+    @staticmethod
+    def runs_elsewhere(s: dict, ray_address: str | None) -> bool:
+        """Whether these settings' packs may train on other machines (which may have a device or cores this one
+        lacks); ray_address: the Ray cluster the driver will join (--ray-address, else $RAY_ADDRESS)."""
 
     def __init__(self, s: Settings, packs: list[list[dict]], out: Path, task, progress: Progress): ...
 
@@ -157,8 +160,11 @@ def remove_partials(out: Path, todo: list[int]):
 
 class LocalExecutor:
     """--executor local: the packs one after the other, here."""
-    runs_elsewhere = False
     prepare_folder = staticmethod(remove_partials)
+
+    @staticmethod
+    def runs_elsewhere(s: dict, ray_address: str | None) -> bool:
+        return False
 
     @staticmethod
     def check_machine(s: dict):
@@ -246,8 +252,11 @@ def ray_failure(error) -> str:
 class RayExecutor:
     """--executor ray: each pack is one Ray task with its CPUs (--threads, default 1) or one GPU; the workers write
     the pack folders themselves (on a cluster, --out must be a folder every node sees)."""
-    runs_elsewhere = True
     prepare_folder = staticmethod(remove_partials)  # a stopped driver's Ray tasks stopped with it
+
+    @staticmethod
+    def runs_elsewhere(s: dict, ray_address: str | None) -> bool:
+        return ray_address not in (None, "local")  # else a Ray instance started here, for this sweep
 
     @staticmethod
     def check_machine(s: dict):
@@ -430,7 +439,9 @@ class SlurmExecutor:
     see. A driver that is stopped and rerun with --resume waits for the jobs still running instead of submitting
     their packs again."""
 
-    runs_elsewhere = True
+    @staticmethod
+    def runs_elsewhere(s: dict, ray_address: str | None) -> bool:
+        return not s.get("slurm_local")
 
     @staticmethod
     def check_machine(s: dict):

@@ -22,34 +22,34 @@ RAY_CONNECT_TIMEOUT_S = 10
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
-def check_ray_address(address: str | None):
+def check_ray_address(address: str | None, name: str = "--ray-address"):
     """An address where no Ray cluster answers is one line within seconds, before the folder is written: ray.init
     would retry a silent port for ever. auto is resolved as ray.init resolves it (RAY_ADDRESS, then the cluster
-    started on this machine)."""
+    started on this machine). name: where the address came from, as the message names it."""
     if address is None or address == "local":
         return
     if not address.strip():  # ray.init would fail on it after the folder was written
-        raise UsageError(f"--ray-address {address!r} names no cluster: give auto or HOST:PORT, or leave it out for a "
+        raise UsageError(f"{name} {address!r} names no cluster: give auto or HOST:PORT, or leave it out for a "
                          f"local Ray instance")
     if address == "auto":
         address = running_ray_cluster()
         if address is None:
             return
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"--ray-address {address!r}: expected auto or HOST:PORT")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"{name} {address!r}: expected auto or HOST:PORT")
     advice = "start one with ray start --head, or use --ray-address auto"
     try:
         with socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S) as connection:
             connection.sendall(HTTP2_PREFACE)
             reply = connection.recv(9)
     except socket.timeout:
-        raise UsageError(f"--ray-address {address}: the service there does not answer as a Ray cluster within "
+        raise UsageError(f"{name} {address}: the service there does not answer as a Ray cluster within "
                          f"{RAY_CONNECT_TIMEOUT_S} s; {advice}")
     except OSError as error:
-        raise UsageError(f"--ray-address {address}: no Ray cluster answers there ({error.strerror or error}); {advice}")
+        raise UsageError(f"{name} {address}: no Ray cluster answers there ({error.strerror or error}); {advice}")
     if len(reply) < 4 or reply[3] != 4:
-        raise UsageError(f"--ray-address {address}: the service there is not a Ray cluster; {advice}")
+        raise UsageError(f"{name} {address}: the service there is not a Ray cluster; {advice}")
 
 
 def running_ray_cluster() -> str | None:
@@ -75,10 +75,16 @@ def resolve(s: dict):
     if s["device"] == "auto":
         s["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     executor = EXECUTORS[s["executor"]]
-    # a cluster may have the GPUs this machine lacks
-    if s["device"] == "cuda" and not torch.cuda.is_available() and not executor.runs_elsewhere:
-        raise UsageError(f"--device {s['device']!r} is not available here "
-                         f"(cpu{', cuda' if torch.cuda.is_available() else ''})")
+    # ray.init joins $RAY_ADDRESS where --ray-address is left out
+    ray_address, ray_source = ((s["ray_address"], "--ray-address") if s["ray_address"] is not None else
+                               (os.environ.get("RAY_ADDRESS") or None, "$RAY_ADDRESS"))
+    # a cluster may have the GPUs and cores this machine lacks; a local Ray or submitit's local executor has not
+    here = not executor.runs_elsewhere(s, ray_address)
+    if s["device"] == "cuda" and not torch.cuda.is_available() and here:
+        raise UsageError(f"--device {s['device']!r} is not available here (cpu)")
+    cores = len(os.sched_getaffinity(0))
+    if here and s["threads"] is not None and s["threads"] > cores:
+        raise UsageError(f"--threads {s['threads']}: this machine has {cores} cores")
     if s["compile"] == "auto":  # measured: bench/results/h100-20261126-sweep (1.1-1.3× on an H100)
         s["compile"] = "on" if s["device"] == "cuda" else "off"
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
@@ -90,7 +96,8 @@ def resolve(s: dict):
         s["precision"] = precision.default(torch.device(s["device"]))
     if (why := precision.problem(s["precision"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--precision {s['precision']}: {why}")
-    check_ray_address(s["ray_address"])
+    if s["executor"] == "ray":
+        check_ray_address(ray_address, ray_source)
     executor.check_machine(s)
     if s.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
         raise UsageError("--tensorboard needs TensorBoard, which is not installed: pip install 'pe_fast[tensorboard]' "

@@ -5,7 +5,6 @@ last, by runtime.resolve."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from pathlib import Path
 
@@ -95,6 +94,11 @@ def check_choices(s: dict):
 # ASCII: \w alone matches any Unicode letter (qös), which no sbatch option, partition or account name holds
 SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+", re.ASCII)
 SLURM_KEY = re.compile(r"[A-Za-z][\w-]*", re.ASCII)
+# the sbatch options slurm_executor sets (through submitit), with the flag that sets each ("": none, it is fixed)
+SLURM_SET_BY_PE_FAST = {"time": "--slurm-time", "partition": "--slurm-partition", "account": "--slurm-account",
+                        "cpus-per-task": "--threads", "gpus-per-node": "--slurm-gpus", "gpus": "--slurm-gpus",
+                        "gres": "--slurm-gpus", "job-name": "", "signal": "", "output": "", "error": "",
+                        "array": "", "open-mode": "", "requeue": "", "nodes": "", "ntasks-per-node": ""}
 SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
 
 
@@ -133,9 +137,6 @@ def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
     as_usage_error(results_settings.check_ranges, s)
-    cores = len(os.sched_getaffinity(0))
-    if s["executor"] == "local" and s["threads"] is not None and s["threads"] > cores:
-        raise UsageError(f"--threads {s['threads']}: this machine has {cores} cores")
     check_pe_dropout_on(s, args)
     for flag, (setting, values) in ((name, row.applies_only_with) for name, row in FLAGS.items()
                                     if row.applies_only_with):
@@ -171,6 +172,9 @@ def check_executor_flags(s: dict):
             raise UsageError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
         if not (SLURM_KEY.fullmatch(key) and SLURM_VALUE.fullmatch(value)):
             raise UsageError(f"--slurm-option {option!r}: KEY=VALUE of {SLURM_ALLOWED}")
+        if (owner := SLURM_SET_BY_PE_FAST.get(key.lower().replace("_", "-"))) is not None:
+            raise UsageError(f"--slurm-option {option!r}: pe_fast sets {key} itself"
+                             + (f"; give {owner} instead" if owner else ""))
     for name in ("slurm_partition", "slurm_account"):
         if s.get(name) is not None and not SLURM_VALUE.fullmatch(s[name]):
             raise UsageError(f"--{name.replace('_', '-')} {s[name]!r}: {SLURM_ALLOWED}")
