@@ -93,6 +93,8 @@ CASES = [
     ("lr zero", LST + ["--lr", "0"], "--lr"),
     ("lr list with a zero", LST + ["--lr", "1e-3,0"], "--lr"),
     ("lr list with a word", LST + ["--lr", "1e-3,fast"], "--lr"),
+    ("pe list with an empty item", LST + ["--pe", "learned,,none"], "--pe: 'learned,,none' holds an empty item"),
+    ("sigma list ending in a comma", LST + ["--sigmas", "0.5,"], "--sigmas"),
     ("lr list naming a value twice", LST + ["--lr", "1e-3,3e-3,1e-3"], "--lr"),
     ("sigma list naming a value twice", LST + ["--sigmas", "0.5,0.5"], "--sigmas"),
     ("weight decay list with a negative", LST + ["--weight-decay", "0,-0.1"], "--weight-decay"),

@@ -66,6 +66,10 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     (dict(timepoints=10**12), "--timepoints"),
     (dict(steps=False), "--steps: expected int, got False"),  # False is "off" for an on/off flag only
     (dict(task=False), "--task"),
+    # one value per item: an empty item was dropped, an item with a comma split in two
+    (dict(pe=["learned", ""]), "--pe: ['learned', ''] holds an empty item"),
+    (dict(pe=["learned,none"]), "--pe: the item 'learned,none' holds a comma"),
+    (dict(pe="learned,,none"), "--pe: 'learned,,none' holds an empty item"),
 ])
 def test_bad_arguments_raise_naming_them_and_write_nothing(arguments, names, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -75,14 +75,20 @@ def parse_list(text, convert, flag: str) -> tuple:
     train the same models twice, so it is refused."""
     if isinstance(text, np.ndarray) and text.ndim == 1:  # a Python caller's array, range or list: the same
         text = text.tolist()
-    if isinstance(text, (list, tuple, range)):
-        text = ",".join(map(str, text))
+    if isinstance(text, (list, tuple, range)):  # one value per item, as config.json records them
+        items = [str(item) for item in text]
+        if (joined := next((item for item in items if "," in item), None)) is not None:
+            raise UsageError(f"{flag}: the item {joined!r} holds a comma; give one value per item")
+    else:
+        items = str(text).split(",")
+    if not any(item.strip() for item in items):
+        raise UsageError(f"{flag}: empty list")
+    if not all(item.strip() for item in items):  # two commas in a row, or one at an end: a value left out?
+        raise UsageError(f"{flag}: {text!r} holds an empty item")
     try:
-        values = [convert(v.strip()) for v in str(text).split(",") if v.strip()]
+        values = [convert(item.strip()) for item in items]
     except ValueError:
         raise UsageError(f"{flag}: cannot parse {text!r} as a comma-separated list")
-    if not values:
-        raise UsageError(f"{flag}: empty list")
     if len(set(values)) < len(values):
         raise UsageError(f"{flag}: {text!r} names a value twice")
     return tuple(values)
