@@ -118,8 +118,19 @@ def test_numpy_scalars_arrays_ranges_and_lists_of_paths_are_the_values_they_hold
 
 def test_arguments_of_a_wrong_type_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(TypeError, match="load_run: directory must be a path"):
+    with pytest.raises(TypeError, match="load_run: directory: expected a path"):
         pe_fast.load_run(123)
+
+    class NumberPath:  # an os.PathLike whose __fspath__ gives no text
+        def __fspath__(self):
+            return 7
+    with pytest.raises(TypeError, match="load_run: directory: expected a path .* got .*NumberPath"):
+        pe_fast.load_run(NumberPath())
+    for name in ("out", "data"):
+        with pytest.raises(UsageError, match=f"--{name}: expected a path"):
+            pe_fast.sweep.run(**TINY, **{name: NumberPath()})
+    with pytest.raises(UsageError, match="--data: expected a path"):
+        pe_fast.sweep.run(task="fmri", data=[NumberPath()], out=str(tmp_path / "run"))
     with pytest.raises(UsageError, match="--out: expected str, got 123"):
         pe_fast.sweep.run(resume=True, out=123)
     with pytest.raises(UsageError, match="--out: expected str, got False"):  # not "no --out": a new folder here

@@ -385,10 +385,8 @@ def _last_evaluation(curves: pd.DataFrame) -> pd.DataFrame:
 def load_run(directory: str | os.PathLike) -> Run:
     """A results folder, finished or still running, as a Run; see read_run for the rules. A folder that cannot
     be read raises ReportError naming the file."""
-    if not isinstance(directory, (str, os.PathLike)):  # Path() would say only "expected str, bytes or os.PathLike"
-        raise TypeError(f"load_run: directory must be a path (str or os.PathLike), got {directory!r} "
-                        f"({type(directory).__name__})")
-    return read_run(named_folder(directory))
+    # Path() would say only "expected str, bytes or os.PathLike"
+    return read_run(named_folder(run_folder.path_text(directory, "load_run: directory")))
 
 
 def named_folder(directory: str | os.PathLike) -> Path:

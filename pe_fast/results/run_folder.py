@@ -245,12 +245,26 @@ class OutFolderError(ValueError):
     follows the flag's name."""
 
 
+def path_text(value: str | os.PathLike, argument: str) -> str:
+    """A path a caller gives (a str or an os.PathLike) as its text; TypeError naming the argument where it is
+    neither, or its __fspath__ returns something other than text (bytes, a number)."""
+    try:
+        text = os.fspath(value)
+    except TypeError:
+        text = value
+    if not isinstance(text, str):
+        raise TypeError(f"{argument}: expected a path (str or os.PathLike giving str), got {value!r} "
+                        f"({type(text).__name__})")
+    return text
+
+
 def check_out_folder(name: str | os.PathLike):
     """A folder to write must be named by text (not blank, no control character, UTF-8 as the parquet files
     record it), be a folder or creatable where its nearest existing parent is writable, and lie outside every
     other results folder (inside one, its packs/ say, it would be read as part of that one, and that folder's
     --resume or report would trip over it). name: as given, before Path("") makes it "."."""
-    name, out = os.fspath(name), Path(name)
+    name = path_text(name, "out")
+    out = Path(name)
     if not name.strip():  # Path("") is ".": the folder one runs in
         raise OutFolderError(f"{name!r} names no folder")
     if CONTROL_CHARACTER.search(name):

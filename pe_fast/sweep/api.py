@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from pe_fast.results import run_folder
 from pe_fast.results.reading import Run
 from pe_fast.results.settings import FLAGS
 from pe_fast.sweep import UsageError, program, resume, settings
@@ -25,6 +26,14 @@ from pe_fast.tasks import KINDS
 
 # the task settings that name several files, comma-separated (--data): a list of paths from Python
 SEVERAL_FILES = {setting.name for kind in KINDS.values() for setting in kind.settings if setting.files == "several"}
+
+
+def path_text(value, flag: str) -> str:
+    """run_folder.path_text, its TypeError a UsageError as every bad argument is."""
+    try:
+        return run_folder.path_text(value, flag)
+    except TypeError as error:
+        raise UsageError(str(error)) from None
 
 
 def arguments(keywords: dict) -> argparse.Namespace:
@@ -42,10 +51,11 @@ def arguments(keywords: dict) -> argparse.Namespace:
             value = None if not value else True  # an on/off flag left off is not given
         if name in FLAGS and FLAGS[name].repeatable and isinstance(value, str):  # repeatable flag: a list here
             value = [value]
+        flag = f"--{name.replace('_', '-')}"
         if isinstance(value, os.PathLike):  # a path (out=, data=) as Python code holds one: its text, as typed
-            value = os.fspath(value)
+            value = path_text(value, flag)
         if name in SEVERAL_FILES and isinstance(value, (list, tuple)):  # comma-separated on the command line
-            value = ",".join(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value) \
+            value = ",".join(path_text(v, flag) for v in value) \
                 if all(isinstance(v, (str, os.PathLike)) for v in value) else value
         setattr(namespace, name, value)
     return namespace
