@@ -405,6 +405,15 @@ def config_with(**settings):
     return change
 
 
+def config_part(part: str, value):
+    """config.json with one of its top-level parts (task, models, torch ...) replaced."""
+    def change(folder: Path):
+        config = json.loads((folder / "config.json").read_text())
+        config[part] = value
+        (folder / "config.json").write_text(json.dumps(config))
+    return change
+
+
 def config_packs(packs):
     def change(folder: Path):
         config = json.loads((folder / "config.json").read_text())
@@ -618,7 +627,11 @@ def test_a_recorded_setting_out_of_its_range_is_refused_by_resume_report_and_loa
 @pytest.mark.parametrize("change, must_name", [(config_with(steps=2**64), "--steps"),
                                                (config_with(sigmas=[0.0]), "--sigmas"),
                                                (config_packs([[0], [0]]), "packs"),
-                                               (config_packs([[0], []]), "packs")])
+                                               (config_packs([[0], []]), "packs"),
+                                               # the report's configuration table read it as a mapping
+                                               (config_part("task", 5), "its 'task' is a JSON int"),
+                                               (config_part("models", {"0": 1}), "its 'models' is a JSON dict"),
+                                               (config_part("time", ["now"]), "its 'time' is a JSON list")])
 def test_a_recorded_value_resume_refuses_the_report_refuses_too(change, must_name, unfinished, tmp_path, capsys):
     import pe_fast
     folder = tmp_path / "run"

@@ -411,7 +411,7 @@ def read_run(directory: Path) -> Run:
         try:
             config = run_folder.read_config(directory)
         except (ValueError, UnicodeDecodeError) as error:
-            raise ReportError(f"{directory / run_folder.CONFIG} is not valid JSON ({error})")
+            raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config ({error})")
         if not isinstance(config, dict) or not isinstance(config.get("settings", {}), dict):
             raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config (a JSON object with "
                               f"settings, models and packs)")

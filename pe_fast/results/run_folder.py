@@ -193,6 +193,9 @@ def write_start(out: Path, config: dict, ground_truth: dict[str, np.ndarray]):
         write_atomic(out / GROUND_TRUTH, lambda tmp: save_npz(tmp, ground_truth))
 
 
+# config.json's parts, as the sweep (sweep/folder.py) and the pooled report write them
+CONFIG_PARTS = {"settings": dict, "task": dict, "torch": str, "models": list, "packs": list, "time": str,
+                POOLED_FROM: list}
 # config.json lists every model of the grid (at most settings.MAX_MODELS, a few hundred bytes each): far below this
 MAX_CONFIG_BYTES = 2**28
 
@@ -209,9 +212,16 @@ def read_config(out: Path) -> dict:
     if status.st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"{path} holds {status.st_size / 2**20:,.0f} MiB, far more than a sweep's config.json")
     try:
-        return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+        config = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deep to be a pe_fast config.json") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"a JSON {type(config).__name__}, not an object")
+    for part, kind in CONFIG_PARTS.items():  # absent or null in some older folders
+        if config.get(part) is not None and not isinstance(config[part], kind):
+            raise ValueError(f"its {part!r} is a JSON {type(config[part]).__name__}, where a sweep writes "
+                             f"{'an object' if kind is dict else 'a list' if kind is list else 'text'}")
+    return config
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
