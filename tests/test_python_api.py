@@ -44,8 +44,13 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     assert len(again.curves) == (2 * 2 + 2) * 3  # 4 learned models and 2 without a PE, evaluated at 0, 3 and 6
     learned = again.results.query("pe == 'learned'")["model_id"]
     assert all(again.pe_table(i).shape[-2:] == (12, 16) for i in learned)
-    with pytest.raises(KeyError, match="no PE table"):
-        again.pe_table(int(again.results.query("pe == 'none'")["model_id"].iloc[0]))
+    without = int(again.results.query("pe == 'none'")["model_id"].iloc[0])
+    for kind in (KeyError, ValueError):  # a lookup that finds nothing, and a caller's bad argument
+        with pytest.raises(kind, match=f"^model {without} has no PE table in .*: its PE is 'none', which has none$"):
+            again.pe_table(without)
+    del again.pe_tables[f"model_{int(learned.iloc[0])}"]  # as a folder kept without it
+    with pytest.raises(ValueError, match="its PE is 'learned', and pe_tables.npz does not hold its table"):
+        again.pe_table(int(learned.iloc[0]))
     with pytest.raises(ValueError, match="model_id 999: not a model of"):  # not "has no PE table"
         again.pe_table(999)
 

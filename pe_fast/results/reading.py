@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from pe_fast.data import declared_size
-from pe_fast.models.absolute_pe import SIGMA_PES
+from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
@@ -57,7 +57,10 @@ class Run:
             raise ModelNotFound(f"model_id {model_id}: not a model of {self.path} (its models: {_id_ranges(known)})")
         key = run_folder.pe_table_key(model_id)
         if key not in self.pe_tables:
-            raise KeyError(f"model {model_id} has no PE table in {self.path} (a PE kind without one, or diverged)")
+            pe = self.results.loc[ids == model_id, "pe"].iloc[0]
+            raise NoPETable(f"model {model_id} has no PE table in {self.path}: its PE is {pe!r}, "
+                            + ("which has none" if pe not in ADDITIVE_PES else f"and {run_folder.PE_TABLES} does not "
+                                                                            f"hold its table"))
         return self.pe_tables[key]
 
     # ---- the trained models (each finished pack's weights.safetensors) ----
@@ -184,6 +187,13 @@ class Run:
 
 class ModelNotFound(ValueError):
     """A model id, pack or split a run does not have (a caller's argument)."""
+
+
+class NoPETable(KeyError, ValueError):
+    """A model of the run without a PE table (a lookup that finds nothing, and a caller's bad argument)."""
+
+    def __str__(self):  # KeyError's would quote the message
+        return str(self.args[0])
 
 
 def _whole(value) -> int | None:
