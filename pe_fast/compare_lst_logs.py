@@ -33,7 +33,7 @@ import pandas as pd
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
-from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_parquet_size,
+from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_named_once, check_parquet_size,
                                      named_folder, read_run, recorded_settings)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
@@ -234,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         directories = [named_folder(d) for d in args.directories]
-        if len(set(d.resolve() for d in directories)) < len(directories):
-            raise CompareError("a folder is named twice")
+        check_named_once(directories)
         if args.logs is not None and not args.logs.strip():  # Path("") is ".": not the authors' logs either
             raise CompareError(f"--logs {args.logs!r} names no file")
         logs = read_logs(Path(args.logs) if args.logs is not None else None)
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "
                                f"of the authors' logs (every 200 epochs) for a seed of theirs")
         out = Path(args.out) if args.out else directories[0] / OUTPUT if len(directories) == 1 else None
-        home = next((p for p in out.resolve().parents if (p / run_folder.CONFIG).is_file()), None) if out else None
+        home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
         if args.out and home is not None and out.name != OUTPUT and (out.exists() or out.is_symlink()):
             raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a new "
                                f"name")

@@ -131,7 +131,7 @@ def test_folders_with_different_seeds_compare_as_one_run(tmp_path, capsys):
     write_run(tmp_path / "wider", test_offset=0.05, trained_seeds=SEEDS[2:3], width=192)
     for folders, message in (([tmp_path / "first", tmp_path / "wider"], "trained with width = 192"),
                              ([tmp_path / "all", tmp_path / "third"], f"seed {SEEDS[2]} of "),
-                             ([tmp_path / "all", tmp_path / "all"], "named twice")):
+                             ([tmp_path / "all", tmp_path / "all"], f"{(tmp_path / 'all').resolve()} is named twice")):
         code, err = main([*map(str, folders), *logs]), capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and message in err, err
 

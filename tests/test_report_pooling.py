@@ -3,6 +3,7 @@ sweep that trained the same models together: pooled folders must give its models
 differences. Folders that did not train alike are refused with one line, before anything is written."""
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -86,11 +87,14 @@ def test_folders_that_did_not_train_alike_are_refused(runs, tmp_path, capsys):
     not_empty.mkdir()
     (not_empty / "notes.txt").write_text("mine")
     learned, random_1 = str(runs / "learned"), str(runs / "random-1")
+    link = tmp_path / "learned-again"
+    link.symlink_to(learned, target_is_directory=True)
     cases = (([learned, str(longer)], "trained with steps = 18"),
              ([learned, str(runs / "together")], "is in more than one folder"),
              ([random_1, str(dropout)], "random trained with PE dropout 0.1"),
              ([learned], "two or more"),
-             ([learned, learned], "named twice"))
+             ([learned, learned], f"{Path(learned).resolve()} is named twice; name each folder once"),
+             ([learned, str(link)], f"{Path(learned).resolve()} is named twice (as {learned} and as {link})"))
     for i, (folders, message) in enumerate(cases):
         out = tmp_path / f"out-{i}"
         assert report.main([*folders, "--out", str(out)]) == 2

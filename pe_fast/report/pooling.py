@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.results import run_folder
-from pe_fast.results.reading import ReportError, Run, check_alike, read_npz, read_run, recorded_settings, task_name
+from pe_fast.results.reading import ReportError, Run, check_alike, check_named_once, read_npz, read_run, recorded_settings, task_name
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.results.summary import GRID_AXES, attention_map_alignment, is_baseline, sigma_label, summary_table
 from pe_fast.tasks import KINDS
@@ -74,8 +74,7 @@ def pool(directories: list[Path], out: Path) -> Path:
     """Write the pooled results folder out (config.json, results, curves, PE tables, summary) and return it."""
     if len(directories) < 2:
         raise ReportError("pooling needs two or more results folders (one folder: python -m pe_fast.report DIR)")
-    if len({d.resolve() for d in directories}) < len(directories):
-        raise ReportError("a folder is named twice")
+    check_named_once(directories)
     try:
         run_folder.check_out_folder(out)
     except run_folder.OutFolderError as error:

@@ -407,6 +407,17 @@ def named_folder(directory: str | os.PathLike) -> Path:
     return Path(directory)
 
 
+def check_named_once(directories: list[Path]):
+    """Several folders read as one run (pooled, compared) must be different folders: ReportError naming the one
+    named twice (under two names, perhaps: a link, a relative path)."""
+    first: dict[Path, Path] = {}
+    for directory in directories:
+        same = first.setdefault(directory.resolve(), directory)
+        if same is not directory:
+            also = "" if str(same) == str(directory) else f" (as {same} and as {directory})"
+            raise ReportError(f"{directory.resolve()} is named twice{also}; name each folder once")
+
+
 def read_run(directory: Path) -> Run:
     """Top-level files when the sweep has finished; otherwise the finished packs (DIR/packs/<index>/).
     Without results.parquet but with curves.parquet, each model's last evaluation stands in for its results."""
