@@ -67,7 +67,8 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
                 import pyarrow.parquet
                 check_parquet_size(path, pyarrow.parquet.read_metadata(file))
                 file.seek(0)
-            logs = pd.read_parquet(file) if path.suffix == ".parquet" else pd.read_csv(file)
+            # low_memory=False: the columns' types from the whole file, not per chunk with a DtypeWarning
+            logs = pd.read_parquet(file) if path.suffix == ".parquet" else pd.read_csv(file, low_memory=False)
     except ReportError as error:
         raise CompareError(str(error))
     except Exception as error:
@@ -83,6 +84,14 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
                  or pd.api.types.is_bool_dtype(logs[c])), None)
     if text is not None:
         raise CompareError(f"{path}: column {text} holds values that are not numbers")
+    # σ is blank for the PEs without one; every other number is a real seed, epoch or accuracy
+    bad = next((c for c in LOG_NUMBERS if np.isinf(logs[c]).any() or (c != "sigma" and logs[c].isna().any())),
+               None)
+    if bad is not None:
+        raise CompareError(f"{path}: column {bad} holds {'infinite' if np.isinf(logs[bad]).any() else 'missing'} "
+                           f"values in rows of condition average")
+    if not logs["accuracy"].between(0, 1).all() or (logs["epoch"] < 0).any():
+        raise CompareError(f"{path}: an accuracy outside [0, 1] or a negative epoch")
     return logs.pivot_table(index=["pe", "sigma", "seed", "epoch"], columns="phase", values="accuracy",
                             dropna=False).reset_index()
 

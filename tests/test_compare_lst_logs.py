@@ -272,3 +272,37 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     assert results.read_bytes() == before
     new_name = tmp_path / "run" / "t.md"  # a new file in the folder is the user's to write
     assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(new_name)]) == 0
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda logs: logs.assign(accuracy=np.nan), "column accuracy holds missing values"),
+    (lambda logs: logs.assign(epoch=logs["epoch"].astype(float).where(logs["epoch"] != 200, np.inf)),
+     "column epoch holds infinite values"),
+    (lambda logs: logs.assign(accuracy=logs["accuracy"] * 100), "an accuracy outside [0, 1]"),
+])
+def test_logs_of_numbers_no_log_holds_are_one_line(spoil, message, tmp_path, capsys):
+    write_logs(tmp_path / "logs.csv")
+    spoil(pd.read_csv(tmp_path / "logs.csv")).to_csv(tmp_path / "logs.csv", index=False)
+    write_run(tmp_path / "run", test_offset=0.0)
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_long_csv_with_a_word_among_its_seeds_is_one_line_without_pandas_warnings(tmp_path, capsys):
+    """pandas reads a long CSV in chunks and warns (DtypeWarning) where their types differ; read whole, the column
+    is text and refused as such, with nothing else on stderr."""
+    import warnings
+    write_logs(tmp_path / "logs.csv")
+    logs = pd.read_csv(tmp_path / "logs.csv")
+    logs = pd.concat([logs] * (300_000 // len(logs) + 1), ignore_index=True)
+    logs["seed"] = logs["seed"].astype(object)
+    logs.loc[len(logs) - 1, "seed"] = "x"
+    logs.to_csv(tmp_path / "logs.csv", index=False)
+    write_run(tmp_path / "run", test_offset=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "column seed holds values that are not numbers" in err, err
+    assert not [w for w in caught if "DtypeWarning" in type(w.message).__name__], caught
