@@ -901,6 +901,8 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"ood_acc": [True, False]}, "column 'ood_acc' is stored as bool, not numbers"),  # arithmetic on bools fails
     ({"ood_acc": [Decimal("0.5"), Decimal("0.6")]}, "column 'ood_acc' is stored as decimal128"),
     ({"sigma": pd.to_datetime(["2020-01-01", None])}, "column 'sigma' is stored as timestamp"),
+    # another task's table in an LST folder: its scores are not the LST's
+    ({"task": ["fmri"] * 2}, "column task holds 'fmri', where config.json records --task lst"),
 ])
 def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run

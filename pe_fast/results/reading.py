@@ -361,15 +361,15 @@ def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np
     return truth
 
 
-def read_pack(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
-    """A finished pack's results, curves and PE tables (DIR/packs/<index>/), each checked as the report checks a
-    folder's (one ReportError naming the file): the sweep joins them into its results, and --resume checks them
-    before any pack trains."""
+def read_pack(folder: Path, task: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
+    """A finished pack of a sweep of `task`: its results, curves and PE tables (DIR/packs/<index>/), each checked as
+    the report checks a folder's (one ReportError naming the file): the sweep joins them into its results, and
+    --resume checks them before any pack trains."""
     results, curves = _read_parquet(folder / run_folder.RESULTS), _read_parquet(folder / run_folder.CURVES)
     pe_tables = read_pe_tables(folder / run_folder.PE_TABLES)
     if "pe" not in results or "sigma" not in results:
         raise ReportError(f"{folder}: results lack the columns pe and sigma; not a pe_fast pack")
-    check_columns(folder, results, curves)
+    check_columns(folder, results, curves, task)
     return results, curves, pe_tables
 
 
@@ -481,7 +481,7 @@ def read_run(directory: Path) -> Run:
                           f"results folder")
     if "model_id" not in results:
         results = results.assign(model_id=np.arange(len(results)))
-    check_columns(directory, results, curves)
+    check_columns(directory, results, curves, (config.get("settings") or {}).get("task"))
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
     if "sigma" in curves:
@@ -513,11 +513,16 @@ def _numbers(column: pd.Series) -> pd.Series | None:
 TEXT_COLUMNS = frozenset({"task", "data_kind", "pe", "optimizer", "stopped", "precision"})
 
 
-def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
+def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, task: str | None):
     """The columns the report and load_run's users read, of the kind a sweep writes, or one ReportError naming the
-    column: a folder someone else made (or a tampered one) is refused as a whole, before anything reads it."""
+    column: a folder someone else made (or a tampered one) is refused as a whole, before anything reads it. task:
+    the one config.json records (None where it records none), which every row's task column names."""
     def refuse(table: str, what: str):
         raise ReportError(f"{directory}: {table} {what}; not a pe_fast results folder")
+
+    for table, frame in (("results", results), ("curves", curves)):
+        if task is not None and "task" in frame and (other := frame["task"][frame["task"] != task]).size:
+            refuse(table, f"column task holds {str(other.iloc[0])[:40]!r}, where config.json records --task {task}")
 
     bad_pe = next((v for v in results["pe"].unique() if not (isinstance(v, str) and PE_NAME.fullmatch(v))), None)
     if bad_pe is not None:

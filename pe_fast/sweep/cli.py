@@ -114,7 +114,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         executor.prepare_folder(out, todo)
         for index in sorted(finished):  # every finished pack readable as the results will read it, before training
             try:
-                reading.read_pack(run_folder.pack_folder(out, index))
+                reading.read_pack(run_folder.pack_folder(out, index), s.task)
             except reading.ReportError as error:
                 raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
         for index in todo:  # every checkpoint readable (and safely so) before any training

@@ -26,7 +26,7 @@ def start_folder(s: Settings, out: Path, task, models: list[dict], packs: list[l
 
 def finish_folder(s: Settings, out: Path, task, models: list[dict], num_packs: int) -> pd.DataFrame:
     """Every pack together, with the task's baselines and the summary table."""
-    parts = [reading.read_pack(run_folder.pack_folder(out, index)) for index in range(num_packs)]
+    parts = [reading.read_pack(run_folder.pack_folder(out, index), s.task) for index in range(num_packs)]
     results = pd.concat([part[0] for part in parts], ignore_index=True)
     curves = pd.concat([part[1] for part in parts], ignore_index=True)
     pe_tables = {key: table for part in parts for key, table in part[2].items()}
