@@ -70,7 +70,9 @@ def test_an_executors_flag_with_another_executor_is_refused(name):
 
 
 APPLIES = {"momentum": ["--optimizer", "adamw", "--momentum", "0.9"],  # momentum is SGD's
-           "pe_dropout": ["--pe-dropout", "0.1"]}  # the learned PE is not among --pe-dropout-on's default kinds
+           "pe_dropout": ["--pe-dropout", "0.1"],  # the learned PE is not among --pe-dropout-on's default kinds
+           "sigmas": ["--pe", "none,sin1d", "--sigmas", "0.5"],  # σ is the learned and random PEs' alone
+           "pe_at": ["--pe", "none,rope", "--pe-at", "input"]}  # a rotary PE turns q and k in every block
 
 
 def test_every_conditional_row_is_tried():
@@ -79,7 +81,9 @@ def test_every_conditional_row_is_tried():
 
 @pytest.mark.parametrize("name", APPLIES)
 def test_a_flag_where_its_condition_fails_is_refused(name):
-    done = refuse_sweep(*BASE, *APPLIES[name], "--out", "unused")
+    base = BASE if name == "sigmas" else [a for i, a in enumerate(BASE)  # --sigmas itself applies to σ PEs only
+                                          if "--sigmas" not in BASE[max(i - 1, 0):i + 1]]
+    done = refuse_sweep(*base, *APPLIES[name], "--out", "unused")
     assert done.returncode == 2
     assert f"{flag_of(name)} applies to --{FLAGS[name].applies_only_with[0]}" in done.stderr
 

@@ -130,7 +130,8 @@ def test_under_bf16_autocast_the_layer_norm_runs_in_float32_as_on_cuda():
     # Without a PE the first block's residual sum stays bf16: CUDA's autocast casts it to float32 for the layer
     # norm, CPU's (which the fake tensors run under) would not.
     _, task, model_config, train_config, seeds, sigmas = traffic.sweep_pack(
-        [*SWEEP_FLAGS, "--pe", "none"], None, "bf16")
+        [*SWEEP_FLAGS[:SWEEP_FLAGS.index("--pe")], "--pe", "none", *SWEEP_FLAGS[SWEEP_FLAGS.index("--seeds"):]],
+        None, "bf16")
     ledger = traffic.step_ledger(task, model_config, train_config, seeds, sigmas)
     norm = entry(ledger, "forward", "aten.native_layer_norm.default")
     assert norm.read == 2 * M * OUT_ROWS * D * FLOAT

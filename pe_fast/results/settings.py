@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pe_fast.models import PE_KINDS
-from pe_fast.models.absolute_pe import ADDITIVE_PES, SINUSOIDAL_PES
+from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
@@ -91,7 +91,7 @@ class Settings:
     pe: tuple[str, ...] = setting(choices=lambda kind: kind.pe_kinds, may_differ=True,
                                   help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
     sigmas: tuple[float, ...] = setting(
-        may_differ=True, help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
+        may_differ=True, applies_only_with=("pe", SIGMA_PES), help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
     # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
     seeds: int = setting(range=(1, MAX_MODELS, "[]"), may_differ=True,
                          help="number of seeds per (PE, σ): the first N of the authors' 15 LST seeds")
@@ -142,7 +142,9 @@ class Settings:
         None, range=(0, 2**32, "[)"), may_differ=True, metavar="SEEDS",  # plus its stream offsets: still a torch seed
         help="comma-separated seeds per (PE, σ) instead of --seeds, e.g. 6068 to add the third seed of an earlier "
              "--seeds 2 run")
-    pe_at: str = setting("every", choices=PE_AT, help="add the PE at every block or at the input only")
+    # a rotary PE turns q and k in every block whatever it says
+    pe_at: str = setting("every", choices=PE_AT, applies_only_with=("pe", ADDITIVE_PES + ("relative",)),
+                         help="add the PE at every block or at the input only")
     # dropout on x + PE while training, for the kinds of pe_dropout_on
     pe_dropout: float = setting(0.0, range=(0, 1, "[)"), may_differ=True, applies_only_with=("pe", "pe_dropout_on"),
                                 help="dropout probability on x + PE at each block while training, for the PE kinds "
