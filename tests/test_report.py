@@ -259,7 +259,7 @@ def test_bad_input_stops_with_one_line(tmp_path, capsys):
     deep.mkdir()
     (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # Python's JSON reader recurses
     for argv, message in (([str(empty)], "no results yet"), ([str(corrupt)], "not a readable parquet"),
-                          ([str(deep)], "config.json is not a sweep.s config"), ([], "usage")):
+                          ([str(deep)], "config.json is not a sweep's config"), ([], "usage")):
         assert report.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
