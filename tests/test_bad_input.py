@@ -629,6 +629,8 @@ def test_a_recorded_setting_out_of_its_range_is_refused_by_resume_report_and_loa
                                                (config_with(sigmas=[0.0]), "--sigmas"),
                                                (config_packs([[0], [0]]), "packs"),
                                                (config_packs([[0], []]), "packs"),
+                                               (config_with(lr=[]), "--lr: empty list"),
+                                               (config_with(sigmas=[]), "--sigmas: empty list"),
                                                # the report's configuration table read it as a mapping
                                                (config_part("task", 5), "its 'task' is a JSON int"),
                                                (config_part("models", {"0": 1}), "its 'models' is a JSON dict"),

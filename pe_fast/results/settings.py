@@ -351,6 +351,8 @@ def conform(name: str, value, hint):
             value = value.tolist()
         if not isinstance(value, (list, tuple, range)):
             raise SettingError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+        if not len(value) and name in LIST_SETTINGS:  # a grid axis of no value: a grid of no model
+            raise SettingError(f"--{name.replace('_', '-')}: empty list")
         return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
     # numpy's scalars are numbers (numbers.Integral, numbers.Real) as Python's are; a bool is not a number here
     boolean = isinstance(value, (bool, np.bool_))
