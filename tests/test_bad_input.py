@@ -979,14 +979,21 @@ def test_a_baseline_has_no_seed(tmp_path):
     assert load_run(minimal_run(tmp_path / "run", results)).results["pe"].tolist() == ["learned", "baseline:mean"]
 
 
-@pytest.mark.parametrize("in_the_way", ["report.md as a folder", "figures as a file"])
+@pytest.mark.parametrize("in_the_way", ["report.md as a folder", "figures as a file", "rdms.hdf5 as a folder"])
 def test_a_report_or_figures_in_the_way_is_one_line_and_nothing_drawn(in_the_way, tmp_path, capsys):
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
-    (folder / "report.md").mkdir() if in_the_way == "report.md as a folder" else (folder / "figures").write_text("")
+    name = in_the_way.split()[0]
+    if in_the_way.endswith("folder"):
+        (folder / name).mkdir()
+    else:
+        (folder / name).write_text("")
+    rdms = ["--rdms"] if name == "rdms.hdf5" else []
+    if rdms:
+        pytest.importorskip("rsatoolbox")
     before = snapshot(folder)
-    assert_one_line(capsys, report_main([str(folder)]), "is in the way")
+    assert_one_line(capsys, report_main([str(folder), *rdms]), f"{folder / name} is in the way")
     assert snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(
-        ["config.json", "results.parquet", "report.md" if in_the_way.startswith("report") else "figures"])
+        ["config.json", "results.parquet", name])
 
 
 def within(seconds: float, call, *args):

@@ -185,8 +185,9 @@ def report_markdown(report: Report) -> str:
     return "\n".join(line for section in SECTIONS if section.applies(report) for line in section.lines(report))
 
 
-def write_report(directory: str | os.PathLike) -> Path:
-    """Write DIR/report.md and DIR/figures/*.png from the results in DIR; return the report's path."""
+def write_report(directory: str | os.PathLike, more_files: tuple[str, ...] = ()) -> Path:
+    """Write DIR/report.md and DIR/figures/*.png from the results in DIR; return the report's path. more_files:
+    the files the caller writes beside them afterwards (--rdms), checked with them before anything is drawn."""
     directory = Path(directory)
     try:  # report.md and figures/ are written inside DIR only
         run_folder.check_inside(directory)
@@ -194,10 +195,12 @@ def write_report(directory: str | os.PathLike) -> Path:
         raise ReportError(str(error))
     run = read_run(directory)
     report, figures = directory / run_folder.REPORT, directory / run_folder.FIGURES
-    if report.is_dir() or (figures.exists() and not figures.is_dir()):  # before a figure is drawn
-        wrong = report if report.is_dir() else figures
-        raise ReportError(f"{wrong} is in the way: the report writes {run_folder.REPORT} as a file and "
-                          f"{run_folder.FIGURES}/ as a folder; move it away")
+    files = [report, *(directory / name for name in more_files)]
+    wrong = next((path for path in files if path.is_dir()), figures if figures.exists() and not figures.is_dir()
+                 else None)
+    if wrong is not None:  # before a figure is drawn
+        raise ReportError(f"{wrong} is in the way: the report writes {', '.join(path.name for path in files)} as "
+                          f"files and {run_folder.FIGURES}/ as a folder; move it away")
     task = task_name(run)
     view = KINDS[task].view
     align = alignment(run.results, view)
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         folders = [named_folder(a) for a in argv]
         folder = folders[0] if out is None else pooling.pool(folders, Path(out))
-        report = write_report(folder)
+        report = write_report(folder, (rsa.RDMS_FILE,) if rdms else ())
         if rdms:
             run = read_run(folder)
             print(f"RDMs written to {rsa.export(run, task_name(run), folder)}", file=sys.stderr)
