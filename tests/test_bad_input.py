@@ -906,6 +906,8 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"sigma": pd.to_datetime(["2020-01-01", None])}, "column 'sigma' is stored as timestamp"),
     # another task's table in an LST folder: its scores are not the LST's
     ({"task": ["fmri"] * 2}, "column task holds 'fmri', where config.json records --task lst"),
+    # finite, but past float32: the report's statistics and axes overflowed (arange: cannot compute length)
+    ({"ood_acc": [1e308, -1e308]}, "column ood_acc holds 1e+308, beyond any float32"),
 ])
 def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -964,6 +966,7 @@ def test_a_big_endian_pe_table_is_its_numbers_and_an_entry_stored_twice_is_refus
     ({"model_id": [0, 0], "step": [0, -5]}, "curves column step holds -5"),
     ({"model_id": [0, 1.5], "step": [0, 5]}, "curves column model_id holds 1.5"),
     ({"model_id": [0, 0], "step": [0, 5], "ood_acc": ["x", "y"]}, "column 'ood_acc' is stored as"),
+    ({"model_id": [0, 0], "step": [0, 5], "ood_acc": [0.5, -1e300]}, "curves column ood_acc holds -1e+300"),
 ])
 def test_curves_of_the_wrong_schema_are_one_error(curves, must_name, tmp_path):
     from pe_fast.results.reading import ReportError, load_run

@@ -510,6 +510,7 @@ def _numbers(column: pd.Series) -> pd.Series | None:
 
 # the columns of text a sweep writes (executors.train_and_store_pack, the task's data_kind); every other one holds
 # numbers, which the report averages and plots
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 TEXT_COLUMNS = frozenset({"task", "data_kind", "pe", "optimizer", "stopped", "precision"})
 
 
@@ -523,6 +524,13 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
     for table, frame in (("results", results), ("curves", curves)):
         if task is not None and "task" in frame and (other := frame["task"][frame["task"] != task]).size:
             refuse(table, f"column task holds {str(other.iloc[0])[:40]!r}, where config.json records --task {task}")
+        # a sweep computes in float32 at most: a larger finite number was not trained, and its squares and
+        # differences overflow the report's statistics and axes
+        for name in frame.columns.difference(TEXT_COLUMNS):
+            numbers = pd.to_numeric(frame[name], errors="coerce")
+            beyond = np.isfinite(numbers) & (numbers.abs() > FLOAT32_MAX)
+            if beyond.any():
+                refuse(table, f"column {name} holds {numbers[beyond].iloc[0]:g}, beyond any float32 a sweep computes")
 
     bad_pe = next((v for v in results["pe"].unique() if not (isinstance(v, str) and PE_NAME.fullmatch(v))), None)
     if bad_pe is not None:
