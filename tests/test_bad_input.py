@@ -1080,6 +1080,10 @@ def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     ({"fc": np.eye(4), "centroids": np.zeros(4)}, "entry centroids"),
     ({"fc": np.full((4, 4), "x")}, "entry fc"),
     ({"fc": np.eye(4), "payload": np.zeros(4)}, "'payload'"),
+    # rsatoolbox and the figures failed on these after the report had begun
+    ({"fc": np.where(np.eye(4) > 0, np.nan, 0.5)}, "entry fc holds NaN or inf"),
+    ({"fc": np.eye(4), "centroids": np.full((4, 3), np.inf)}, "entry centroids holds NaN or inf"),
+    ({"fc": np.eye(4, dtype=complex)}, "entry fc is a complex128 array"),
 ])
 def test_a_ground_truth_of_the_wrong_shape_is_one_line_before_any_figure(truth, must_name, tmp_path, capsys):
     """ground_truth.npz indexed by token in the figures: a wrong shape was a 22-line IndexError after figures/ had

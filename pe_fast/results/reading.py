@@ -352,12 +352,15 @@ def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np
                               f"pe_fast results folder")
         tokens = array.shape[0] if tokens is None and array.ndim else tokens
         wanted = tuple(tokens if axis == "tokens" else axis for axis in (tokens, *GROUND_TRUTH_AXES[name]))
-        numeric = np.issubdtype(array.dtype, np.number) or (name == "labels" and array.dtype.kind == "U")
+        real = array.dtype.kind in "iuf"  # not complex: the RDMs and figures compare and plot real numbers
+        numeric = real or (name == "labels" and array.dtype.kind == "U")
         if not numeric or array.ndim != len(wanted) or any(w is not None and w != n
                                                            for w, n in zip(wanted, array.shape)):
             shape = "[" + ", ".join("k" if w is None else str(w) for w in wanted) + "]"
             raise ReportError(f"{path}: entry {name} is a {array.dtype} array of shape {list(array.shape)}, not "
-                              f"{shape} over the {tokens} tokens; not a pe_fast results folder")
+                              f"{shape} of real numbers over the {tokens} tokens; not a pe_fast results folder")
+        if real and not np.isfinite(array).all():  # the task's data were checked finite before the sweep wrote it
+            raise ReportError(f"{path}: entry {name} holds NaN or inf; not a pe_fast results folder")
     return truth
 
 
