@@ -247,3 +247,22 @@ def test_backward_with_zero_rows_of_the_upstream_gradient_matches_reference(head
     assert_relative(run(inputs, heads, torch.float64, "cpp"), oracle, 1e-10)
     assert_relative(run(inputs, heads, torch.float32, "cpp"), oracle, 1e-5,
                     peer=run(inputs, heads, torch.float32, "reference"))
+
+
+def test_a_gradient_of_the_gradient_equals_the_references():
+    """create_graph=True (a gradient penalty, a Hessian-vector product): the C++ backward is not differentiable,
+    so the op differentiates the reference's there; the second-order gradients equal those of the reference's
+    own autograd in float64 (they were silently missing: the first gradient was taken as a constant)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2, 8, 16, dtype=torch.float64, requires_grad=True)
+    pe = torch.randn(2, 8, 16, dtype=torch.float64, requires_grad=True)
+    w = (torch.randn(2, 16, 48, dtype=torch.float64) / 4).requires_grad_()
+    b = torch.randn(2, 48, dtype=torch.float64, requires_grad=True)
+    second = {}
+    for backend in ("reference", "cpp"):
+        out, _ = pe_attention(x, pe, w, b, 2, backend=backend)
+        grad_x, = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        second[backend] = torch.autograd.grad(grad_x.pow(2).sum(), [x, pe, w, b])
+    for ours, theirs in zip(second["cpp"], second["reference"]):
+        assert theirs.abs().max() > 0
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)

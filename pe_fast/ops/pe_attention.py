@@ -91,10 +91,27 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     if grad_out is None:  # out did not reach the loss
         return tuple(no_gradients)
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out = ctx.saved_tensors
+    # create_graph=True: this gradient is differentiated in turn (torch.func's transforms, which run every
+    # backward with a graph at their own levels, take the backend's backward as before)
+    if torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() \
+            and any(isinstance(t, Tensor) and t.requires_grad for t in (x, pe, w_qkv, b_qkv, bias)):
+        return _differentiable_backward(grad_out, x, pe, w_qkv, b_qkv, ctx.num_heads, rope_cos, rope_sin, bias)
     with own_dtypes(x.device):  # a backward run inside an autocast region
         dx, dpe, dw, db, dbias = implementation(ctx.backend, x, ctx.num_heads, bias).backward(
             grad_out, x, pe, w_qkv, b_qkv, qkv, lse, ctx.num_heads, rope_cos, rope_sin, bias, out=out)
     return tuple(no_gradients._replace(x=dx, pe=dpe, w_qkv=dw, b_qkv=db, bias=dbias))
+
+
+def _differentiable_backward(grad_out, x, pe, w_qkv, b_qkv, num_heads, rope_cos, rope_sin, bias):
+    """The gradients as the reference's autograd computes them, themselves differentiable (a gradient penalty, a
+    Hessian-vector product): the fused backends' backward kernels are not, and their gradient would be taken as a
+    constant. Only where create_graph asks for it; training's backward runs the backend's kernels."""
+    wanted = OpInputs(x, pe, w_qkv, b_qkv, None, None, None, None, bias, None)
+    differentiable = [t for t in wanted if isinstance(t, Tensor) and t.requires_grad]
+    with own_dtypes(x.device):
+        out = reference.forward(x, pe, w_qkv, b_qkv, num_heads, None, rope_cos, rope_sin, bias)[0]
+    grads = iter(torch.autograd.grad(out, differentiable, grad_out, create_graph=True, allow_unused=True))
+    return tuple(next(grads) if isinstance(t, Tensor) and t.requires_grad else None for t in wanted)
 
 
 _pe_attention.register_autograd(_backward, setup_context=_setup_context)
