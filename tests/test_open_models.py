@@ -182,6 +182,8 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
     (torch.zeros(2, 16, 5, dtype=torch.complex64), TypeError, "complex"),  # its imaginary part once dropped
     (torch.zeros(2, 7), ValueError, "must be"),  # the model's own message named `tokens`
     (torch.zeros(2, 16, 5, device="meta"), ValueError, "meta"),  # torch's RuntimeError
+    # a view of no memory whose attention would need terabytes: it once ran until the allocator failed
+    (torch.zeros(1, 16, 5).expand(10**9, 16, 5), ValueError, "1,000,000,000 items need about .* GiB"),
 ])
 def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_run):
     with pytest.raises(error, match=f"inputs.*{why}"):

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pe_fast import memory
 from pe_fast.data import declared_size
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
@@ -123,6 +124,16 @@ class Run:
         """Model `model_id`'s attention probabilities on `inputs` [items, N, token_dim]: [L, items, H, N, N]."""
         model = self.model(model_id)  # on the CPU
         tokens = model.as_tokens(inputs, "inputs")
+        c = model.config
+        # every block's pattern twice (the cache and the stacked result) and its activations, in the model's dtype
+        per_item = c.depth * c.num_tokens * (2 * c.heads * c.num_tokens + 4 * c.width + c.mlp_width)
+        needed, free = len(tokens) * per_item * model.embed.weight.element_size(), memory.free_bytes(
+            torch.device("cpu"))
+        if needed > free // 2:
+            raise ValueError(f"inputs: {len(tokens):,} items need about {needed / 2**30:,.1f} GiB for model "
+                             f"{model_id}'s attention, more than half the free memory ({free / 2**30:,.1f} GiB); "
+                             f"pass at most {max(1, free // 2 // per_item // model.embed.weight.element_size()):,} "
+                             f"at a time")
         return model.attention(tokens)
 
     def _packs(self) -> list[list[int]]:
