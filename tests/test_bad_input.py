@@ -1032,9 +1032,17 @@ def test_a_fifo_in_a_folder_is_one_error_not_a_hang(tmp_path, capsys):
         within(60, load_run, folder)
     assert within(60, report_main, [str(folder)]) == 2
     assert "no results yet" in capsys.readouterr().err
+    # a FIFO in place of a file the folder may lack is refused, not passed over as absent (the curves went missing)
     minimal_run(tmp_path / "top", pd.DataFrame(GOOD))
-    os.mkfifo(tmp_path / "top" / "curves.parquet")  # a top-level FIFO is passed over as no file
-    assert within(60, load_run, tmp_path / "top").curves.empty
+    os.mkfifo(tmp_path / "top" / "curves.parquet")
+    with pytest.raises(ReportError, match="curves.parquet is not a regular file"):
+        within(60, load_run, tmp_path / "top")
+    (pack / "results.parquet").unlink()
+    pd.DataFrame(GOOD).to_parquet(pack / "results.parquet")
+    (pack / "curves.parquet").unlink()
+    os.mkfifo(pack / "curves.parquet")
+    with pytest.raises(ReportError, match="curves.parquet is not a regular file"):
+        within(60, load_run, folder)
 
 
 def test_an_empty_folder_name_is_refused_not_read_as_the_working_folder(tmp_path, capsys, monkeypatch):

@@ -243,6 +243,12 @@ def _id_ranges(ids: list[int]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _present(path: Path) -> bool:
+    """Whether a file the folder may lack is there in any form: a FIFO, a device or a dangling link in its place is
+    read, and refused by regular_file, rather than skipped as absent."""
+    return path.exists() or path.is_symlink()
+
+
 def regular_file(path: Path) -> Path:
     """path, where it is a regular file (through links): a FIFO or a device in a folder someone else made would block
     or flood the reader; one ReportError naming it otherwise."""
@@ -463,7 +469,7 @@ def read_run(directory: Path) -> Run:
     notes: list[str] = []
     top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
     if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():
-        curves = _read_parquet(top[run_folder.CURVES]) if top[run_folder.CURVES].is_file() else pd.DataFrame()
+        curves = _read_parquet(top[run_folder.CURVES]) if _present(top[run_folder.CURVES]) else pd.DataFrame()
         if top[run_folder.RESULTS].is_file():
             results = _read_parquet(top[run_folder.RESULTS])
         elif {"model_id", "step"} <= set(curves.columns):
@@ -471,18 +477,18 @@ def read_run(directory: Path) -> Run:
             notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
         else:
             raise ReportError(f"{directory}: no results.parquet, and curves.parquet lacks model_id / step")
-        pe_tables = read_pe_tables(top[run_folder.PE_TABLES]) if top[run_folder.PE_TABLES].is_file() else {}
+        pe_tables = read_pe_tables(top[run_folder.PE_TABLES]) if _present(top[run_folder.PE_TABLES]) else {}
     else:
         packs = [run_folder.pack_folder(directory, index) for index in sorted(run_folder.finished_packs(directory))]
         if not packs:
             raise ReportError(f"{directory} holds no results yet (no results.parquet, curves.parquet or finished "
                               f"packs/<index>/results.parquet)")
         results = pd.concat([_read_parquet(p / run_folder.RESULTS) for p in packs], ignore_index=True)
-        curve_parts = [_read_parquet(p / run_folder.CURVES) for p in packs if (p / run_folder.CURVES).is_file()]
+        curve_parts = [_read_parquet(p / run_folder.CURVES) for p in packs if _present(p / run_folder.CURVES)]
         curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame()
         pe_tables = {}
         for p in packs:
-            if (p / run_folder.PE_TABLES).is_file():
+            if _present(p / run_folder.PE_TABLES):
                 pe_tables.update(read_pe_tables(p / run_folder.PE_TABLES))
         planned, models = _pack_count(config), len(config.get("models") or [])
         of_packs = f"{len(packs)} of {planned} packs" if planned else f"{len(packs)} packs"
