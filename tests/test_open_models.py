@@ -236,7 +236,25 @@ def nested_metadata(header):
     return header
 
 
+def metadata_key_twice(header):
+    """pe_fast's metadata naming its step twice: JSON readers keep the last, whatever the first said."""
+    meta = header["__metadata__"]["pe_fast"]
+    header["__metadata__"]["pe_fast"] = meta.replace('"step": ', '"step": 999999, "step": ', 1)
+    return header
+
+
+def header_key_twice(path):
+    """The header's __metadata__ given twice, the first one empty."""
+    data = path.read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    text = b'{"__metadata__": {}, ' + data[9:8 + length]
+    text += b" " * ((8 - len(text) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+
+
 SPOILS = {
+    "a metadata key named twice": lambda path: rewrite_header(path, metadata_key_twice),
+    "a header key named twice": header_key_twice,
     "truncated": lambda path: path.write_bytes(path.read_bytes()[:1000]),
     "a pickle": lambda path: torch.save({"model": torch.zeros(3)}, path),
     "empty": lambda path: path.write_bytes(b""),

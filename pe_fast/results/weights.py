@@ -59,6 +59,8 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
 
     if not path.is_file():
         raise UnreadableWeights(f"{path} does not exist")
+    if (twice := _key_named_twice(path)) is not None:  # safetensors' and JSON readers keep one of the two
+        refuse(f"its header names {twice[:60]!r} twice")
     try:
         with safe_open(str(path), framework="pt") as file:
             header = file.metadata() or {}
@@ -95,6 +97,36 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
     except (ValueError, TypeError, RuntimeError) as error:  # a tensor missing, extra or of a wrong shape
         refuse(f"does not hold a model of its own configuration ({str(error).splitlines()[0][:160]})")
     return PackWeights(model.to(device).eval(), list(meta["model_ids"]), meta["step"])
+
+
+# safetensors' own limit on a header's size
+MAX_HEADER_BYTES = 100_000_000
+
+
+def _key_named_twice(path: Path) -> str | None:
+    """A key named twice in one object of the file's JSON header (a tensor, or a key of pe_fast's metadata), or
+    None; a header safetensors cannot read is left to it to refuse."""
+    def unique(pairs):
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) < len(keys):
+            raise KeyError(next(key for i, key in enumerate(keys) if key in keys[:i]))
+        return dict(pairs)
+
+    with open(path, "rb") as file:
+        size = int.from_bytes(file.read(8), "little")
+        if not 0 < size <= MAX_HEADER_BYTES:
+            return None
+        text = file.read(size)
+    try:
+        header = json.loads(text, object_pairs_hook=unique)
+        metadata = header.get("__metadata__") if isinstance(header, dict) else None
+        if isinstance(metadata, dict) and isinstance(metadata.get("pe_fast"), str):
+            json.loads(metadata["pe_fast"], object_pairs_hook=unique)
+    except KeyError as error:
+        return str(error.args[0])
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 def _metadata(header: dict, refuse) -> dict:
