@@ -299,13 +299,13 @@ def check_out_folder(name: str | os.PathLike):
             raise OutFolderError(f"{out}: {path} is a link to {os.readlink(path)}, which does not exist")
     if not existing.is_dir():
         raise OutFolderError(f"{out}: {existing} is a file, so the folder cannot be made")
+    home = next((p for p in out.resolve().parents if is_results_folder(p)), None)
+    if home is not None:  # before the probe below, which would touch that folder
+        raise OutFolderError(f"{out} lies inside the results folder {home}; choose a folder outside it")
     try:  # a real probe: permission bits do not bind root, and some file systems are read-only
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as error:
         raise OutFolderError(f"{out}: cannot write in {existing} ({error.strerror or error})")
-    home = next((p for p in out.resolve().parents if is_results_folder(p)), None)
-    if home is not None:
-        raise OutFolderError(f"{out} lies inside the results folder {home}; choose a folder outside it")
 
 
 def is_results_folder(folder: Path) -> bool:
