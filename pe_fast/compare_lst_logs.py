@@ -33,8 +33,8 @@ import pandas as pd
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
-from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_named_once, check_parquet_size,
-                                     named_folder, read_run, recorded_settings)
+from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_named_once,
+                                     check_parquet_size, named_folder, read_run, recorded_settings)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT

@@ -36,6 +36,8 @@ LST = ["--task", "lst", "--width", "16", "--depth", "1", "--steps", "4", "--eval
        "--pe", "learned", "--sigmas", "0.5", "--no-report"]
 NETSIM = [*TINY_NETSIM, "--seeds", "1", "--pe", "learned", "--sigmas", "0.5", "--steps", "4", "--eval-every", "2",
           "--no-report"]
+# submitit's local executor, which needs no SLURM here
+SLURM_LOCAL = LST + ["--executor", "slurm", "--slurm-local"]
 FMRI = ["--task", "fmri", "--width", "16", "--depth", "1", "--steps", "4", "--eval-every", "2", "--seeds", "1",
         "--sigmas", "0.5", "--no-report"]
 
@@ -85,10 +87,9 @@ CASES = [
     ("ray address without ray", LST + ["--ray-address", "auto"], "--ray-address"),
     ("slurm flag without slurm", LST + ["--slurm-partition", "gpu"], "--slurm-partition"),
     ("slurm without sbatch", LST + ["--executor", "slurm"], "--slurm-local"),
-    ("slurm option malformed", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option", "qos"],
-     "--slurm-option"),
-    ("slurm time zero", LST + ["--executor", "slurm", "--slurm-local", "--slurm-time", "0"], "--slurm-time"),
-    ("slurm gpus negative", LST + ["--executor", "slurm", "--slurm-local", "--slurm-gpus", "-1"], "--slurm-gpus"),
+    ("slurm option malformed", SLURM_LOCAL + ["--slurm-option", "qos"], "--slurm-option"),
+    ("slurm time zero", SLURM_LOCAL + ["--slurm-time", "0"], "--slurm-time"),
+    ("slurm gpus negative", SLURM_LOCAL + ["--slurm-gpus", "-1"], "--slurm-gpus"),
     ("steps zero", LST + ["--steps", "0"], "--steps"),
     ("steps negative", LST + ["--steps", "-5"], "--steps"),
     ("lr zero", LST + ["--lr", "0"], "--lr"),
@@ -149,17 +150,12 @@ CASES = [
     ("lst train empty", LST + ["--lst-train", ""], "--lst-train"),
     ("out empty", LST + ["--out", ""], "--out"),
     ("atlas with data", FMRI + ["--data", "NPY", "--atlas", "glasser360"], "--atlas"),
-    ("slurm option with a line break", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
-                                              "qos=short\ntouch PWNED"], "--slurm-option"),
-    ("slurm option with a shell command", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
-                                                 "qos=short;touch PWNED"], "--slurm-option"),
-    ("slurm partition with a quote", LST + ["--executor", "slurm", "--slurm-local", "--slurm-partition", "gpu'"],
-     "--slurm-partition"),
+    ("slurm option with a line break", SLURM_LOCAL + ["--slurm-option", "qos=short\ntouch PWNED"], "--slurm-option"),
+    ("slurm option with a shell command", SLURM_LOCAL + ["--slurm-option", "qos=short;touch PWNED"], "--slurm-option"),
+    ("slurm partition with a quote", SLURM_LOCAL + ["--slurm-partition", "gpu'"], "--slurm-partition"),
     # once taken: \w alone matches any Unicode letter
-    ("slurm option key not ASCII", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option", "qös=short"],
-     "--slurm-option"),
-    ("slurm partition not ASCII", LST + ["--executor", "slurm", "--slurm-local", "--slurm-partition", "gpü"],
-     "--slurm-partition"),
+    ("slurm option key not ASCII", SLURM_LOCAL + ["--slurm-option", "qös=short"], "--slurm-option"),
+    ("slurm partition not ASCII", SLURM_LOCAL + ["--slurm-partition", "gpü"], "--slurm-partition"),
     ("pe with a line break", LST + ["--pe", "learned\nnone"], "--pe"),
     # step counts past --steps' own limit: --eval-every's ended in a 40-line overflow after config.json was written
     ("eval every beyond what can finish", LST + ["--eval-every", "1" + "0" * 30], "--eval-every"),
@@ -173,21 +169,14 @@ CASES = [
     ("out under a link to nowhere", LST + ["--out", "DANGLING/run"], "--out"),
     # a local Ray instance or submitit's local executor trains here, with this machine's device and cores
     ("cuda on a local Ray where there is none", LST + ["--executor", "ray", "--device", "cuda"], "--device"),
-    ("cuda on slurm-local where there is none", LST + ["--executor", "slurm", "--slurm-local", "--device", "cuda"],
-     "--device"),
+    ("cuda on slurm-local where there is none", SLURM_LOCAL + ["--device", "cuda"], "--device"),
     ("threads beyond the cores of a local Ray", LST + ["--executor", "ray", "--threads", "1024"], "--threads"),
-    ("threads beyond the cores of slurm-local", LST + ["--executor", "slurm", "--slurm-local", "--threads", "1024"],
-     "--threads"),
-    ("slurm gpus beyond any node", LST + ["--executor", "slurm", "--slurm-local", "--slurm-gpus", "1000000"],
-     "--slurm-gpus"),
-    ("slurm time beyond a year", LST + ["--executor", "slurm", "--slurm-local", "--slurm-time", "10000000"],
-     "--slurm-time"),
-    ("slurm option setting the time", LST + ["--executor", "slurm", "--slurm-local", "--slurm-time", "5",
-                                             "--slurm-option", "time=10"], "--slurm-time"),
-    ("slurm option setting the GPUs", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
-                                             "gres=gpu:2"], "--slurm-gpus"),
-    ("slurm option setting the job array", LST + ["--executor", "slurm", "--slurm-local", "--slurm-option",
-                                                  "array=0-3"], "pe_fast sets array itself"),
+    ("threads beyond the cores of slurm-local", SLURM_LOCAL + ["--threads", "1024"], "--threads"),
+    ("slurm gpus beyond any node", SLURM_LOCAL + ["--slurm-gpus", "1000000"], "--slurm-gpus"),
+    ("slurm time beyond a year", SLURM_LOCAL + ["--slurm-time", "10000000"], "--slurm-time"),
+    ("slurm option setting the time", SLURM_LOCAL + ["--slurm-time", "5", "--slurm-option", "time=10"], "--slurm-time"),
+    ("slurm option setting the GPUs", SLURM_LOCAL + ["--slurm-option", "gres=gpu:2"], "--slurm-gpus"),
+    ("slurm option setting the job array", SLURM_LOCAL + ["--slurm-option", "array=0-3"], "pe_fast sets array itself"),
 ]
 
 

@@ -29,7 +29,8 @@ def _load():
     if not (os.path.isfile(path) and path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))):
         raise ImportError(f"PE_FAST_KERNELS={path!r} is not a compiled pe_fast._C (a file ending in "
                           f"{' or '.join(importlib.machinery.EXTENSION_SUFFIXES)})")
-    spec = importlib.util.spec_from_file_location(NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, path))
+    loader = importlib.machinery.ExtensionFileLoader(NAME, path)
+    spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # a later `import pe_fast._C` finds it instead of loading the installed one too

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from pe_fast.results import run_folder
-from pe_fast.results.reading import ReportError, Run, check_alike, check_named_once, read_npz, read_run, recorded_settings, task_name
+from pe_fast.results.reading import (ReportError, Run, check_alike, check_named_once, read_npz, read_run,
+                                     recorded_settings, task_name)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.results.summary import GRID_AXES, attention_map_alignment, is_baseline, sigma_label, summary_table
 from pe_fast.tasks import KINDS

@@ -528,9 +528,10 @@ def _numbers(column: pd.Series) -> pd.Series | None:
         else numbers
 
 
+# the largest number a sweep computes (in float32 at most)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # the columns of text a sweep writes (executors.train_and_store_pack, the task's data_kind); every other one holds
 # numbers, which the report averages and plots
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 TEXT_COLUMNS = frozenset({"task", "data_kind", "pe", "optimizer", "stopped", "precision"})
 
 

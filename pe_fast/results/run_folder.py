@@ -212,7 +212,7 @@ def read_config(out: Path) -> dict:
     if status.st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"{path} holds {status.st_size / 2**20:,.0f} MiB, far more than a sweep's config.json")
     try:
-        config = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+        config = json.loads(path.read_text(), object_pairs_hook=unique_keys)
     except RecursionError:
         raise ValueError("nested too deep to be a pe_fast config.json") from None
     if not isinstance(config, dict):
@@ -224,12 +224,20 @@ def read_config(out: Path) -> dict:
     return config
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+class KeyNamedTwice(ValueError):
+    """A JSON object naming a key twice (JSON readers keep one of the two): which value was meant?"""
+
+    def __init__(self, key: str):
+        super().__init__(f"an object names {key[:40]!r} twice")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads' object_pairs_hook for files from outside: KeyNamedTwice where an object names a key twice."""
     unique = dict(pairs)
     if len(unique) < len(pairs):
         seen = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"an object of config.json names {twice[:40]!r} twice")
+        raise KeyNamedTwice(next(key for key, _ in pairs if key in seen or seen.add(key)))
     return unique
 
 

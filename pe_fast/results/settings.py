@@ -91,7 +91,8 @@ class Settings:
     pe: tuple[str, ...] = setting(choices=lambda kind: kind.pe_kinds, may_differ=True,
                                   help=f"comma-separated PE kinds: {', '.join(PE_KINDS)}")
     sigmas: tuple[float, ...] = setting(
-        may_differ=True, applies_only_with=("pe", SIGMA_PES), help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
+        may_differ=True, applies_only_with=("pe", SIGMA_PES),
+        help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
     # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
     seeds: int = setting(range=(1, MAX_MODELS, "[]"), may_differ=True,
                          help="number of seeds per (PE, σ): the first N of the authors' 15 LST seeds")

@@ -18,6 +18,7 @@ from pe_fast.models import ModelConfig, StackedTransformer
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.transformer import ROTARY_PES
+from pe_fast.results import run_folder
 from pe_fast.results.settings import MAX_DEPTH, MAX_MLP_WIDTH, MAX_MODELS, MAX_WIDTH
 
 FORMAT = "pe_fast-weights-1"
@@ -106,24 +107,18 @@ MAX_HEADER_BYTES = 100_000_000
 def _key_named_twice(path: Path) -> str | None:
     """A key named twice in one object of the file's JSON header (a tensor, or a key of pe_fast's metadata), or
     None; a header safetensors cannot read is left to it to refuse."""
-    def unique(pairs):
-        keys = [key for key, _ in pairs]
-        if len(set(keys)) < len(keys):
-            raise KeyError(next(key for i, key in enumerate(keys) if key in keys[:i]))
-        return dict(pairs)
-
     with open(path, "rb") as file:
         size = int.from_bytes(file.read(8), "little")
         if not 0 < size <= MAX_HEADER_BYTES:
             return None
         text = file.read(size)
     try:
-        header = json.loads(text, object_pairs_hook=unique)
+        header = json.loads(text, object_pairs_hook=run_folder.unique_keys)
         metadata = header.get("__metadata__") if isinstance(header, dict) else None
         if isinstance(metadata, dict) and isinstance(metadata.get("pe_fast"), str):
-            json.loads(metadata["pe_fast"], object_pairs_hook=unique)
-    except KeyError as error:
-        return str(error.args[0])
+            json.loads(metadata["pe_fast"], object_pairs_hook=run_folder.unique_keys)
+    except run_folder.KeyNamedTwice as error:
+        return error.key
     except (ValueError, RecursionError):
         return None
     return None
