@@ -515,6 +515,8 @@ RESUME_CASES = [
     ("config a link to /dev/zero", config_a_link_to("/dev/zero"), [], "config.json is not a regular file"),
     # which of the two would count? JSON leaves it open, Python's reader took the last
     ("config naming a setting twice", config_with_a_key_twice, [], "names 'steps' twice"),
+    # no pe_fast wrote it: dropped as an older version's setting, it hid a tampered or foreign file
+    ("config with a setting no pe_fast writes", config_with(stepz=50), [], "unknown setting 'stepz'"),
     ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
     ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
@@ -1240,3 +1242,17 @@ def test_a_report_it_cannot_write_is_one_line(tmp_path, capsys, monkeypatch):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
     monkeypatch.setattr(run_folder, "write_atomic", read_only)
     assert_one_line(capsys, report_main([str(folder)]), f"{folder}/figures/")
+
+
+def test_the_report_and_load_run_refuse_a_setting_no_pe_fast_writes(unfinished, tmp_path, capsys):
+    """An unknown name in config.json's settings is no older version's (migrate.REMOVED_SETTINGS lists those):
+    the report and load_run refuse the folder as --resume does, naming the setting."""
+    import pe_fast
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(stepz=50)(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), "unknown setting 'stepz'")
+    with pytest.raises(ValueError, match="config.json has settings this pe_fast cannot read .*unknown setting 'stepz'"):
+        pe_fast.load_run(folder)
+    assert snapshot(folder) == before

@@ -21,7 +21,7 @@ TODAY = settings_of(*FLAGS).to_json()
 def older(settings: dict) -> dict:
     """The same settings as a config.json from before the optimizer axes (one lr, one optimizer, ... as a plain
     value), before --precision was resolved, and with a setting since removed."""
-    old = {**settings, "precision": None, "removed_setting": 7}
+    old = {**settings, "precision": None, "logs": "logs"}
     for name in ("lr", "optimizer", "weight_decay", "momentum"):
         old[name] = settings[name][0]
     return old

@@ -14,8 +14,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pe_fast.results.settings import LIST_SETTINGS, Settings
+from pe_fast.results.settings import LIST_SETTINGS, SettingError, Settings
 from pe_fast.tasks import KINDS
+
+# Every name a config.json's settings held in an earlier pe_fast and this one has not: the flags of the first
+# sweeps, whose argparse namespace was written whole (checked against the git history of every settings table,
+# argparse flag and task setting, 2026-12). Any other unknown name is not pe_fast's: the file is refused.
+REMOVED_SETTINGS = frozenset({"logs", "resume", "version"})
 
 # Block parameters' names from before a block held a PEAttention (2026-11), for checkpoints written then
 OLD_BLOCK_NAMES = {"w_qkv": "attention.w_qkv", "b_qkv": "attention.b_qkv", "attn_out.weight": "attention.out.weight",
@@ -26,11 +31,15 @@ OLD_BLOCK_KEY = re.compile(r"^(?P<block>blocks\.\d+\.)(?P<old>" + "|".join(map(r
 def settings(recorded: dict) -> dict:
     """config.json's settings as this pe_fast writes them, from a file of any earlier version. Each rule names the
     change it undoes; a setting this version lacks is dropped, one it adds is left out (the field's default, or
-    the sweep's check, fills it)."""
+    the sweep's check, fills it). SettingError: a name no pe_fast version wrote."""
     task = recorded.get("task")
     kind = KINDS.get(task) if isinstance(task, str) else None  # any other value: the sweep's check names it
     known = {field.name for field in dataclasses.fields(Settings)} - {"packs", "task_settings"}
     # every task's settings, in files from before a task owned its settings: the task's own are kept
+    every_task = {name for other in KINDS.values() for name in other.flags}
+    unknown = sorted(set(recorded) - known - every_task - REMOVED_SETTINGS, key=str)
+    if unknown:
+        raise SettingError(f"unknown setting {unknown[0]!r}: no pe_fast version writes it")
     known |= set(kind.flags if kind else ())
     s = {name: value for name, value in recorded.items() if name in known}
     for name in LIST_SETTINGS:  # a single value in files from before the optimizer axes (lists since)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from pe_fast.results import migrate, run_folder
-from pe_fast.results.settings import EXECUTOR_FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, Settings, default_of
+from pe_fast.results.settings import EXECUTOR_FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, SettingError, Settings, default_of
 from pe_fast.sweep.settings import parse_list
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.validation import conform, validate
@@ -49,7 +49,10 @@ def from_resume(args: argparse.Namespace) -> Settings:
     if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
             and isinstance(config.get("packs"), list)):
         raise UsageError(f"--resume: {path} is not a sweep's config (it lacks its settings or packs)")
-    s = migrate.settings(config["settings"])
+    try:
+        s = migrate.settings(config["settings"])
+    except SettingError as error:
+        raise UsageError(f"--resume: {path}: {error}")
     given = {name: value for name, value in vars(args).items()
              if name not in RESUME_FLAGS and value is not None and value is not False}
     for name, value in given.items():
