@@ -249,6 +249,42 @@ def test_backward_with_zero_rows_of_the_upstream_gradient_matches_reference(head
                     peer=run(inputs, heads, torch.float32, "reference"))
 
 
+def test_torch_func_second_derivatives_equal_the_references_and_first_ones_keep_the_kernels(monkeypatch):
+    """Inside torch.func's transforms every backward runs with a graph, so create_graph cannot say whether the
+    gradient is differentiated again: grad of grad, jacrev of jacrev and grad of vmap(grad) must take the
+    differentiable backward (they were silently off by the whole second derivative: the kernels' gradient taken as
+    a constant), and grad, vmap(grad) and jacrev alone the C++ kernels. Against plain torch ops (the reference's
+    forward, which torch.func differentiates itself), float64."""
+    op_module = sys.modules["pe_fast.ops.pe_attention"]
+    calls = []
+    differentiable = op_module._differentiable_backward
+    monkeypatch.setattr(op_module, "_differentiable_backward", lambda *a: calls.append(1) or differentiable(*a))
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 6, 8, dtype=torch.float64)
+    w = torch.randn(3, 8, 24, dtype=torch.float64) / 3
+    ours = lambda x, w: pe_attention(x, None, w, None, 2, backend="cpp")[0].square().sum()  # noqa: E731
+    plain = lambda x, w: reference.forward(x, None, w, None, 2)[0].square().sum()  # noqa: E731
+    func = torch.func
+    first_order = {
+        "grad": lambda f: func.grad(lambda x: f(x, w[:1]))(x),
+        "vmap(grad)": lambda f: func.vmap(func.grad(lambda w1: f(x, w1[None])))(w),
+        "jacrev": lambda f: func.jacrev(lambda x: f(x, w[:1]))(x),
+    }
+    for name, derivative in first_order.items():
+        torch.testing.assert_close(derivative(ours), derivative(plain), rtol=1e-10, atol=1e-10, msg=name)
+    assert not calls, "a first derivative left the C++ kernels"
+    second_order = {
+        "grad(grad)": lambda f: func.grad(lambda x: func.grad(lambda x: f(x, w[:1]))(x).square().sum())(x),
+        "jacrev(jacrev)": lambda f: func.jacrev(func.jacrev(lambda x: f(x, w[:1])))(x),
+        "grad(vmap(grad))": lambda f: func.grad(
+            lambda w: func.vmap(func.grad(lambda w1: f(x, w1[None])))(w).square().sum())(w),
+    }
+    for name, derivative in second_order.items():
+        expected = derivative(plain)
+        assert expected.abs().max() > 0
+        torch.testing.assert_close(derivative(ours), expected, rtol=1e-9, atol=1e-9, msg=name)
+
+
 def test_a_gradient_of_the_gradient_equals_the_references():
     """create_graph=True (a gradient penalty, a Hessian-vector product): the C++ backward is not differentiable,
     so the op differentiates the reference's there; the second-order gradients equal those of the reference's

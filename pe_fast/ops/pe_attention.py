@@ -91,10 +91,7 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     if grad_out is None:  # out did not reach the loss
         return tuple(no_gradients)
     x, pe, w_qkv, b_qkv, qkv, lse, rope_cos, rope_sin, bias, out = ctx.saved_tensors
-    # create_graph=True: this gradient is differentiated in turn (torch.func's transforms, which run every
-    # backward with a graph at their own levels, take the backend's backward as before)
-    if torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() \
-            and any(isinstance(t, Tensor) and t.requires_grad for t in (x, pe, w_qkv, b_qkv, bias)):
+    if differentiated_again(grad_out, x, pe, w_qkv, b_qkv, bias):
         return _differentiable_backward(grad_out, x, pe, w_qkv, b_qkv, ctx.num_heads, rope_cos, rope_sin, bias)
     with own_dtypes(x.device):  # a backward run inside an autocast region
         dx, dpe, dw, db, dbias = implementation(ctx.backend, x, ctx.num_heads, bias).backward(
@@ -102,14 +99,49 @@ def _backward(ctx, grad_out, _grad_stats, _grad_qkv, _grad_lse):
     return tuple(no_gradients._replace(x=dx, pe=dpe, w_qkv=dw, b_qkv=db, bias=dbias))
 
 
+# torch.func's transforms that differentiate
+DIFFERENTIATING = ("Grad", "Jvp")
+
+
+def differentiated_again(grad_out: Tensor, *inputs) -> bool:
+    """Whether the gradient this backward computes is itself differentiated (a gradient penalty, a Hessian, grad of
+    grad): autograd's create_graph=True with an input requiring grad; inside torch.func's transforms (which run
+    every backward with a graph), grad_out or an input tracked by a differentiating transform still on the stack
+    other than the one running this backward (grad's own level is the current one; vjp's has left the stack)."""
+    functorch = torch._C._functorch
+    if not torch._C._are_functorch_transforms_active():
+        return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in inputs)
+    live = {i.level() for i in functorch.get_interpreter_stack() or [] if i.key().name in DIFFERENTIATING}
+    live.discard(functorch.maybe_current_level())
+    for tensor in (grad_out, *inputs):
+        while isinstance(tensor, Tensor) and (functorch.is_gradtrackingtensor(tensor)
+                                              or functorch.is_batchedtensor(tensor)):
+            if functorch.is_gradtrackingtensor(tensor) and functorch.maybe_get_level(tensor) in live:
+                return True
+            tensor = functorch.get_unwrapped(tensor)
+    return False
+
+
 def _differentiable_backward(grad_out, x, pe, w_qkv, b_qkv, num_heads, rope_cos, rope_sin, bias):
-    """The gradients as the reference's autograd computes them, themselves differentiable (a gradient penalty, a
-    Hessian-vector product): the fused backends' backward kernels are not, and their gradient would be taken as a
-    constant. Only where create_graph asks for it; training's backward runs the backend's kernels."""
+    """The gradients as the reference's autograd computes them, themselves differentiable: the fused backends'
+    backward kernels are not, and their gradient would be taken as a constant. Only where differentiated_again;
+    training's backward runs the backend's kernels. Inside torch.func's transforms through torch.func.vjp (they
+    refuse torch.autograd.grad), for every input given."""
     wanted = OpInputs(x, pe, w_qkv, b_qkv, None, None, None, None, bias, None)
+
+    def forward(*tensors):
+        given = iter(tensors)
+        inputs = OpInputs(*(next(given) if isinstance(t, Tensor) else t for t in wanted))
+        with own_dtypes(x.device):
+            return reference.forward(inputs.x, inputs.pe, inputs.w_qkv, inputs.b_qkv, num_heads, None, rope_cos,
+                                     rope_sin, inputs.bias)[0]
+
+    if torch._C._are_functorch_transforms_active():
+        given = [t for t in wanted if isinstance(t, Tensor)]
+        grads = iter(torch.func.vjp(forward, *given)[1](grad_out))
+        return tuple(next(grads) if isinstance(t, Tensor) else None for t in wanted)
     differentiable = [t for t in wanted if isinstance(t, Tensor) and t.requires_grad]
-    with own_dtypes(x.device):
-        out = reference.forward(x, pe, w_qkv, b_qkv, num_heads, None, rope_cos, rope_sin, bias)[0]
+    out = forward(*(t for t in wanted if isinstance(t, Tensor)))
     grads = iter(torch.autograd.grad(out, differentiable, grad_out, create_graph=True, allow_unused=True))
     return tuple(next(grads) if isinstance(t, Tensor) and t.requires_grad else None for t in wanted)
 
