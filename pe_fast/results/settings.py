@@ -175,7 +175,7 @@ class Settings:
         help="the models' compute path: a pe_attention backend (reference, cpp, triton) or fused (Triton "
              "sublayers; experimental, slower than triton on a GPU: docs/kernels.md); default: the fastest on the "
              "device")
-    max_pack: int | None = setting(None, range=(1, None, "[)"), may_differ=True,
+    max_pack: int | None = setting(None, range=(1, MAX_MODELS, "[]"), may_differ=True,
                                    help="models trained together (default: as many as fit in half the free memory)")
     checkpoint_every: int | None = setting(
         None, range=(1, MAX_STEPS, "[]"), runtime=True,
@@ -389,10 +389,17 @@ def check_ranges(s: dict):
 def check_range(name: str, value: float, low: float, high: float | None, ends: str):
     above = value >= low if ends[0] == "[" else value > low
     below = high is None or (value <= high if ends[1] == "]" else value < high)
-    if not (math.isfinite(value) and above and below):
+    # math.isfinite of an int beyond float's range raises OverflowError: an int is finite
+    if not ((isinstance(value, int) or math.isfinite(value)) and above and below):
         allowed = f"{'≥' if ends[0] == '[' else '>'} {low:,}"
         allowed += "" if high is None else f" and {'≤' if ends[1] == ']' else '<'} {high:,}"
-        raise SettingError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {value}")
+        raise SettingError(f"--{name.replace('_', '-')} must be finite and {allowed}, got {shown(value)}")
+
+
+def shown(value) -> str:
+    """A value for a message: an int of hundreds of digits by its first ones and its length."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} digits)"
 
 
 def check_packs(packs, models: int | None = None) -> tuple[tuple[int, ...], ...]:
