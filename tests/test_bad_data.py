@@ -47,8 +47,10 @@ def data_files(tmp_path: Path) -> dict[str, str]:
         f.create_virtual_dataset("timeseries", layout)
     with h5py.File(tmp_path / "huge.h5", "w") as f:  # a few kB on disk, 4 PiB declared
         f.create_dataset("timeseries", shape=(10**6, 10**6, 1000), dtype="f4", chunks=(1, 100, 100))
+    with h5py.File(tmp_path / "null.h5", "w") as f:  # a null dataspace: no shape, no size
+        f.create_dataset("timeseries", data=h5py.Empty("f8"))
     files.update(EXTERNAL=str(tmp_path / "external.h5"), VIRTUAL=str(tmp_path / "virtual.h5"),
-                 HUGE=str(tmp_path / "huge.h5"))
+                 HUGE=str(tmp_path / "huge.h5"), NULL=str(tmp_path / "null.h5"))
     files["NOT_LATIN"] = str(tmp_path / "not_latin.csv")  # its second puzzle shows shape 1 twice in its first row
     Path(files["NOT_LATIN"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,2000500234001000,4\n"
                                         "1,,Binary,1100500000000000,2\n")
@@ -107,6 +109,8 @@ CASES = [
      "--data {EXTERNAL}: dataset 'timeseries' keeps its data in an external file"),
     ("h5 virtual dataset", FMRI + ["--data", "VIRTUAL"],
      "--data {VIRTUAL}: dataset 'timeseries' is a virtual dataset, mapping data of other files"),
+    ("h5 dataset with a null dataspace", FMRI + ["--data", "NULL"],
+     "--data {NULL}: dataset 'timeseries' is empty (a null dataspace)"),
     ("h5 declaring more than memory", FMRI + ["--data", "HUGE"],
      "--data {HUGE}: dataset 'timeseries' declares shape (1000000, 1000000, 1000)"),
     ("window longer than the data", FMRI + ["--data", "NPY", "--window", "100000"],

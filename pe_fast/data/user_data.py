@@ -276,6 +276,8 @@ def _read_h5(p: Path, name: str | None):
         if ds.external:
             raise DataError(f"{p}: dataset {name!r} keeps its data in an external file ({ds.external[0][0]}): save "
                             f"its data in the file itself")
+        if ds.shape is None:  # a null dataspace (h5py.Empty): no array at all
+            raise DataError(f"{p}: dataset {name!r} is empty (a null dataspace): save the time series in it")
         _check_dtype(ds, p)
         declared = ds.size * ds.dtype.itemsize
         if declared > _MEMORY_BYTES:
