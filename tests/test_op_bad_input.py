@@ -89,6 +89,11 @@ CASES = [
     ("w_qkv None", changed("w_qkv", lambda t: None), TypeError, r"w_qkv must be a torch.Tensor"),
     ("pe a list", changed("pe", lambda t: t.tolist()), TypeError, r"pe must be a torch.Tensor"),
     ("rope one table", changed("rope", lambda r: r[0]), TypeError, r"rope must be a \(cos, sin\) pair"),
+    # the backends index dense memory: these failed deep inside (reshape, bmm, the C++ op's dispatch)
+    *[(f"sparse {name}", changed(name, torch.Tensor.to_sparse), TypeError, rf"{name} must be a dense tensor")
+      for name in ("x", "w_qkv", "probes")],
+    ("nested x", changed("x", lambda t: torch.nested.nested_tensor(list(t))), TypeError,
+     r"x must be a dense tensor .*nested"),
     ("complex probes", changed("probes", lambda t: t.to(torch.complex64)), TypeError, r"probes .*torch.complex64"),
     # x @ w_qkv would run in one of the two dtypes, rounding or widening the other without a word
     ("w_qkv float32 under float64 x", changed("w_qkv", lambda t: t.float()), TypeError,

@@ -205,6 +205,10 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
             continue
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        # the backends index dense memory: a sparse or nested tensor failed deep inside, naming nothing
+        if tensor.is_nested or tensor.layout != torch.strided:
+            layout = "nested" if tensor.is_nested else str(tensor.layout)
+            raise TypeError(f"{name} must be a dense tensor (torch.strided), got a {layout} one: call .to_dense()")
         # probes may come in any real dtype (bool and uint8 masks are the cheap ones to read)
         if name == "probes" and tensor.is_complex():
             raise TypeError(f"probes must be real (bool, integer or floating), got {tensor.dtype}")
