@@ -1038,6 +1038,14 @@ def test_a_fifo_in_a_folder_is_one_error_not_a_hang(tmp_path, capsys):
     os.mkfifo(pack / "curves.parquet")
     with pytest.raises(ReportError, match="curves.parquet is not a regular file"):
         within(60, load_run, folder)
+    # config.json too: a FIFO was taken as no config.json, and the report went on without the settings
+    (tmp_path / "top" / "curves.parquet").unlink()
+    (tmp_path / "top" / "config.json").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "top" / "config.json")
+    with pytest.raises(ReportError, match="config.json is not a regular file"):
+        within(60, load_run, tmp_path / "top")
+    assert within(60, report_main, [str(tmp_path / "top")]) == 2
+    assert "config.json is not a regular file" in capsys.readouterr().err
 
 
 def test_an_empty_folder_name_is_refused_not_read_as_the_working_folder(tmp_path, capsys, monkeypatch):

@@ -448,7 +448,8 @@ def read_run(directory: Path) -> Run:
     if not folder:
         raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
     config = {}
-    if (directory / run_folder.CONFIG).is_file():
+    if _present(directory / run_folder.CONFIG):
+        regular_file(directory / run_folder.CONFIG)  # a FIFO would be taken as no config.json at all
         try:
             config = run_folder.read_config(directory)
         except (ValueError, UnicodeDecodeError) as error:
