@@ -884,6 +884,10 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"pe": [3, 4]}, "column 'pe' is stored as int64, not text"),
     ({"pe": ["learned", "<script>alert(1)</script>"]}, "column pe holds '<script>"),
     ({"pe": ["learned", "$\\frac{$"]}, "column pe holds"),
+    # the other text columns the report prints, checked against their choices (they reached report.md raw)
+    ({"optimizer": ["adamw", "<img src=x onerror=alert(1)>|**y**"]}, "column optimizer holds '<img"),
+    ({"stopped": ["budget", "soon"]}, "column stopped holds 'soon', not one of converged, budget"),
+    ({"precision": ["fp32", "fp64"]}, "column precision holds 'fp64'"),
     ({"seed": ["one", "two"]}, "column 'seed' is stored as"),
     ({"sigma": [0.0, None]}, "column sigma holds 0"),
     ({"sigma": [-1.0, None]}, "column sigma holds -1"),
@@ -916,6 +920,18 @@ def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp
     assert snapshot(folder) == before  # no figure, no report.md written before the refusal
 
 
+def test_a_curves_pe_name_that_no_sweep_writes_is_one_error(tmp_path, capsys):
+    """Only results.parquet's pe column was checked: a curves row's PE name reached report.md's convergence line."""
+    from pe_fast.results.reading import ReportError, load_run
+    curves = pd.DataFrame({**GOOD, "step": [4, 4], "pe": ["learned", "<img src=x onerror=alert(1)>"]})
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD), curves)
+    with pytest.raises(ReportError, match="curves column pe holds '<img"):
+        load_run(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), "curves column pe holds")
+    assert snapshot(folder) == before
+
+
 @pytest.mark.parametrize("entries, must_name", [
     ({"model_0": np.float64(3.0)}, "entry model_0 is a 0-axis"),
     ({"model_0": np.array(["a", "b"])}, "entry model_0 is a 1-axis <U1"),
@@ -926,6 +942,8 @@ def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp
     ({"model_0": np.zeros((3, 8))}, "entry model_0 has shape [3, 8], not [16, width]"),  # model_1 has 16 tokens
     ({"attention_map_1": np.zeros((2, 16, 3))}, "entry attention_map_1 has shape [2, 16, 3], not [blocks, 16, 16]"),
     ({"model_0": np.zeros((1, 16, 0))}, "entry model_0 is a 3-axis float64 array of shape [1, 16, 0]"),  # no width
+    # finite, but past float32: the figures' SVDs overflowed, with numpy's warnings on stderr
+    ({"model_0": np.full((16, 8), 1e300)}, "entry model_0 holds numbers beyond any float32"),
 ])
 def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -1095,6 +1113,9 @@ def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     ({"fc": np.where(np.eye(4) > 0, np.nan, 0.5)}, "entry fc holds NaN or inf"),
     ({"fc": np.eye(4), "centroids": np.full((4, 3), np.inf)}, "entry centroids holds NaN or inf"),
     ({"fc": np.eye(4, dtype=complex)}, "entry fc is a complex128 array"),
+    # gradients[:, 0] after 8 figures (IndexError); a constant column divided by its zero spread
+    ({"fc": np.eye(4), "gradients": np.zeros((4, 0))}, "holds no gradient or a constant one"),
+    ({"fc": np.eye(4), "gradients": np.ones((4, 1))}, "a constant one"),
 ])
 def test_a_ground_truth_of_the_wrong_shape_is_one_line_before_any_figure(truth, must_name, tmp_path, capsys):
     """ground_truth.npz indexed by token in the figures: a wrong shape was a 22-line IndexError after figures/ had

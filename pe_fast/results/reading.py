@@ -20,7 +20,9 @@ from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
 from pe_fast.results.settings import FLAGS, Settings, check_packs, check_ranges, check_types
+from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
+from pe_fast.train import OPTIMIZERS, UNTIL
 
 
 class ReportError(ValueError):
@@ -343,6 +345,10 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
                               f"{list(table.shape)}, not a table of numbers [tokens, width] or [blocks, tokens, "
                               f"width]; not a pe_fast results folder")
         tables[key] = table = table.astype(native, copy=False)
+        # a sweep writes float32: a larger finite number was not trained, and the figures' SVDs overflow on it
+        if (np.abs(table[np.isfinite(table)]) > FLOAT32_MAX).any():
+            raise ReportError(f"{path}: entry {key} holds numbers beyond any float32 a sweep computes; not a "
+                              f"pe_fast results folder")
         tokens = table.shape[-2] if tokens is None else tokens
         square = key.startswith(run_folder.ATTENTION_MAP)
         if table.shape[-2] != tokens or (square and table.shape[-1] != tokens):
@@ -378,6 +384,10 @@ def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np
                               f"{shape} of real numbers over the {tokens} tokens; not a pe_fast results folder")
         if real and not np.isfinite(array).all():  # the task's data were checked finite before the sweep wrote it
             raise ReportError(f"{path}: entry {name} holds NaN or inf; not a pe_fast results folder")
+        # the figures and alignments read each gradient column as an axis across the regions
+        if name == "gradients" and (array.shape[1] == 0 or (np.ptp(array, axis=0) == 0).any()):
+            raise ReportError(f"{path}: entry gradients of shape {list(array.shape)} holds no gradient or a "
+                              f"constant one; not a pe_fast results folder")
     return truth
 
 
@@ -534,6 +544,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # the columns of text a sweep writes (executors.train_and_store_pack, the task's data_kind); every other one holds
 # numbers, which the report averages and plots
 TEXT_COLUMNS = frozenset({"task", "data_kind", "pe", "optimizer", "stopped", "precision"})
+# the text columns a sweep fills from a list of choices (empty where a row has none: a baseline's optimizer)
+CHOICE_COLUMNS = {"optimizer": OPTIMIZERS, "stopped": UNTIL, "precision": PRECISIONS}
 
 
 def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, task: str | None):
@@ -554,11 +566,18 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
             if beyond.any():
                 refuse(table, f"column {name} holds {numbers[beyond].iloc[0]:g}, beyond any float32 a sweep computes")
 
-    bad_pe = next((v for v in results["pe"].unique() if not (isinstance(v, str) and PE_NAME.fullmatch(v))), None)
-    if bad_pe is not None:
-        shown = repr(bad_pe if isinstance(bad_pe, str) else getattr(bad_pe, "item", lambda: bad_pe)())[:40]
-        refuse("results", f"column pe holds {shown}, not a PE kind ({', '.join(PE_KINDS)}) or a "
-                          f"baseline:NAME")
+    # text the report prints: only the names a sweep writes (a PE name '<script>…' reached report.md)
+    for table, frame in (("results", results), ("curves", curves)):
+        if "pe" in frame or table == "results":
+            bad_pe = next((v for v in frame["pe"].unique() if not (isinstance(v, str) and PE_NAME.fullmatch(v))),
+                          None)
+            if bad_pe is not None:
+                refuse(table, f"column pe holds {_shown(bad_pe)}, not a PE kind ({', '.join(PE_KINDS)}) or a "
+                              f"baseline:NAME")
+        for name, choices in CHOICE_COLUMNS.items():
+            bad = [v for v in frame[name].dropna().unique() if v not in choices] if name in frame else []
+            if bad:
+                refuse(table, f"column {name} holds {_shown(bad[0])}, not one of {', '.join(choices)}")
     sigma = _numbers(results["sigma"])  # every column but the text ones is stored as numbers (check_parquet_schema)
     if ((sigma <= 0) | np.isinf(sigma)).any():
         refuse("results", f"column sigma holds {sigma[(sigma <= 0) | np.isinf(sigma)].iloc[0]:g}; σ is finite and "
@@ -579,6 +598,11 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
                 refuse("curves", f"column {name} is missing or empty")
             if problem := _not_counts(_numbers(curves[name]), False):
                 refuse("curves", f"column {name} holds {problem}")
+
+
+def _shown(value) -> str:
+    """A cell's value for a message: its repr, cut short."""
+    return repr(value if isinstance(value, str) else getattr(value, "item", lambda: value)())[:40]
 
 
 def _not_counts(numbers: pd.Series, may_be_empty) -> str | None:
