@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pe_fast.markdown import inert
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
@@ -216,7 +217,7 @@ def percent(mean: float, sd: float) -> str:
 
 
 def markdown(table: pd.DataFrame, verdicts: list[str], directories: list[Path]) -> str:
-    names = " + ".join(directory.resolve().name for directory in directories)
+    names = " + ".join(inert(directory.resolve().name, cell=False) for directory in directories)
     lines = [f"# {names} against the authors' LST logs", "",
              "Accuracy in %, mean ± sd over the seeds both runs have; Δ = ours − theirs paired by seed, also in "
              "units of their seed-sd over all 15 seeds. human108: their generalisation puzzles (not shipped).", "",
@@ -247,24 +248,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.logs is not None and not args.logs.strip():  # Path("") is ".": not the authors' logs either
             raise CompareError(f"--logs {args.logs!r} names no file")
         logs = read_logs(Path(args.logs) if args.logs is not None else None)
-        table, verdicts = compare(directories, logs)
-        if table.empty:
-            raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "
-                               f"of the authors' logs (every 200 epochs) for a seed of theirs")
         out = Path(args.out) if args.out else directories[0] / OUTPUT if len(directories) == 1 else None
+        named = "--out " if args.out else ""
         home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
         if args.out and home is not None and out.name != OUTPUT and (out.exists() or out.is_symlink()):
             raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a new "
                                f"name")
+        if out is not None and out.exists() and not out.is_file():  # a FIFO would block the write for ever
+            raise CompareError(f"{named}{out} is not a regular file; name a new file")
+        table, verdicts = compare(directories, logs)
+        if table.empty:
+            raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "
+                               f"of the authors' logs (every 200 epochs) for a seed of theirs")
         text = markdown(table, verdicts, directories)
         if out is not None:
-            try:
-                if args.out:
-                    out.write_text(text)
-                else:  # a new file in the run's folder: a link planted there is replaced, never written through
-                    run_folder.write_atomic(out, lambda tmp: tmp.write_text(text))
+            try:  # written beside and renamed over: a link planted at out is replaced, never written through
+                run_folder.write_atomic(out, lambda tmp: tmp.write_text(text))
             except OSError as error:
-                raise CompareError(f"{'--out ' if args.out else ''}{out}: cannot write ({error.strerror or error})")
+                raise CompareError(f"{named}{out}: cannot write ({error.strerror or error})")
     except (CompareError, ReportError) as error:  # ReportError: a folder named by nothing
         print_error(error)
         return 2

@@ -200,15 +200,18 @@ def test_paper_e200_preset_is_the_authors_grid_at_their_epoch_200():
     assert grid.model_config(s, task, "learned").pe_dropout == 0.0
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["default output", "named by --out"])
 @pytest.mark.parametrize("link", ["symlink", "hard link"])
-def test_a_link_planted_as_the_output_is_replaced_not_written_through(link, tmp_path, capsys):
+def test_a_link_planted_as_the_output_is_replaced_not_written_through(link, named, tmp_path, capsys):
+    """Named by --out, the same file was written through the link: a file outside the folder overwritten."""
     write_logs(tmp_path / "logs.csv")
     write_run(tmp_path / "run", test_offset=0.0)
     outside = tmp_path / "outside.txt"
     outside.write_text("someone else's file\n")
     planted = tmp_path / "run" / "compare_lst_logs.md"
     planted.symlink_to(outside) if link == "symlink" else os.link(outside, planted)
-    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]) == 0
+    out = ["--out", str(planted)] if named else []
+    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), *out]) == 0
     assert outside.read_text() == "someone else's file\n"
     assert not planted.is_symlink() and planted.read_text() == capsys.readouterr().out
 
@@ -218,7 +221,26 @@ def test_an_output_that_is_a_folder_is_one_line(tmp_path, capsys):
     write_run(tmp_path / "run", test_offset=0.0)
     (tmp_path / "run" / "compare_lst_logs.md").mkdir()
     code, err = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv")]), capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "cannot write" in err, err
+    assert code == 2 and err.count("\n") == 1 and "is not a regular file" in err, err
+
+
+def test_an_output_that_is_a_fifo_is_one_line_not_a_hang(tmp_path, capsys):
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.0)
+    os.mkfifo(tmp_path / "pipe")
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(tmp_path / "pipe")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--out" in err and "is not a regular file" in err, err
+
+
+def test_a_folder_name_reaches_the_table_as_text_not_html(tmp_path, capsys):
+    """The title named the folder raw: its HTML ran and its markdown rendered (report.md escaped the same name)."""
+    write_logs(tmp_path / "logs.csv")
+    folder = tmp_path / "x<img src=x onerror=alert(1)>**a**"
+    write_run(folder, test_offset=0.0)
+    assert main([str(folder), "--logs", str(tmp_path / "logs.csv")]) == 0
+    title = (folder / "compare_lst_logs.md").read_text().splitlines()[0]
+    assert title == "# x&lt;img src=x onerror=alert(1)&gt;\\*\\*a\\*\\* against the authors' LST logs", title
 
 
 LOGS_HEADER = "pe,sigma,seed,epoch,phase,condition,accuracy\n"

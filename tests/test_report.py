@@ -165,7 +165,7 @@ def test_lst_report_on_a_running_sweep(tmp_path):
 
 def test_control_characters_from_a_folder_reach_report_md_as_escapes():
     """A terminal escape, a bell and a right-to-left override in a recorded setting: shown, not acted on (issue 55)."""
-    from pe_fast.report.cli import inert
+    from pe_fast.markdown import inert
     assert inert("cpu\x1b[2J\x07\u202efdp") == "cpu\\x1b\\[2J\\x07\\u202efdp"
     assert inert("σ × γ — ok") == "σ × γ — ok"  # letters and symbols of any script stay
     # markdown's marks shown as typed: no emphasis, code span, link or math of a file name's making

@@ -139,9 +139,11 @@ def rank_metrics(table: np.ndarray) -> dict[str, float]:
 
 
 def _abs_correlations(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|Pearson r| between every column of a [N, p] and every column of b [N, q], as [p, q]."""
-    za = (a - a.mean(0)) / a.std(0)
-    zb = (b - b.mean(0)) / b.std(0)
+    """|Pearson r| between every column of a [N, p] and every column of b [N, q], as [p, q]; NaN for a constant
+    column, which has no correlation."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        za = (a - a.mean(0)) / a.std(0)
+        zb = (b - b.mean(0)) / b.std(0)
     return np.abs(za.T @ zb) / len(a)
 
 

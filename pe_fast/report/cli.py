@@ -4,14 +4,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
+from pe_fast.markdown import inert
 from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
 from pe_fast.report import pooling, rsa
@@ -22,21 +21,6 @@ from pe_fast.results.reading import ReportError, Run, named_folder, read_run, ta
 from pe_fast.results.summary import is_baseline, sigma_label
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskView
-
-# backslash-escaped, each shows as itself; an underscore inside a word (ground_truth) marks nothing
-MARKDOWN_MARKS = re.compile(r"[\\`*\[\]$~]|(?<![^\W_])_|_(?![^\W_])")
-
-
-def inert(text: object, cell: bool = True) -> str:
-    """Text from a folder (its config.json, file names in it) as it may stand in report.md: on one line (no heading
-    or block of its own), HTML shown rather than run, markdown's emphasis, code, link and math marks shown as
-    typed, control and format characters (a terminal's escapes, a right-to-left override) shown as escapes, and
-    in a table `cell` no column break."""
-    text = MARKDOWN_MARKS.sub(r"\\\g<0>", " ".join(str(text).split()))
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = "".join(ascii(ch)[1:-1] if unicodedata.category(ch)[0] == "C" else ch for ch in text)
-    return text.replace("|", "\\|") if cell else text
-
 
 def config_markdown(config: dict) -> str:
     if not config:
