@@ -250,12 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         logs = read_logs(Path(args.logs) if args.logs is not None else None)
         out = Path(args.out) if args.out else directories[0] / OUTPUT if len(directories) == 1 else None
         named = "--out " if args.out else ""
-        home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
-        if args.out and home is not None and out.name != OUTPUT and (out.exists() or out.is_symlink()):
-            raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a new "
-                               f"name")
-        if out is not None and out.exists() and not out.is_file():  # a FIFO would block the write for ever
-            raise CompareError(f"{named}{out} is not a regular file; name a new file")
+        try:
+            home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
+            if args.out and home is not None and out.name != OUTPUT and (out.exists() or out.is_symlink()):
+                raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a "
+                                   f"new name")
+            if out is not None and out.exists() and not out.is_file():  # a FIFO would block the write for ever
+                raise CompareError(f"{named}{out} is not a regular file; name a new file")
+        except OSError as error:  # a name too long, a folder not to be entered
+            raise CompareError(f"{named}{out}: cannot write ({error.strerror or error})")
         table, verdicts = compare(directories, logs)
         if table.empty:
             raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "

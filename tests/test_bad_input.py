@@ -1297,3 +1297,92 @@ def test_the_report_refuses_a_recorded_int_beyond_floats_range(unfinished, tmp_p
     before = snapshot(folder)
     assert_one_line(capsys, report_main([str(folder)]), "--max-pack must be finite")
     assert snapshot(folder) == before
+
+
+@pytest.fixture(scope="module")
+def half_finished(tmp_path_factory):
+    """An LST sweep of two packs (learned, sin2d) whose pack 0 finished and pack 1 holds a genuine checkpoint of
+    its pack after 2 steps: what an interrupted sweep leaves."""
+    from pe_fast.sweep import grid
+    from pe_fast.sweep.task_loading import load_task
+    from sweep_harness import settings_of
+    flags = [*LST, "--pe", "learned,sin2d", "--sigmas", "0.2", "--threads", "1"]
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main([*flags, "--out", str(out)]) == 0
+        for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "report.md"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "packs" / "1")
+        s = dataclasses.replace(settings_of(*flags), max_pack=1)  # one model a PE kind: the sweep's packs
+        task = load_task(s)
+        packs = grid.pack_models(s, grid.expand_grid(s))
+        trainer = grid.pack_trainer(s, task, packs[1])
+        trainer.run(checkpoint=lambda: trainer.step == 2 and run_folder.save_checkpoint(out, 1, trainer.state_dict()),
+                    checkpoint_every=2)  # the checkpoint the sweep takes at step 2 of 4
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def relabel_pack_0(**columns):
+    def change(folder: Path):
+        for name in ("results.parquet", "curves.parquet"):
+            path = folder / "packs" / "0" / name
+            pd.read_parquet(path).assign(**columns).to_parquet(path)
+    return change
+
+
+def link_pack_1(target: str):
+    def change(folder: Path):
+        (folder / "packs" / "1").symlink_to(target)
+    return change
+
+
+def foreign_pack(folder: Path):
+    shutil.copytree(folder / "packs" / "0", folder / "packs" / "7")
+
+
+def checkpoint_of_pack_1_with(change):
+    def spoil(folder: Path):
+        path = run_folder.checkpoint_path(folder, 1)
+        state = torch.load(path, weights_only=True)
+        change(state)
+        run_folder.save_checkpoint(folder, 1, state)
+    return spoil
+
+
+# Each once trained pack 1 and then failed (a traceback, exit 1, the folder unreadable), or finished with a folder
+# the report refuses (a model counted twice, a mislabelled one): refused now before anything trains.
+HALF_FINISHED_CASES = [
+    ("a pack folder the sweep has not", foreign_pack, "packs/7 is not a pack of this sweep"),
+    ("pack 1 a link to pack 0", link_pack_1("0"), "packs/1 is a link"),
+    ("pack 1 a link to the packs folder", link_pack_1("."), "packs/1 is a link"),
+    ("pack 0 holding pack 1's model", relabel_pack_0(model_id=1), "its results hold models [1], not this pack's [0]"),
+    ("pack 0 relabelled as another PE", relabel_pack_0(pe="sin2d"), "has pe 'sin2d', where this sweep's has"),
+    ("checkpoint's training time beyond any", checkpoint_of_pack_1_with(lambda s: s.update(seconds=1e308)),
+     "holds seconds 1e+308"),
+    ("checkpoint's curves beyond float32", checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(ood_acc=1e300)),
+     "holds curves value 'ood_acc': 1e+300"),
+    ("checkpoint's curves naming a PE", checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(pe="<b>x</b>")),
+     "holds curves value 'pe'"),
+]
+
+
+@pytest.mark.parametrize("spoil, must_name", [c[1:] for c in HALF_FINISHED_CASES],
+                         ids=[c[0] for c in HALF_FINISHED_CASES])
+def test_resume_refuses_a_tampered_pack_before_training(spoil, must_name, half_finished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(half_finished, folder, symlinks=True)
+    spoil(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), must_name)
+    assert snapshot(folder) == before
+
+
+def test_the_untampered_half_finished_sweep_resumes(half_finished, tmp_path):
+    """The cases above spoil a folder that resumes: they fail for what they change."""
+    folder = tmp_path / "run"
+    shutil.copytree(half_finished, folder, symlinks=True)
+    assert sweep_main(["--resume", "--out", str(folder), "--no-report"]) == 0
+    assert sorted(pd.read_parquet(folder / "results.parquet")["model_id"]) == [0, 1]

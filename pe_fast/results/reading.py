@@ -19,6 +19,7 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
+from pe_fast.results.run_folder import FLOAT32_MAX
 from pe_fast.results.settings import FLAGS, Settings, check_packs, check_ranges, check_types
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
@@ -539,8 +540,6 @@ def _numbers(column: pd.Series) -> pd.Series | None:
         else numbers
 
 
-# the largest number a sweep computes (in float32 at most)
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 # the columns of text a sweep writes (executors.train_and_store_pack, the task's data_kind); every other one holds
 # numbers, which the report averages and plots
 TEXT_COLUMNS = frozenset({"task", "data_kind", "pe", "optimizer", "stopped", "precision"})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import numbers
 import os
 import re
 import shutil
@@ -407,9 +408,13 @@ def read_step(out: Path, index: int) -> int | None:
         return None
 
 
+# a pack folder's name as pack_folder writes it: "１" and "01" pass str.isdigit and int() but name another folder
+PACK_NAME = re.compile(r"0|[1-9][0-9]*")
+
+
 def finished_packs(out: Path) -> set[int]:
     folder = out / "packs"
-    return {int(p.name) for p in folder.iterdir() if p.name.isdigit() and readable_table(p / RESULTS)} \
+    return {int(p.name) for p in folder.iterdir() if PACK_NAME.fullmatch(p.name) and readable_table(p / RESULTS)} \
         if folder.is_dir() else set()
 
 
@@ -453,9 +458,34 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
     return migrate.checkpoint(_load_checkpoint(path, index, mmap=False)) if path.is_file() else None
 
 
+# the largest number a sweep computes (in float32 at most)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_TRAINING_SECONDS = 1e9  # a checkpoint's training time so far: 31 years is no pack's
+
+
+def _checkpoint_values_problem(state: dict, steps: int) -> str | None:
+    """What in a checkpoint's training time and curves no sweep wrote, or None: they become the pack's
+    train_seconds and curves.parquet, which the results folder's reader refuses beyond float32 (after training)."""
+    seconds = state.get("seconds", 0.0)
+    if not (isinstance(seconds, numbers.Real) and 0 <= seconds <= MAX_TRAINING_SECONDS):
+        return f"seconds {seconds!r:.40}"
+    curves = state.get("curves", [])
+    if not isinstance(curves, list):
+        return f"curves of type {type(curves).__name__}"
+    for row in curves:
+        if not (isinstance(row, dict) and type(row.get("step")) is int and 0 <= row["step"] <= steps):
+            return f"a curves row {str(row)[:60]}"
+        for key, value in row.items():
+            number = isinstance(value, numbers.Real) and not (np.isfinite(value) and abs(value) > FLOAT32_MAX)
+            if not (isinstance(key, str) and (number or value is None)):
+                return f"curves value {key!r:.40}: {value!r:.40}"
+    return None
+
+
 def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -> None:
     """Raise UnreadableCheckpoint unless pack `index`'s checkpoint (if any) loads safely, holds these keys and
-    (if it has one) a step of at most `steps`; memory-mapped, so the check reads the pickle and not the tensors."""
+    (if it has one) a step of at most `steps`, and training time and curves of the kinds a sweep writes;
+    memory-mapped, so the check reads the pickle and not the tensors."""
     path = checkpoint_path(out, index)
     if path.exists() and not path.is_file():
         raise UnreadableCheckpoint(f"{path} is not a file; delete it to retrain pack {index} from its start")
@@ -464,8 +494,10 @@ def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -
     state = _load_checkpoint(path, index, mmap=True)
     missing = [key for key in keys if key not in state] if isinstance(state, dict) else list(keys)
     step = state.get("step", 0) if isinstance(state, dict) else None
-    if missing or not (type(step) is int and 0 <= step <= steps):
-        what = f"lacks {', '.join(missing)}" if missing else f"has step {step!r}, not one of 0…{steps}"
+    problem = None if missing or not isinstance(state, dict) else _checkpoint_values_problem(state, steps)
+    if missing or not (type(step) is int and 0 <= step <= steps) or problem:
+        what = f"lacks {', '.join(missing)}" if missing else f"has step {step!r}, not one of 0…{steps}" \
+            if not (type(step) is int and 0 <= step <= steps) else f"holds {problem}"
         raise UnreadableCheckpoint(f"{path} is not a checkpoint of this sweep ({what}); delete it to retrain "
                                    f"pack {index} from its start")
 

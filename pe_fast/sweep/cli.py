@@ -57,7 +57,7 @@ def check_folder(out: Path, resume: bool):
     if packs.exists() and not packs.is_dir():
         raise UsageError(f"{packs} is not a folder; delete it to retrain every pack")
     for pack in packs.iterdir() if packs.is_dir() else ():
-        if pack.name.isdigit() and not pack.is_dir():
+        if run_folder.PACK_NAME.fullmatch(pack.name) and not pack.is_dir():
             raise UsageError(f"{pack} is not a folder; delete it to retrain pack {pack.name}")
     try:
         run_folder.check_inside(out)
@@ -110,11 +110,22 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
             folder.start_folder(s, out, task, models, packs)
         executor = executors.EXECUTORS[s.executor]
         finished = run_folder.finished_packs(out)
+        foreign = sorted(finished - set(range(len(packs))))
+        if foreign:
+            raise UsageError(f"{run_folder.pack_folder(out, foreign[0])} is not a pack of this sweep (it has "
+                             f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
+        # a pack folder is the sweep's own: a link (to another pack, to the folder itself) would count one pack's
+        # results twice, or be removed as a tree when the pack is written
+        linked = next((i for i in range(len(packs)) if run_folder.pack_folder(out, i).is_symlink()), None)
+        if linked is not None:
+            raise UsageError(f"{run_folder.pack_folder(out, linked)} is a link; a pack folder is the sweep's own: "
+                             f"delete the link to retrain pack {linked}")
         todo = [i for i in range(len(packs)) if i not in finished]
         executor.prepare_folder(out, todo)
         for index in sorted(finished):  # every finished pack readable as the results will read it, before training
             try:
-                reading.read_pack(run_folder.pack_folder(out, index), s.task)
+                results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
+                folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index])
             except reading.ReportError as error:
                 raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
         for index in todo:  # every checkpoint readable (and safely so) before any training
@@ -159,6 +170,10 @@ def main(argv: list[str] | None = None, write_report: Callable[[Path], object] |
         return 2
     except executors.PackFailed as error:
         print_error(error)
+        return 1
+    except reading.ReportError as error:  # a pack written now that does not read back: the folder is not whole
+        print(f"error: {error}; the finished packs and checkpoints are kept: fix or delete what it names, then "
+              f"continue with python -m pe_fast.sweep --resume --out {out}", file=sys.stderr)
         return 1
     except OSError as error:  # a full disk, a lost mount: the checkpoints written before it are whole
         where = f" ({error.filename})" if error.filename else ""

@@ -76,9 +76,11 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
         stored = {**model, "sigma": math.nan if model["sigma"] is None else model["sigma"]}
         identity = dict(task=s.task, **stored, steps=result.steps, stopped=result.stopped, precision=s.precision,
                         pack=index)
-        final_rows.append({**identity, **{k: v for k, v in result.final[local].items() if k not in ("model", "step")},
+        # the model's identity wins over a curves row's keys (a checkpoint's rows named pe once: report.md showed it)
+        final_rows.append({**identity, **{k: v for k, v in result.final[local].items()
+                                          if k not in ("model", "step") and k not in identity},
                            "train_seconds": result.seconds / len(pack)})
-        curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model"}}
+        curve_rows.extend({**identity, **{k: v for k, v in row.items() if k != "model" and k not in identity}}
                           for row in result.curves if row["model"] == local)
         if local in result.pe_tables:
             pe_tables[run_folder.pe_table_key(model['model_id'])] = result.pe_tables[local]

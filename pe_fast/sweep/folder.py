@@ -40,3 +40,22 @@ def finish_folder(s: Settings, out: Path, task, models: list[dict], num_packs: i
     table = summary_table(results, KINDS[s.task].summary)
     run_folder.write_final(out, results, curves, pe_tables, table.to_string(index=False) + "\n")
     return table
+
+
+def check_pack_holds(directory: Path, results: pd.DataFrame, pack: list[dict]):
+    """A finished pack's results hold this pack's models, each as the grid made it (its PE, σ, seed and axes), or
+    one ReportError naming the first that differs: a pack folder copied from another pack or sweep would join the
+    results as if this pack had trained it."""
+    wanted = {model["model_id"]: model for model in pack}
+    found = sorted(int(i) for i in results["model_id"]) if "model_id" in results else []
+    if found != sorted(wanted):
+        raise reading.ReportError(f"{directory}: its results hold models {found[:8]}, not this pack's {sorted(wanted)[:8]}")
+    for row in results.to_dict("records"):
+        model = wanted[int(row["model_id"])]
+        for key, value in model.items():
+            recorded = row.get(key)
+            same = (math.isnan(recorded) if value is None and isinstance(recorded, float) else recorded == value) \
+                if key in row else value is None
+            if not same:
+                raise reading.ReportError(f"{directory}: its model {model['model_id']} has {key} {recorded!r:.40}, where this "
+                                          f"sweep's has {value!r}")
