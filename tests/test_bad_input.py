@@ -1386,3 +1386,55 @@ def test_the_untampered_half_finished_sweep_resumes(half_finished, tmp_path):
     shutil.copytree(half_finished, folder, symlinks=True)
     assert sweep_main(["--resume", "--out", str(folder), "--no-report"]) == 0
     assert sorted(pd.read_parquet(folder / "results.parquet")["model_id"]) == [0, 1]
+
+
+@pytest.fixture(scope="module")
+def two_finished_lst_runs(half_finished, tmp_path_factory):
+    """half_finished resumed to its end, and a second run of its configuration with another seed: two folders
+    that pool."""
+    base = tmp_path_factory.mktemp("runs")
+    first, second = base / "first", base / "second"
+    shutil.copytree(half_finished, first, symlinks=True)
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main(["--resume", "--out", str(first), "--no-report"]) == 0
+        at = LST.index("--seeds")
+        flags = LST[:at] + LST[at + 2:] + ["--pe", "learned,sin2d", "--sigmas", "0.2"]
+        assert sweep_main([*flags, "--threads", "1", "--seed-values", "6312", "--out", str(second)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return first, second
+
+
+def test_a_weights_file_of_another_run_is_one_error(two_finished_lst_runs, tmp_path):
+    """A netsim run's pack-0 weights copied into an LST run: model(0) opened a 100-token netsim model (only the ids
+    were compared with config.json)."""
+    from pe_fast.results.reading import ReportError, load_run
+    folder = tmp_path / "run"
+    shutil.copytree(two_finished_lst_runs[0], folder, symlinks=True)
+    netsim = tmp_path / "netsim"
+    assert sweep_main([*NETSIM, "--threads", "1", "--out", str(netsim)]) == 0
+    shutil.copy(netsim / "packs" / "0" / "weights.safetensors", folder / "packs" / "0" / "weights.safetensors")
+    assert load_run(two_finished_lst_runs[0]).model(0).config.num_tokens == 16  # the file it replaced opens
+    with pytest.raises(ReportError, match=r"weights.safetensors: its models have .*: not this run's pack"):
+        load_run(folder).model(0)
+
+
+def test_a_pooled_folder_whose_sources_are_not_its_models_is_one_error(two_finished_lst_runs, tmp_path, capsys):
+    """pooled_from reordered: model(0) silently opened the other folder's seed; a NUL in it: a bare ValueError."""
+    from pe_fast.results.reading import ReportError, load_run
+    first, second = two_finished_lst_runs
+    pooled = tmp_path / "pooled"
+    assert report_main([str(first), str(second), "--out", str(pooled)]) == 0
+    capsys.readouterr()
+    run = load_run(pooled)
+    for model_id in run.model_ids():  # untampered, every model is its own
+        row = run.results[run.results["model_id"] == model_id].iloc[0]
+        source, source_id = run._pooled_source(model_id)
+        assert source.results[source.results["model_id"] == source_id].iloc[0]["seed"] == row["seed"]
+    config = json.loads((pooled / "config.json").read_text())
+    for folders, message in ((config["pooled_from"][::-1], "is not the model the pooled results record"),
+                             ([config["pooled_from"][0] + "\0x", config["pooled_from"][1]], "is not among pooled_from")):
+        (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": folders}))
+        with pytest.raises(ReportError, match=message):
+            load_run(pooled).model(0)

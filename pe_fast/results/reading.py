@@ -106,7 +106,25 @@ class Run:
         if loaded.model_ids != list(packs[index]):
             raise ReportError(f"{path}: holds models {loaded.model_ids[:6]}, config.json's pack {index} "
                               f"{list(packs[index])[:6]}: not this run's pack")
+        if (differs := self._not_this_runs(loaded)) is not None:
+            raise ReportError(f"{path}: its models have {differs}: not this run's pack")
         return loaded
+
+    def _not_this_runs(self, loaded: weights.PackWeights) -> str | None:
+        """What of a pack's model configuration (from its weights file) the run's own record contradicts: its
+        settings' shape, its results' PE kind, its attention maps' tokens; None where all agree. A weights file
+        copied from another run of the same model ids would otherwise be opened as this run's models."""
+        found = loaded.model.config
+        settings = (self.config.get("settings") or {}) if isinstance(self.config, dict) else {}
+        wanted = {name: settings.get(name) for name in ("width", "depth", "heads", "mlp_width")}
+        rows = self.results[self.results["model_id"].isin(loaded.model_ids)] if "model_id" in self.results else None
+        if rows is not None and len(rows):
+            wanted["pe"] = rows["pe"].iloc[0]
+        maps = self.pe_tables.get(run_folder.attention_map_key(loaded.model_ids[0]))
+        if maps is not None:
+            wanted["num_tokens"] = maps.shape[-1]
+        return next((f"{name} {getattr(found, name)!r}, where the run's is {value!r}" for name, value in wanted.items()
+                     if value is not None and getattr(found, name) != value), None)
 
     def model_ids(self) -> list[int]:
         """The ids of the run's trained models (not its baselines)."""
@@ -178,7 +196,8 @@ class Run:
                                 f"(its models: {_id_ranges(sorted(sources))})")
         folder, source_id = sources[model_id]
         folders = self.config[run_folder.POOLED_FROM]
-        if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)):
+        if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)
+                and "\0" not in folders[folder]):
             raise ReportError(f"{self.path}/config.json: model {model_id}'s source folder is not among pooled_from")
         if folder not in self._loaded:
             source, seen = Path(folders[folder]), self._loaded.get(POOLED_CHAIN, ()) + (self.path.resolve(),)
@@ -186,7 +205,18 @@ class Run:
                 raise ReportError(f"{self.path}/config.json: pooled_from leads back to {source}, a loop")
             self._loaded[folder] = read_run(source)
             self._loaded[folder]._loaded[POOLED_CHAIN] = seen
-        return self._loaded[folder], source_id
+        source = self._loaded[folder]
+        # the source's row of that model is the pooled row (a pooled_from reordered or pointing elsewhere would
+        # open another seed's or task's model under this id)
+        ours = self.results[self.results["model_id"] == model_id]
+        theirs = source.results[source.results["model_id"] == source_id] if "model_id" in source.results else ours[:0]
+        identity = [c for c in ("task", "pe", "sigma", "seed") if c in ours and c in theirs]
+        if len(ours) != 1 or len(theirs) != 1 or not all(
+                ours[c].iloc[0] == theirs[c].iloc[0] or (pd.isna(ours[c].iloc[0]) and pd.isna(theirs[c].iloc[0]))
+                for c in identity):
+            raise ReportError(f"{self.path}/config.json: model {model_id}'s source, model {source_id} of "
+                              f"{folders[folder]}, is not the model the pooled results record")
+        return source, source_id
 
     def task(self):
         """The task the run trained on, loaded from its settings (once): its splits, scores and ground truth."""
