@@ -92,8 +92,9 @@ CASES = [
     ("slurm gpus negative", SLURM_LOCAL + ["--slurm-gpus", "-1"], "--slurm-gpus"),
     ("steps zero", LST + ["--steps", "0"], "--steps"),
     ("steps negative", LST + ["--steps", "-5"], "--steps"),
-    *[(f"{flag} of 400 digits", (NETSIM if flag == "--netsim-seed" else LST) + [flag, "9" * 400],
-       f"{flag} must be finite") for flag in ("--netsim-seed", "--max-pack", "--width", "--steps")],
+    *[(f"{flag} of 400 digits", (NETSIM if flag == "--netsim-seed" else LST) + [flag, sign + "9" * 400],
+       f"{flag} must be finite") for flag, sign in (("--netsim-seed", ""), ("--max-pack", "-"), ("--width", ""),
+                                                    ("--steps", ""))],
     ("lr zero", LST + ["--lr", "0"], "--lr"),
     ("lr list with a zero", LST + ["--lr", "1e-3,0"], "--lr"),
     ("lr list with a word", LST + ["--lr", "1e-3,fast"], "--lr"),
@@ -509,7 +510,7 @@ RESUME_CASES = [
     ("recorded seed value not an integer", config_with(seed_values=[1.5], seeds=1), [], "--seed-values"),
     ("recorded steps beyond what can finish", config_with(steps=10**30), [], "--steps"),
     ("recorded width beyond any model", config_with(width=10**9), [], "--width"),
-    ("recorded max pack beyond float's range", config_with(max_pack=10**400), [], "--max-pack"),
+    ("recorded max pack beyond float's range", config_with(max_pack=-10**400), [], "--max-pack"),
     ("recorded nodes beyond any network", config_with(nodes=10**9), [], "--nodes"),
     ("recorded threads beyond the machine's cores", config_with(threads=100000), [], "--threads"),
     ("config a folder", config_a_folder, [], "config.json"),
@@ -1293,7 +1294,7 @@ def test_the_report_refuses_a_recorded_int_beyond_floats_range(unfinished, tmp_p
     """An int of 400 digits in config.json: math.isfinite raised OverflowError (a traceback) before the range check."""
     folder = tmp_path / "run"
     shutil.copytree(unfinished, folder)
-    config_with(max_pack=10**400)(folder)
+    config_with(max_pack=-10**400)(folder)
     before = snapshot(folder)
     assert_one_line(capsys, report_main([str(folder)]), "--max-pack must be finite")
     assert snapshot(folder) == before

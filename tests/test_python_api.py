@@ -70,7 +70,7 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     (dict(nodes=10**9), "--nodes"),
     (dict(timepoints=10**12), "--timepoints"),
     # beyond float's range: math.isfinite raised OverflowError, not a ValueError
-    (dict(max_pack=10**400), "--max-pack must be finite"),
+    (dict(max_pack=-10**400), "--max-pack must be finite"),
     (dict(width=10**400), "--width"),
     (dict(steps=False), "--steps: expected int, got False"),  # False is "off" for an on/off flag only
     (dict(task=False), "--task"),

@@ -473,7 +473,8 @@ def _checkpoint_values_problem(state: dict, steps: int) -> str | None:
     if not isinstance(curves, list):
         return f"curves of type {type(curves).__name__}"
     for row in curves:
-        if not (isinstance(row, dict) and type(row.get("step")) is int and 0 <= row["step"] <= steps):
+        step = row.get("step", 0) if isinstance(row, dict) else None
+        if not (isinstance(step, numbers.Integral) and not isinstance(step, bool) and 0 <= step <= steps):
             return f"a curves row {str(row)[:60]}"
         for key, value in row.items():
             number = isinstance(value, numbers.Real) and not (np.isfinite(value) and abs(value) > FLOAT32_MAX)

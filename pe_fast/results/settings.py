@@ -175,7 +175,7 @@ class Settings:
         help="the models' compute path: a pe_attention backend (reference, cpp, triton) or fused (Triton "
              "sublayers; experimental, slower than triton on a GPU: docs/kernels.md); default: the fastest on the "
              "device")
-    max_pack: int | None = setting(None, range=(1, MAX_MODELS, "[]"), may_differ=True,
+    max_pack: int | None = setting(None, range=(1, None, "[)"), may_differ=True,
                                    help="models trained together (default: as many as fit in half the free memory)")
     checkpoint_every: int | None = setting(
         None, range=(1, MAX_STEPS, "[]"), runtime=True,

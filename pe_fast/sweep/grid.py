@@ -3,7 +3,6 @@ optimizer kind that train together, and the model and training configurations of
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -86,7 +85,8 @@ def split_into_packs(models: list[dict], max_pack: int) -> list[list[dict]]:
     packs = []
     for kind in dict.fromkeys((m["pe"], m.get("optimizer")) for m in models):
         same = [m for m in models if (m["pe"], m.get("optimizer")) == kind]
-        size = math.ceil(len(same) / math.ceil(len(same) / max_pack))
+        count = -(-len(same) // max_pack)  # integer ceilings: a max_pack of 400 digits divided to 0.0 in floats
+        size = -(-len(same) // count)
         packs.extend(same[i:i + size] for i in range(0, len(same), size))
     return packs
 
