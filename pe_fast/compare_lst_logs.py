@@ -252,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         named = "--out " if args.out else ""
         try:
             home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
-            if args.out and home is not None and out.name != OUTPUT and (out.exists() or out.is_symlink()):
+            # the one file of a results folder it may replace: that folder's own table, when it is the one compared
+            own_table = out is not None and out.name == OUTPUT and \
+                out.parent.resolve() in {d.resolve() for d in directories}
+            if args.out and home is not None and not own_table and (out.exists() or out.is_symlink()):
                 raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a "
                                    f"new name")
             if out is not None and out.exists() and not out.is_file():  # a FIFO would block the write for ever

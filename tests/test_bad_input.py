@@ -94,7 +94,7 @@ CASES = [
     ("steps negative", LST + ["--steps", "-5"], "--steps"),
     *[(f"{flag} of 400 digits", (NETSIM if flag == "--netsim-seed" else LST) + [flag, sign + "9" * 400],
        f"{flag} must be finite") for flag, sign in (("--netsim-seed", ""), ("--max-pack", "-"), ("--width", ""),
-                                                    ("--steps", ""))],
+                                                    ("--steps", ""), ("--batch-size", ""))],
     ("lr zero", LST + ["--lr", "0"], "--lr"),
     ("lr list with a zero", LST + ["--lr", "1e-3,0"], "--lr"),
     ("lr list with a word", LST + ["--lr", "1e-3,fast"], "--lr"),
@@ -945,6 +945,7 @@ def test_a_curves_pe_name_that_no_sweep_writes_is_one_error(tmp_path, capsys):
     ({"model_0": np.zeros((1, 16, 0))}, "entry model_0 is a 3-axis float64 array of shape [1, 16, 0]"),  # no width
     # finite, but past float32: the figures' SVDs overflowed, with numpy's warnings on stderr
     ({"model_0": np.full((16, 8), 1e300)}, "entry model_0 holds numbers beyond any float32"),
+    ({"attention_map_1": np.full((1, 16, 16), 7.0)}, "entry attention_map_1 holds numbers beyond any probability"),
 ])
 def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_path, capsys):
     from pe_fast.results.reading import ReportError, load_run
@@ -966,7 +967,7 @@ def test_a_big_endian_pe_table_is_its_numbers_and_an_entry_stored_twice_is_refus
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
     table = np.arange(32.0).reshape(4, 8)
     np.savez(folder / "pe_tables.npz", model_0=table.astype(">f8"))
-    np.testing.assert_array_equal(load_run(folder).pe_table(0), table)
+    np.testing.assert_array_equal(load_run(folder).pe_table(0), table[None])  # one block's table
     with zipfile.ZipFile(folder / "pe_tables.npz", "a") as archive, pytest.warns(UserWarning, match="Duplicate"):
         with archive.open("model_0.npy", "w") as member:
             np.lib.format.write_array(member, np.zeros((4, 8)))
@@ -1057,6 +1058,13 @@ def test_a_fifo_in_a_folder_is_one_error_not_a_hang(tmp_path, capsys):
     os.mkfifo(pack / "curves.parquet")
     with pytest.raises(ReportError, match="curves.parquet is not a regular file"):
         within(60, load_run, folder)
+    # results.parquet too, and a folder in its place: taken as absent, the results were rebuilt from the curves
+    for make in (os.mkfifo, Path.mkdir):
+        spoilt = minimal_run(tmp_path / f"spoilt_{make.__name__}", pd.DataFrame(GOOD), pd.DataFrame(GOOD).assign(step=4))
+        (spoilt / "results.parquet").unlink()
+        make(spoilt / "results.parquet")
+        with pytest.raises(ReportError, match="results.parquet is not a regular file"):
+            within(60, load_run, spoilt)
     # config.json too: a FIFO was taken as no config.json, and the report went on without the settings
     (tmp_path / "top" / "curves.parquet").unlink()
     (tmp_path / "top" / "config.json").unlink(missing_ok=True)
@@ -1367,6 +1375,16 @@ HALF_FINISHED_CASES = [
      "holds curves value 'ood_acc': 1e+300"),
     ("checkpoint's curves naming a PE", checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(pe="<b>x</b>")),
      "holds curves value 'pe'"),
+    # parquet refused a bool among the scores after training; np.isfinite raised on an int beyond float's range
+    ("checkpoint's curves holding a bool", checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(ood_acc=True)),
+     "holds curves value 'ood_acc': True"),
+    ("checkpoint's curves holding a huge int", checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(x=2**130)),
+     "holds curves value 'x'"),
+    # a finished pack relabelled as another sweep's would have joined the results as this one's
+    ("pack 0 relabelled as bf16", relabel_pack_0(precision="bf16"), "have precision 'bf16', where this sweep's"),
+    ("pack 0 relabelled as pack 1", relabel_pack_0(pack=1), "have pack 1, where this sweep's pack 0 has 0"),
+    ("pack 0 claiming more steps", relabel_pack_0(steps=999), "steps 999, beyond this sweep's --steps 4"),
+    ("pack 0 with another seed", relabel_pack_0(seed=6312), "has seed 6312"),
 ]
 
 
@@ -1419,6 +1437,11 @@ def test_a_weights_file_of_another_run_is_one_error(two_finished_lst_runs, tmp_p
     assert load_run(two_finished_lst_runs[0]).model(0).config.num_tokens == 16  # the file it replaced opens
     with pytest.raises(ReportError, match=r"weights.safetensors: its models have .*: not this run's pack"):
         load_run(folder).model(0)
+    # the same sweep's file with another seed: its own record says so
+    shutil.copy(two_finished_lst_runs[1] / "packs" / "0" / "weights.safetensors",
+                folder / "packs" / "0" / "weights.safetensors")
+    with pytest.raises(ReportError, match=r"model 0 seeded 6312, where the run's results say 2235"):
+        load_run(folder).model(0)
 
 
 def test_a_pooled_folder_whose_sources_are_not_its_models_is_one_error(two_finished_lst_runs, tmp_path, capsys):
@@ -1439,3 +1462,25 @@ def test_a_pooled_folder_whose_sources_are_not_its_models_is_one_error(two_finis
         (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": folders}))
         with pytest.raises(ReportError, match=message):
             load_run(pooled).model(0)
+
+
+@pytest.mark.parametrize("scale", [1e30, 3e38])
+def test_pe_tables_of_large_float32_values_report_without_a_traceback_or_warnings(scale, tmp_path, capsys):
+    """Inside float32's range but near its end: the figures' SVD did not converge (a traceback), or numpy warned on
+    stderr, computing in float32; the tables are read in float64."""
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    table = (np.random.default_rng(0).uniform(-1, 1, (16, 8)) * scale).astype(np.float32)
+    np.savez(folder / "pe_tables.npz", model_0=table, model_1=table[::-1].copy())
+    assert report_main([str(folder)]) == 0
+    assert "Warning" not in capsys.readouterr().err
+
+
+def test_a_pe_table_of_two_axes_is_one_blocks_table(tmp_path, capsys):
+    """read_pe_tables accepts [tokens, width] (one block's table), but the report indexed every table [block]: an
+    AxisError after the figures."""
+    from pe_fast.results.reading import load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    table = np.random.default_rng(0).normal(size=(16, 8))
+    np.savez(folder / "pe_tables.npz", model_0=table, model_1=table[::-1].copy())
+    np.testing.assert_array_equal(load_run(folder).pe_table(0), table[None])
+    assert report_main([str(folder)]) == 0

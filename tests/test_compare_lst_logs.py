@@ -294,6 +294,15 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     assert results.read_bytes() == before
     new_name = tmp_path / "run" / "t.md"  # a new file in the folder is the user's to write
     assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(new_name)]) == 0
+    # another results folder's own table (it compares that folder, not this one) is its file too
+    write_run(tmp_path / "other", test_offset=0.0)
+    assert main([str(tmp_path / "other"), "--logs", str(tmp_path / "logs.csv")]) == 0
+    theirs = tmp_path / "other" / "compare_lst_logs.md"
+    before = theirs.read_bytes()
+    capsys.readouterr()
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(theirs)])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a file of the results folder" in err and theirs.read_bytes() == before, err
 
 
 @pytest.mark.parametrize("spoil, message", [

@@ -112,14 +112,20 @@ class Run:
 
     def _not_this_runs(self, loaded: weights.PackWeights) -> str | None:
         """What of a pack's model configuration (from its weights file) the run's own record contradicts: its
-        settings' shape, its results' PE kind, its attention maps' tokens; None where all agree. A weights file
-        copied from another run of the same model ids would otherwise be opened as this run's models."""
+        settings' shape, its results' PE kind and seeds, its attention maps' tokens; None where all agree. A
+        weights file copied from another run of the same model ids would otherwise open as this run's models."""
         found = loaded.model.config
         settings = (self.config.get("settings") or {}) if isinstance(self.config, dict) else {}
         wanted = {name: settings.get(name) for name in ("width", "depth", "heads", "mlp_width")}
         rows = self.results[self.results["model_id"].isin(loaded.model_ids)] if "model_id" in self.results else None
         if rows is not None and len(rows):
             wanted["pe"] = rows["pe"].iloc[0]
+        if rows is not None and "seed" in rows:  # the file's own record of each model's seed
+            recorded = dict(zip(rows["model_id"].astype(int), rows["seed"]))
+            other = next((i for i, seed in zip(loaded.model_ids, loaded.model.seeds) if recorded.get(i) != seed), None)
+            if other is not None:
+                return f"model {other} seeded {loaded.model.seeds[loaded.model_ids.index(other)]!r}, where the " \
+                       f"run's results say {recorded.get(other)!r}"
         maps = self.pe_tables.get(run_folder.attention_map_key(loaded.model_ids[0]))
         if maps is not None:
             wanted["num_tokens"] = maps.shape[-1]
@@ -361,7 +367,8 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 # [L, N, N]
 def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
     """pe_tables.npz, every entry a real-valued table of 2 or 3 axes under a key the sweep writes, or one
-    ReportError naming the entry (a folder may come from anyone)."""
+    ReportError naming the entry (a folder may come from anyone); a table of 2 axes, one block's, is read as
+    [1, tokens, width], the form every reader indexes."""
     tables = read_npz(path)
     tokens = None  # every entry's, the first entry's: the figures and RSA compare tables token by token
     for key, table in tables.items():
@@ -375,16 +382,22 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
             raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array of shape "
                               f"{list(table.shape)}, not a table of numbers [tokens, width] or [blocks, tokens, "
                               f"width]; not a pe_fast results folder")
-        tables[key] = table = table.astype(native, copy=False)
-        # a sweep writes float32: a larger finite number was not trained, and the figures' SVDs overflow on it
-        if (np.abs(table[np.isfinite(table)]) > FLOAT32_MAX).any():
-            raise ReportError(f"{path}: entry {key} holds numbers beyond any float32 a sweep computes; not a "
-                              f"pe_fast results folder")
-        tokens = table.shape[-2] if tokens is None else tokens
         square = key.startswith(run_folder.ATTENTION_MAP)
+        # read in float64: the figures' and metrics' SVDs and squares of a float32 table near its largest values
+        # overflowed (an SVD that does not converge, numpy's warnings); attention maps stay as written
+        written = list(table.shape)
+        table = table.astype(native if square else np.float64, copy=False)
+        tables[key] = table = table[None] if table.ndim == 2 else table
+        finite = table[np.isfinite(table)]
+        # a sweep writes float32, and attention maps are probabilities: anything else was not trained
+        if (np.abs(finite) > FLOAT32_MAX).any() or (square and ((finite < 0) | (finite > 1 + 1e-3)).any()):
+            raise ReportError(f"{path}: entry {key} holds numbers beyond any "
+                              f"{'probability' if square else 'float32'} a sweep computes; not a pe_fast results "
+                              f"folder")
+        tokens = table.shape[-2] if tokens is None else tokens
         if table.shape[-2] != tokens or (square and table.shape[-1] != tokens):
             wanted = f"[blocks, {tokens}, {tokens}]" if square else f"[{tokens}, width] or [blocks, {tokens}, width]"
-            raise ReportError(f"{path}: entry {key} has shape {list(table.shape)}, not {wanted} as the first "
+            raise ReportError(f"{path}: entry {key} has shape {written}, not {wanted} as the first "
                               f"entry's {tokens} tokens; not a pe_fast results folder")
     return tables
 
@@ -510,6 +523,9 @@ def read_run(directory: Path) -> Run:
                                   f"({error})") from None
     notes: list[str] = []
     top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
+    for path in top.values():  # a FIFO or a folder in its place: refused, not taken as absent (the packs read instead)
+        if _present(path):
+            regular_file(path)
     if top[run_folder.RESULTS].is_file() or top[run_folder.CURVES].is_file():
         curves = _read_parquet(top[run_folder.CURVES]) if _present(top[run_folder.CURVES]) else pd.DataFrame()
         if top[run_folder.RESULTS].is_file():

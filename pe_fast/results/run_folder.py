@@ -477,7 +477,14 @@ def _checkpoint_values_problem(state: dict, steps: int) -> str | None:
         if not (isinstance(step, numbers.Integral) and not isinstance(step, bool) and 0 <= step <= steps):
             return f"a curves row {str(row)[:60]}"
         for key, value in row.items():
-            number = isinstance(value, numbers.Real) and not (np.isfinite(value) and abs(value) > FLOAT32_MAX)
+            # a bool is not a score (parquet refused the mixed column after training); an int beyond float's
+            # range made np.isfinite raise
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+                number = False
+            elif isinstance(value, numbers.Integral):
+                number = abs(int(value)) <= FLOAT32_MAX
+            else:
+                number = not (np.isfinite(value) and abs(value) > FLOAT32_MAX)
             if not (isinstance(key, str) and (number or value is None)):
                 return f"curves value {key!r:.40}: {value!r:.40}"
     return None

@@ -21,6 +21,7 @@ from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 # Sizes beyond any model of this study (the paper's d = 160, MLP 640, 4 blocks): a typo is one line, not a failed
 # allocation; at MAX_WIDTH one model's QKV weights alone would take 51 GB.
 MAX_MODELS = 100_000  # a grid larger than this is a typo, not a sweep
+MAX_BATCH_SIZE = 2**24  # items a step per model: more is no training set's (and its memory estimate overflowed)
 MAX_STEPS = 10**8     # 400 times the paper's 256k steps: more cannot finish (nor a warm-up, an evaluation
                       # or a checkpoint period longer)
 MAX_THREADS = 1024    # per Ray or SLURM worker; a sweep on this machine gets at most its cores
@@ -102,7 +103,7 @@ class Settings:
     heads: int = setting(range=(1, None, "[)"))
     mlp_width: int = setting(range=(1, MAX_MLP_WIDTH, "[]"), new_sweep=None,  # None: 4·width
                              help="MLP hidden width (default 4·width)")
-    batch_size: int = setting(range=(1, None, "[)"))
+    batch_size: int = setting(range=(1, MAX_BATCH_SIZE, "[]"))
     # grid axes (grid_axis=N): every model trains with one value of each
     lr: tuple[float, ...] = setting(range=(0, None, "()"), grid_axis=2,
                                     help="learning rate; a comma-separated list is a grid axis")

@@ -125,7 +125,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         for index in sorted(finished):  # every finished pack readable as the results will read it, before training
             try:
                 results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
-                folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index])
+                folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
             except reading.ReportError as error:
                 raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
         for index in todo:  # every checkpoint readable (and safely so) before any training

@@ -42,10 +42,21 @@ def finish_folder(s: Settings, out: Path, task, models: list[dict], num_packs: i
     return table
 
 
-def check_pack_holds(directory: Path, results: pd.DataFrame, pack: list[dict]):
-    """A finished pack's results hold this pack's models, each as the grid made it (its PE, σ, seed and axes), or
-    one ReportError naming the first that differs: a pack folder copied from another pack or sweep would join the
-    results as if this pack had trained it."""
+def check_pack_holds(directory: Path, results: pd.DataFrame, pack: list[dict], s: Settings, index: int):
+    """A finished pack's results hold this pack's models, each as the grid made it (its PE, σ, seed and axes) and
+    as this sweep trains it (task, precision, pack index, at most --steps), or one ReportError naming the first
+    that differs: a pack folder copied from another pack or sweep would join the results as if this pack had
+    trained it."""
+    trained = {"task": s.task, "precision": s.precision, "pack": index}
+    for name, value in trained.items():
+        if name in results and (results[name] != value).any():
+            found = results[name][results[name] != value].iloc[0]
+            found = found.item() if hasattr(found, "item") else found
+            raise reading.ReportError(f"{directory}: its results have {name} {found!r:.40}, where this sweep's "
+                                      f"pack {index} has {value!r}")
+    if "steps" in results and not results["steps"].between(1, s.steps).all():
+        raise reading.ReportError(f"{directory}: its results have steps {int(results['steps'].max())}, beyond this "
+                                  f"sweep's --steps {s.steps}")
     wanted = {model["model_id"]: model for model in pack}
     found = sorted(int(i) for i in results["model_id"]) if "model_id" in results else []
     if found != sorted(wanted):
