@@ -1380,6 +1380,8 @@ HALF_FINISHED_CASES = [
      "holds curves value 'ood_acc': True"),
     ("checkpoint's curves holding a huge int", checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(x=2**130)),
      "holds curves value 'x'"),
+    ("checkpoint's curves naming a column in HTML",
+     checkpoint_of_pack_1_with(lambda s: s["curves"][0].update({"<b>x</b>": 0.5})), "holds curves value '<b>x</b>'"),
     # a finished pack relabelled as another sweep's would have joined the results as this one's
     ("pack 0 relabelled as bf16", relabel_pack_0(precision="bf16"), "have precision 'bf16', where this sweep's"),
     ("pack 0 relabelled as pack 1", relabel_pack_0(pack=1), "have pack 1, where this sweep's pack 0 has 0"),

@@ -461,6 +461,7 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
 # the largest number a sweep computes (in float32 at most)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_TRAINING_SECONDS = 1e9  # a checkpoint's training time so far: 31 years is no pack's
+CURVES_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # the columns an evaluation writes: names, not text
 
 
 def _checkpoint_values_problem(state: dict, steps: int) -> str | None:
@@ -485,7 +486,7 @@ def _checkpoint_values_problem(state: dict, steps: int) -> str | None:
                 number = abs(int(value)) <= FLOAT32_MAX
             else:
                 number = not (np.isfinite(value) and abs(value) > FLOAT32_MAX)
-            if not (isinstance(key, str) and (number or value is None)):
+            if not (isinstance(key, str) and CURVES_KEY.fullmatch(key) and (number or value is None)):
                 return f"curves value {key!r:.40}: {value!r:.40}"
     return None
 
