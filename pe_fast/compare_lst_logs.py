@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             # the one file of a results folder it may replace: that folder's own table, when it is the one compared
             own_table = out is not None and out.name == OUTPUT and \
                 out.parent.resolve() in {d.resolve() for d in directories}
+            if args.out and home is not None and "packs" in out.resolve().relative_to(home).parts[:1]:
+                raise CompareError(f"--out {out} lies in the packs of the results folder {home}; write the table "
+                                   f"elsewhere")
             if args.out and home is not None and not own_table and (out.exists() or out.is_symlink()):
                 raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a "
                                    f"new name")

@@ -303,6 +303,10 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(theirs)])
     err = capsys.readouterr().err
     assert code == 2 and "is a file of the results folder" in err and theirs.read_bytes() == before, err
+    (tmp_path / "other" / "packs" / "0").mkdir(parents=True, exist_ok=True)
+    inside_pack = tmp_path / "other" / "packs" / "0" / "compare_lst_logs.md"  # a new file, but in a pack's folder
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(inside_pack)])
+    assert code == 2 and not inside_pack.exists(), capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spoil, message", [

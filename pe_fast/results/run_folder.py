@@ -478,12 +478,12 @@ def _checkpoint_values_problem(state: dict, steps: int) -> str | None:
         if not (isinstance(step, numbers.Integral) and not isinstance(step, bool) and 0 <= step <= steps):
             return f"a curves row {str(row)[:60]}"
         for key, value in row.items():
-            # a bool is not a score (parquet refused the mixed column after training); an int beyond float's
-            # range made np.isfinite raise
+            # a bool is not a score (parquet refused the mixed column after training); an int beyond int64 failed
+            # there too, one beyond float's range in np.isfinite
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
                 number = False
-            elif isinstance(value, numbers.Integral):
-                number = abs(int(value)) <= FLOAT32_MAX
+            elif isinstance(value, numbers.Integral):  # parquet stores ints in int64
+                number = -2**63 <= int(value) < 2**63
             else:
                 number = not (np.isfinite(value) and abs(value) > FLOAT32_MAX)
             if not (isinstance(key, str) and CURVES_KEY.fullmatch(key) and (number or value is None)):
