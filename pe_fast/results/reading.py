@@ -122,10 +122,9 @@ class Run:
             wanted["pe"] = rows["pe"].iloc[0]
         if rows is not None and "seed" in rows:  # the file's own record of each model's seed
             recorded = dict(zip(rows["model_id"].astype(int), rows["seed"]))
-            other = next((i for i, seed in zip(loaded.model_ids, loaded.model.seeds) if recorded.get(i) != seed), None)
-            if other is not None:
-                return f"model {other} seeded {loaded.model.seeds[loaded.model_ids.index(other)]!r}, where the " \
-                       f"run's results say {recorded.get(other)!r}"
+            for model_id, seed in zip(loaded.model_ids, loaded.model.seeds):
+                if recorded.get(model_id) != seed:
+                    return f"model {model_id} seeded {seed!r}, where the run's results say {recorded.get(model_id)!r}"
         maps = self.pe_tables.get(run_folder.attention_map_key(loaded.model_ids[0]))
         if maps is not None:
             wanted["num_tokens"] = maps.shape[-1]

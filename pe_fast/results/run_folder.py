@@ -503,10 +503,13 @@ def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -
     state = _load_checkpoint(path, index, mmap=True)
     missing = [key for key in keys if key not in state] if isinstance(state, dict) else list(keys)
     step = state.get("step", 0) if isinstance(state, dict) else None
-    problem = None if missing or not isinstance(state, dict) else _checkpoint_values_problem(state, steps)
-    if missing or not (type(step) is int and 0 <= step <= steps) or problem:
-        what = f"lacks {', '.join(missing)}" if missing else f"has step {step!r}, not one of 0…{steps}" \
-            if not (type(step) is int and 0 <= step <= steps) else f"holds {problem}"
+    if missing:
+        what = f"lacks {', '.join(missing)}"
+    elif not (type(step) is int and 0 <= step <= steps):
+        what = f"has step {step!r}, not one of 0…{steps}"
+    else:
+        what = (problem := _checkpoint_values_problem(state, steps)) and f"holds {problem}"
+    if what:
         raise UnreadableCheckpoint(f"{path} is not a checkpoint of this sweep ({what}); delete it to retrain "
                                    f"pack {index} from its start")
 
