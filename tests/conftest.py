@@ -23,6 +23,12 @@ SLOW_FILES = {
     "test_sweep.py", "test_sweep_docs.py", "test_sweep_regions.py", "test_sweep_scale.py", "test_task_registry.py",
     "test_triton_attention.py", "test_triton_compile.py", "test_until_converged.py",
 }
+# pytest-xdist hands each worker whole files (--dist loadfile) in the order collected, and the longest files would
+# come last (it sorts by number of tests, and they hold few): they start first, longest first (python -m pytest
+# --durations=0, summed a file), so that the workers finish together. pyproject's addopts turns xdist's own order off.
+LONGEST_FIRST = ("test_sweep_scale.py", "test_triton_compile.py", "test_slurm_real.py", "test_readme_commands.py",
+                 "test_fused_sublayers.py", "test_bad_input.py", "test_sweep_regions.py", "test_precision.py",
+                 "test_triton_attention.py", "test_open_models.py", "test_pe_dropout.py")
 TRITON_FILES = {"test_fused_sublayers.py", "test_triton_attention.py", "test_triton_compile.py"}
 MARKERS = {"slow": "10 s or more a file: sweeps, processes, compiles (left out of the quick loop)",
            "triton": "needs triton: the interpreter suites and the ahead-of-time compiles",
@@ -36,6 +42,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     import pytest
+    rank = {file: i for i, file in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:
         file = item.path.name
         if file in SLOW_FILES:

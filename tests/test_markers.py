@@ -13,6 +13,7 @@ def test_every_marked_file_exists():
     files = {path.name for path in TESTS.glob("test_*.py")}
     assert conftest.SLOW_FILES - files == set() and conftest.TRITON_FILES - files == set()
     assert conftest.TRITON_FILES <= conftest.SLOW_FILES
+    assert set(conftest.LONGEST_FIRST) <= conftest.SLOW_FILES
 
 
 def test_the_quick_loop_leaves_the_slow_files_out():
