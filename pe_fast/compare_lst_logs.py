@@ -97,15 +97,17 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
                             dropna=False).reset_index()
 
 
-def our_epochs(config: dict, curves: pd.DataFrame) -> pd.Series:
+def our_epochs(directory: Path, config: dict, settings: Settings, curves: pd.DataFrame) -> pd.Series:
     """Each evaluation's step as passes over the training split (puzzles seen / training puzzles)."""
     try:
         train_size = config["task"]["sizes"]["train"]
-        batch = config["settings"]["batch_size"]
     except (KeyError, TypeError):
-        raise CompareError("config.json lacks the task's training-split size or the batch size; is this an LST "
-                           "run of pe_fast?")
-    return curves["step"] * batch / train_size
+        train_size = None
+    # a count the task wrote (its training puzzles), which the epochs divide by
+    if isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1:
+        raise CompareError(f"{directory / 'config.json'}: task.sizes.train is {str(train_size)[:40]!r}, not the "
+                           f"training split's number of puzzles; is this an LST run of pe_fast?")
+    return curves["step"] * settings.batch_size / train_size
 
 
 def dropout_note(settings: Settings, pe: str) -> str:
@@ -135,10 +137,12 @@ def read_lst_run(directory: Path) -> tuple[pd.DataFrame, Settings]:
         settings = recorded_settings(directory, run)
     except ReportError as error:
         raise CompareError(str(error))
+    if not {"pe", "sigma", "train_acc", "test_acc"} <= set(run.curves.columns):  # no curves.parquet: empty
+        raise CompareError(f"{directory} has no curves (pe, sigma, train_acc, test_acc) to compare")
     curves = run.curves[run.curves["pe"].isin(["learned", "sin2d"])].copy()
-    if curves.empty or not {"train_acc", "test_acc"} <= set(curves.columns):
+    if curves.empty:
         raise CompareError(f"{directory} has no learned or sin2d curves with train_acc and test_acc to compare")
-    curves["epoch"] = our_epochs(run.config, curves)
+    curves["epoch"] = our_epochs(directory, run.config, settings, curves)
     curves["setting"] = [("sin2d" if pe == "sin2d" else f"learned σ={sigma:g}") + dropout_note(settings, pe)
                          for pe, sigma in zip(curves["pe"], curves["sigma"])]
     curves["folder"] = str(directory)

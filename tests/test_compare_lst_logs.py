@@ -47,7 +47,8 @@ def write_run(directory, test_offset: float, trained_seeds=SEEDS[:3], **settings
                 near = 200 if epoch == 195 else epoch
                 train = their_accuracy(pe, seed, near, "train")
                 test = their_accuracy(pe, seed, near, "test") + (test_offset if pe == "learned" else 0.0)
-                rows.append(dict(pe=pe, sigma=sigma, seed=seed, model_id=len(rows), step=step, train_acc=train,
+                model_id = len(trained_seeds) * ["sin2d", "learned"].index(pe) + list(trained_seeds).index(seed)
+                rows.append(dict(pe=pe, sigma=sigma, seed=seed, model_id=model_id, step=step, train_acc=train,
                                  test_acc=test, ood_acc=0.5))
     curves = pd.DataFrame(rows)
     curves.to_parquet(directory / "curves.parquet")
@@ -202,8 +203,9 @@ def test_paper_e200_preset_is_the_authors_grid_at_their_epoch_200():
 
 @pytest.mark.parametrize("named", [False, True], ids=["default output", "named by --out"])
 @pytest.mark.parametrize("link", ["symlink", "hard link"])
-def test_a_link_planted_as_the_output_is_replaced_not_written_through(link, named, tmp_path, capsys):
-    """Named by --out, the same file was written through the link: a file outside the folder overwritten."""
+def test_a_link_planted_as_the_output_is_never_written_through(link, named, tmp_path, capsys):
+    """Named by --out, the same file was written through the link: a file outside the folder overwritten. A
+    symbolic link out of the folder is refused, as the report and load_run refuse it; a hard link is replaced."""
     write_logs(tmp_path / "logs.csv")
     write_run(tmp_path / "run", test_offset=0.0)
     outside = tmp_path / "outside.txt"
@@ -211,9 +213,13 @@ def test_a_link_planted_as_the_output_is_replaced_not_written_through(link, name
     planted = tmp_path / "run" / "compare_lst_logs.md"
     planted.symlink_to(outside) if link == "symlink" else os.link(outside, planted)
     out = ["--out", str(planted)] if named else []
-    assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), *out]) == 0
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), *out])
     assert outside.read_text() == "someone else's file\n"
-    assert not planted.is_symlink() and planted.read_text() == capsys.readouterr().out
+    if link == "symlink":
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and f"{planted} is a link to {outside}" in err, err
+    else:
+        assert code == 0 and planted.read_text() == capsys.readouterr().out
 
 
 def test_an_output_that_is_a_folder_is_one_line(tmp_path, capsys):

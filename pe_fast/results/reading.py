@@ -500,6 +500,10 @@ def read_run(directory: Path) -> Run:
         raise ReportError(f"{directory}: {error.strerror or error}; pass a sweep's results folder") from None
     if not folder:
         raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
+    try:  # what is read comes from inside DIR, and what the report writes goes there
+        run_folder.check_inside(directory)
+    except run_folder.LeavesFolder as error:
+        raise ReportError(str(error)) from None
     config = {}
     if _present(directory / run_folder.CONFIG):
         regular_file(directory / run_folder.CONFIG)  # a FIFO would be taken as no config.json at all
@@ -568,14 +572,22 @@ def read_run(directory: Path) -> Run:
         notes.append(f"{len(diverged)} PE table(s) or attention map(s) hold NaN or inf (diverged models: "
                      f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
+    for index in sorted(run_folder.finished_packs(directory)):  # the models load_run(DIR).model(i) would build
+        path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
+        if _present(path):
+            try:
+                weights.check_pack_weights(regular_file(path))
+            except weights.UnreadableWeights as error:
+                raise ReportError(str(error)) from None
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     return Run(config, results, curves, pe_tables, notes, path=directory)
 
 
-# a results row's pe: a PE kind, or a task's non-transformer reference ("baseline:mean")
-PE_NAME = re.compile(rf"(?:{'|'.join(PE_KINDS)}|baseline:[a-z0-9_-]+)")
+# a results row's pe: a PE kind, or a task's non-transformer reference ("baseline:mean"); a name of any length
+# reached the figures' legends (a 200,000-character one held the report for minutes)
+PE_NAME = re.compile(rf"(?:{'|'.join(PE_KINDS)}|baseline:[a-z0-9_-]{{1,40}})")
 
 
 def _numbers(column: pd.Series) -> pd.Series | None:
@@ -636,12 +648,19 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
     if "model_id" in results and results["model_id"].duplicated().any():
         refuse("results", f"column model_id holds {results['model_id'][results['model_id'].duplicated()].iloc[0]} "
                           f"twice; each model has one row")
+    if "steps" in results and (problem := _not_counts(_numbers(results["steps"]), baseline)):
+        refuse("results", f"column steps holds {problem}")
     if not curves.empty:
         for name in ("model_id", "step"):
             if name not in curves or curves[name].isna().any():
                 refuse("curves", f"column {name} is missing or empty")
             if problem := _not_counts(_numbers(curves[name]), False):
                 refuse("curves", f"column {name} holds {problem}")
+        if "model_id" in results and not (stray := set(curves["model_id"]) - set(results["model_id"])) <= set():
+            refuse("curves", f"column model_id holds {min(stray)}, a model the results do not hold")
+        if curves.duplicated(["model_id", "step"]).any():
+            twice = curves[curves.duplicated(["model_id", "step"])].iloc[0]
+            refuse("curves", f"model {twice['model_id']} has two rows at step {twice['step']}; one evaluation a step")
 
 
 def _shown(value) -> str:

@@ -337,7 +337,8 @@ class LeavesFolder(Exception):
 
 def check_inside(out: Path):
     """Raise LeavesFolder if any link in DIR (at any depth) points outside DIR: the sweep and the report write
-    and delete inside DIR only, and a link would carry those writes elsewhere."""
+    and delete inside DIR only, and a link would carry those writes elsewhere (and bring a reader's data from
+    elsewhere)."""
     root = out.resolve()
     for folder, subfolders, files in os.walk(out):
         for name in subfolders + files:
@@ -347,10 +348,10 @@ def check_inside(out: Path):
             try:
                 target = path.resolve()
             except (RuntimeError, OSError):  # a loop of links (Python 3.12 and older: RuntimeError)
-                raise LeavesFolder(f"{path} is a link that leads round in a loop; the sweep writes inside its folder "
-                                   f"only: replace the link by the folder or file itself") from None
+                raise LeavesFolder(f"{path} is a link that leads round in a loop; pe_fast reads and writes inside "
+                                   f"a results folder only: replace the link by the folder or file itself") from None
             if not target.is_relative_to(root):
-                raise LeavesFolder(f"{path} is a link to {target}, outside {out}; the sweep writes inside "
+                raise LeavesFolder(f"{path} is a link to {target}, outside {out}; pe_fast reads and writes inside "
                                    f"its folder only: replace the link by the folder or file itself")
 
 

@@ -51,32 +51,16 @@ class PackWeights:
     step: int
 
 
+def check_pack_weights(path: Path):
+    """A weights file's header (its metadata, model configuration and declared tensors) checked without reading a
+    tensor, as the report checks every pack's; UnreadableWeights names the file and what is wrong."""
+    _read_pack_weights(path, tensors=False)
+
+
 def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWeights:
     """The pack a weights file holds, rebuilt and loaded; UnreadableWeights names the file and what is wrong."""
-    from safetensors import SafetensorError, safe_open
-
-    def refuse(what: str):
-        raise UnreadableWeights(f"{path}: {what}; not a pe_fast weights file (rerun the sweep to write it again)")
-
-    if not path.is_file():
-        raise UnreadableWeights(f"{path} does not exist")
-    if (twice := _key_named_twice(path)) is not None:  # safetensors' and JSON readers keep one of the two
-        refuse(f"its header names {twice[:60]!r} twice")
-    try:
-        with safe_open(str(path), framework="pt") as file:
-            header = file.metadata() or {}
-            declared = {}
-            for name in file.keys():
-                view = file.get_slice(name)
-                declared[name] = (tuple(view.get_shape()), view.get_dtype())
-            meta = _metadata(header, refuse)
-            config = _model_config(meta["model_config"], refuse)
-            _check_tensors(path, config, len(meta["model_ids"]), declared, refuse)
-            tensors = {name: file.get_tensor(name) for name in declared}
-    except SafetensorError as error:
-        refuse(f"cannot be read ({str(error)[:120]})")
-    except OSError as error:
-        raise UnreadableWeights(f"{path} cannot be read ({error.strerror or error})")
+    meta, config, tensors = _read_pack_weights(path, tensors=True)
+    refuse = _refuser(path)
     coordinates = tensors.pop(COORDINATES, None)
     if coordinates is not None and not torch.isfinite(coordinates).all():
         refuse(f"its tensor {COORDINATES} holds NaN or Inf: not token coordinates")
@@ -98,6 +82,39 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
     except (ValueError, TypeError, RuntimeError) as error:  # a tensor missing, extra or of a wrong shape
         refuse(f"does not hold a model of its own configuration ({str(error).splitlines()[0][:160]})")
     return PackWeights(model.to(device).eval(), list(meta["model_ids"]), meta["step"])
+
+
+def _refuser(path: Path):
+    def refuse(what: str):
+        raise UnreadableWeights(f"{path}: {what}; not a pe_fast weights file (rerun the sweep to write it again)")
+    return refuse
+
+
+def _read_pack_weights(path: Path, tensors: bool):
+    """(metadata, model configuration, the tensors by name or None): the header checked against the configuration
+    it declares before any tensor is read."""
+    from safetensors import SafetensorError, safe_open
+    refuse = _refuser(path)
+    if not path.is_file():
+        raise UnreadableWeights(f"{path} does not exist")
+    if (twice := _key_named_twice(path)) is not None:  # safetensors' and JSON readers keep one of the two
+        refuse(f"its header names {twice[:60]!r} twice")
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            header = file.metadata() or {}
+            declared = {}
+            for name in file.keys():
+                view = file.get_slice(name)
+                declared[name] = (tuple(view.get_shape()), view.get_dtype())
+            meta = _metadata(header, refuse)
+            config = _model_config(meta["model_config"], refuse)
+            _check_tensors(path, config, len(meta["model_ids"]), declared, refuse)
+            read = {name: file.get_tensor(name) for name in declared} if tensors else None
+    except SafetensorError as error:
+        refuse(f"cannot be read ({str(error)[:120]})")
+    except OSError as error:
+        raise UnreadableWeights(f"{path} cannot be read ({error.strerror or error})")
+    return meta, config, read
 
 
 # safetensors' own limit on a header's size

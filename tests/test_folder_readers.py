@@ -1,0 +1,119 @@
+"""A results folder someone else made, read by every reader the same way (python -m pe_fast.report,
+pe_fast.load_run, python -m pe_fast.compare_lst_logs): what the third hostile round got past some of them is one
+error naming the file, and the report writes nothing before it."""
+import json
+import shutil
+import struct
+
+import pandas as pd
+import pytest
+
+import pe_fast
+from pe_fast import compare_lst_logs, report
+from pe_fast.results import run_folder
+from pe_fast.results.reading import ReportError
+from sweep_harness import sweep_in_process
+
+LST = ["--task", "lst", "--width", "8", "--depth", "1", "--mlp-width", "16", "--steps", "4", "--eval-every", "2",
+       "--batch-size", "8", "--seeds", "1", "--pe", "learned,sin2d", "--sigmas", "0.1", "--no-report"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    done = sweep_in_process(*LST, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def copy_of(finished, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(finished, folder)
+    return folder
+
+
+def rewrite_tables(folder, change):
+    """results.parquet and curves.parquet, top level and in the packs, changed alike (change(name, frame))."""
+    for path in [*folder.glob("*.parquet"), *folder.glob("packs/*/*.parquet")]:
+        if path.name in (run_folder.RESULTS, run_folder.CURVES):
+            pd.DataFrame.to_parquet(change(path.name, pd.read_parquet(path)), path)
+
+
+def long_baseline_name(name, frame):
+    return frame.assign(pe=frame["pe"].where(frame["model_id"] != 1, "baseline:" + "a" * 200_000))
+
+
+def duplicated_curves_row(name, frame):
+    return pd.concat([frame, frame.iloc[:1]], ignore_index=True) if name == run_folder.CURVES else frame
+
+
+def stray_curves_model(name, frame):
+    return frame.assign(model_id=frame["model_id"] + 77) if name == run_folder.CURVES else frame
+
+
+def negative_steps(name, frame):
+    return frame.assign(steps=-5) if name == run_folder.RESULTS else frame
+
+
+def lying_weights_header(folder):
+    path = folder / "packs" / "0" / run_folder.WEIGHTS
+    path.write_bytes(struct.pack("<Q", 2 ** 63) + b"{}")
+
+
+TAMPERS = {
+    # a name of 200,000 characters held the report for minutes in the figures' legends
+    "a baseline name 200,000 characters long": (lambda f: rewrite_tables(f, long_baseline_name), "column pe"),
+    "a curves row twice": (lambda f: rewrite_tables(f, duplicated_curves_row), "two rows at step"),
+    "curves of a model the results lack": (lambda f: rewrite_tables(f, stray_curves_model), "do not hold"),
+    "negative steps": (lambda f: rewrite_tables(f, negative_steps), "column steps"),
+    # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
+    "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_the_report_and_load_run_refuse_a_tampered_folder_alike(tamper, finished, tmp_path, capsys):
+    folder = copy_of(finished, tmp_path)
+    spoil, must_name = TAMPERS[tamper]
+    spoil(folder)
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    assert report.main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and must_name in err, err[:500]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written, no figure
+    with pytest.raises(ReportError, match=must_name):
+        pe_fast.load_run(folder)
+
+
+def test_a_link_out_of_the_folder_is_refused_by_every_reader(finished, tmp_path, capsys):
+    folder = copy_of(finished, tmp_path)
+    outside = tmp_path / "config.json"
+    (folder / run_folder.CONFIG).rename(outside)
+    (folder / run_folder.CONFIG).symlink_to(outside)
+    with pytest.raises(ReportError, match="is a link to"):
+        pe_fast.load_run(folder)
+    assert compare_lst_logs.main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a link to" in err, err
+    assert not (folder / "compare_lst_logs.md").exists()
+
+
+@pytest.mark.parametrize("train", [None, "abc", [1, 2], -1, 0.5, True])
+def test_compare_lst_logs_refuses_a_training_size_that_is_not_a_count(train, finished, tmp_path, capsys):
+    folder = copy_of(finished, tmp_path)
+    config = json.loads((folder / run_folder.CONFIG).read_text())
+    config["task"]["sizes"]["train"] = train
+    (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    assert compare_lst_logs.main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "task.sizes.train" in err, err
+    assert not (folder / "compare_lst_logs.md").exists()
+
+
+def test_compare_lst_logs_refuses_a_folder_without_curves(finished, tmp_path, capsys):
+    folder = copy_of(finished, tmp_path)
+    for path in [folder / run_folder.CURVES, *folder.glob(f"packs/*/{run_folder.CURVES}")]:
+        path.unlink()
+    assert compare_lst_logs.main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no curves" in err, err
