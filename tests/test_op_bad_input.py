@@ -109,6 +109,18 @@ CASES = [
      TypeError, r"rope\[1\] is torch.float16 but w_qkv is torch.float32"),
     ("rope float32 under float64", with_rope_table(0, torch.Tensor.float), TypeError,
      r"rope\[0\] is torch.float32 but w_qkv is torch.float64"),
+    # pe and b_qkv were cast to w_qkv's dtype without a word, where bias and rope raised
+    ("pe float64 with float32 x", lambda a: changed("pe", torch.Tensor.double)(as_float32(a)), TypeError,
+     r"pe is torch.float64 but w_qkv is torch.float32"),
+    ("b_qkv float16 with float32 x", lambda a: changed("b_qkv", torch.Tensor.half)(as_float32(a)), TypeError,
+     r"b_qkv is torch.float16 but w_qkv is torch.float32"),
+    ("pe float32 under float64", changed("pe", torch.Tensor.float), TypeError,
+     r"pe is torch.float32 but w_qkv is torch.float64"),
+    ("b_qkv bf16 under float64", changed("b_qkv", torch.Tensor.bfloat16), TypeError,
+     r"b_qkv is torch.bfloat16 but w_qkv is torch.float64"),
+    # autocast's mix: x in 16 bits, the parameters (pe, b_qkv) in float32 as the weights, not in x's dtype
+    ("pe bf16 in autocast's mix", lambda a: {**as_float32(a), "x": a["x"].bfloat16(), "pe": a["pe"].bfloat16()},
+     TypeError, r"pe is torch.bfloat16 but w_qkv is torch.float32"),
 ]
 
 
@@ -118,6 +130,16 @@ def test_bad_argument_raises_one_error_naming_it(target, change, error, names):
     backend, device = target
     with pytest.raises(error, match=names):
         call(change(make(device)), backend)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name, change", [("pe", torch.Tensor.double), ("b_qkv", torch.Tensor.half)])
+def test_a_parameter_in_another_dtype_raises_under_autocast_too(target, name, change):
+    """Autocast casts x and the bias, not the parameters: pe and b_qkv must still have w_qkv's dtype."""
+    backend, device = target
+    args = changed(name, change)(as_float32(make(device)))
+    with torch.autocast(device, dtype=torch.bfloat16), pytest.raises(TypeError, match=rf"{name} is .* but w_qkv is "):
+        call(args, backend)
 
 
 @pytest.mark.parametrize("backend, error", [("", ValueError), ("  ", ValueError), (3, TypeError)])

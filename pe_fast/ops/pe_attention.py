@@ -219,7 +219,7 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
         if tensor.device != x.device:
             raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}: every tensor argument must be "
                              f"on x's device")
-    check_dtypes(x, w_qkv, bias, rope)
+    check_dtypes(x, pe, w_qkv, b_qkv, rope, bias)
     if x.dim() != 4:
         raise ValueError(f"x must be [M,B,N,D], got shape {tuple(x.shape)}")
     M, _, N, D = x.shape
@@ -241,22 +241,31 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
             raise ValueError(f"rope must be (cos, sin) tables of shape [{N},{dh // 2}] with an even head dim")
 
 
-def check_dtypes(x: Tensor, w_qkv: Tensor, bias: Tensor | None, rope) -> None:
-    """x and w_qkv in one dtype or MIXED_PRECISION's, bias in x's and the rope tables in w_qkv's (a model's
-    buffers, as its weights: float32 under autocast), as the op will compute them: under autocast x and the bias
-    in autocast's dtype (pe_attention casts them)."""
+def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,
+                 bias: Tensor | None) -> None:
+    """Every floating argument's dtype against the one it must share, by one rule and one message; nothing is cast
+    to fit, which would round one side to the other's precision without a word (or fail inside a matmul). x and
+    w_qkv: one dtype, or MIXED_PRECISION's pair. pe, b_qkv and the rope tables: w_qkv's (a model's parameters and
+    buffers; the PE's path computes in w_qkv's dtype, projection.py), which is x's but in autocast's mix. bias: x's.
+    x as the op will compute it: under autocast in autocast's dtype, and the bias is not checked there
+    (pe_attention casts both to it). probes keep their own dtype (check_inputs)."""
     low = torch.get_autocast_dtype(x.device.type) if autocast_on(x.device) else None
     computed = low or x.dtype
-    if computed != w_qkv.dtype and (computed, w_qkv.dtype) not in MIXED_PRECISION:
-        under = f" ({low} under autocast)" if low else ""
-        raise TypeError(f"w_qkv is {w_qkv.dtype} but x is {x.dtype}{under}: give them one dtype (or x in 16 bits "
-                        f"with float32 weights, autocast's mix)")
-    if bias is not None and low is None and bias.dtype != x.dtype:
-        raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}: give bias x's dtype")
-    for i, table in enumerate(rope or ()):
-        if table.dtype != w_qkv.dtype:
-            raise TypeError(f"rope[{i}] is {table.dtype} but w_qkv is {w_qkv.dtype}: give the rope tables the "
-                            f"weights' dtype")
+    cos, sin = rope if rope is not None else (None, None)
+    given = {"x": x, "w_qkv": w_qkv, "pe": pe, "b_qkv": b_qkv, "rope[0]": cos, "rope[1]": sin,
+             "bias": None if low else bias}
+    mix = tuple(w for a, w in MIXED_PRECISION if a == computed)
+    # argument: (the one it must match, the dtypes it may have, why)
+    rules = {"w_qkv": ("x", (computed, *mix), "x's dtype, or float32 with x in 16 bits: autocast's mix"),
+             **{name: ("w_qkv", (w_qkv.dtype,), "the weights' dtype")
+                for name in ("pe", "b_qkv", "rope[0]", "rope[1]")},
+             "bias": ("x", (x.dtype,), "x's dtype")}
+    for name, (other, allowed, why) in rules.items():
+        tensor = given[name]
+        if tensor is not None and tensor.dtype not in allowed:
+            under = f" ({low} under autocast)" if other == "x" and low else ""
+            raise TypeError(f"{name} is {tensor.dtype} but {other} is {given[other].dtype}{under}: give {name} "
+                            f"{' or '.join(map(str, allowed))} ({why}); pe_attention casts no argument to fit")
 
 
 def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, num_heads: int,
@@ -270,7 +279,8 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     Optional: rope = (cos, sin) tables [N, dh/2] rotating q and k; bias [M,H,N,N] added to the logits.
     Under torch.autocast, x and the bias are cast to the autocast dtype, and so is x @ w_qkv; the PE's part,
     pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
-    A bad argument raises TypeError or ValueError naming it before any backend runs (`check_inputs`).
+    A bad argument raises TypeError or ValueError naming it before any backend runs (`check_inputs`); no
+    argument is cast to fit another's dtype (`check_dtypes`: pe, b_qkv and rope in w_qkv's, bias in x's).
     """
     if isinstance(num_heads, numbers.Integral) and not isinstance(num_heads, (bool, int)):
         num_heads = int(num_heads)  # numpy's integers: the schema takes a Python int
@@ -280,7 +290,6 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
         # the statistics stay float32 and the gradients flow back to each input's own dtype.
         low = torch.get_autocast_dtype(x.device.type)
         x, bias = (None if t is None else t.to(low) for t in (x, bias))
-    pe, b_qkv = (None if t is None else t.to(w_qkv.dtype) for t in (pe, b_qkv))  # the parameters' dtype
     cos, sin = rope if rope is not None else (None, None)
     inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
     traced = is_traced(*(t for t in inputs if isinstance(t, Tensor)), torch_func_too=False)
