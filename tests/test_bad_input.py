@@ -107,6 +107,10 @@ CASES = [
     ("momentum list without sgd", LST + ["--optimizer", "adam,adamw", "--momentum", "0,0.9"],
      "--momentum applies to --optimizer sgd"),
     ("lr nan", LST + ["--lr", "nan"], "--lr"),
+    # the results store every float setting as float32: beyond its range it trained, then failed writing them
+    ("lr beyond float32", LST + ["--lr", "1e308"], "--lr 1e+308 lies beyond float32's range"),
+    ("lr list with one beyond float32", LST + ["--lr", "1e-3,1e39"], "--lr 1e+39 lies beyond float32's range"),
+    ("weight decay beyond float32", LST + ["--weight-decay", "1e308"], "--weight-decay"),
     ("lr inf", LST + ["--lr", "inf"], "--lr"),
     ("warmup negative", LST + ["--warmup", "-1"], "--warmup"),
     ("eval every zero", LST + ["--eval-every", "0"], "--eval-every"),
@@ -499,6 +503,7 @@ RESUME_CASES = [
      config_with(executor="slurm", slurm_local=True, slurm_option=["qos=short\ntouch PWNED"]), [], "--slurm-option"),
     ("recorded sigma nan", config_with(sigmas=[float("nan")]), [], "--sigmas"),
     ("recorded sigma 1e300", config_with(sigmas=[1e300]), [], "--sigmas"),
+    ("recorded lr beyond float32", config_with(lr=[1e308]), [], "--lr 1e+308 lies beyond float32's range"),
     ("recorded seeds beyond the grid limit", config_with(seeds=300000), [], "--seeds"),
     ("recorded seeds unlike the packs", config_with(seeds=2), [], "packs"),
     ("recorded task unknown", config_with(task="bogus"), [], "--task"),

@@ -35,6 +35,9 @@ MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 MAX_NTK_ITEMS = 256
 MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
+# the largest finite float32: every float setting is stored (results.parquet's columns, the models' numbers) as
+# float32, where a larger value is infinite
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # the values of the settings that have a fixed set
 EXECUTORS = ("local", "ray", "slurm")
@@ -362,6 +365,9 @@ def conform(name: str, value, hint):
     if hint is float and number:
         if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
             raise SettingError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
+        if abs(value) > FLOAT32_MAX:  # the results store it as float32, where it would be infinite
+            raise SettingError(f"--{name.replace('_', '-')} {float(value):g} lies beyond float32's range "
+                               f"(±{FLOAT32_MAX:.8g}), in which the results store it")
         return float(value)
     if hint is int and number and isinstance(value, numbers.Integral):
         return int(value)
