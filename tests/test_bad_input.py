@@ -241,6 +241,24 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
 
 
+@pytest.mark.parametrize("arguments, must_name", [
+    (dict(task="fmri", data=np.zeros((2, 10, 5))), "--data: expected str, got a numpy.ndarray of shape (2, 10, 5)"),
+    (dict(task="lst", sigmas=np.zeros((2, 2))), "--sigmas: cannot parse a numpy.ndarray of shape (2, 2)"),
+    (dict(task="lst", steps="9" * 500), "--steps: expected int, got '999"),
+    (dict(task="lst", no_report=np.zeros(3)), "--no-report: expected True or False, got a numpy.ndarray"),
+    (dict(task=["lst"] * 100), "--task ['lst', 'lst'"),
+])
+def test_a_python_argument_of_a_wrong_type_is_named_in_one_short_line(arguments, must_name, tmp_path, monkeypatch):
+    """A type refusal names the type (an array by its shape) or quotes a short repr: once, a 21-line array."""
+    import pe_fast.sweep
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as error:
+        pe_fast.sweep.run(**arguments, out=str(tmp_path / "run"))
+    message = str(error.value)
+    assert must_name in message and "\n" not in message and len(message) < 200, message
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("out", ["", "  "])
 def test_an_empty_out_writes_nothing_where_the_sweep_runs(out, tmp_path):
     """An empty --out is refused, also from an empty folder, where no other rule would stop the sweep."""

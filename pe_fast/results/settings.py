@@ -15,6 +15,7 @@ import numpy as np
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.precision import PRECISIONS
+from pe_fast.program_exit import brief
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
@@ -340,7 +341,7 @@ def check_types(s: dict, complete: bool = True):
 
 def check_task(task):
     if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
-        raise SettingError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+        raise SettingError(f"--task {brief(task)}: choose from {', '.join(KINDS)}")
 
 
 def conform(name: str, value, hint):
@@ -355,7 +356,7 @@ def conform(name: str, value, hint):
         if isinstance(value, np.ndarray) and value.ndim == 1:
             value = value.tolist()
         if not isinstance(value, (list, tuple, range)):
-            raise SettingError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+            raise SettingError(f"--{name.replace('_', '-')}: expected a list, got {brief(value)}")
         if not len(value) and name in LIST_SETTINGS:  # a grid axis of no value: a grid of no model
             raise SettingError(f"--{name.replace('_', '-')}: empty list")
         return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
@@ -373,7 +374,7 @@ def conform(name: str, value, hint):
         return int(value)
     if (hint is bool and boolean) or (hint is str and isinstance(value, str)):
         return hint(value)
-    raise SettingError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+    raise SettingError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {brief(value)}")
 
 
 def check_ranges(s: dict):

@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 import pe_fast
+from pe_fast.program_exit import brief
 from pe_fast.results.settings import (FLAGS, KEEP, LIST_SETTINGS, OPTIONAL_LISTS, Flag, Settings, default_of, is_list,
                                       value_type)
 from pe_fast.tasks import KINDS
@@ -78,19 +79,19 @@ def parse_list(text, convert, flag: str) -> tuple:
     if isinstance(text, (list, tuple, range)):  # one value per item, as config.json records them
         items = [str(item) for item in text]
         if (joined := next((item for item in items if "," in item), None)) is not None:
-            raise UsageError(f"{flag}: the item {joined!r} holds a comma; give one value per item")
+            raise UsageError(f"{flag}: the item {brief(joined)} holds a comma; give one value per item")
     else:
         items = str(text).split(",")
     if not any(item.strip() for item in items):
         raise UsageError(f"{flag}: empty list")
     if not all(item.strip() for item in items):  # two commas in a row, or one at an end: a value left out?
-        raise UsageError(f"{flag}: {text!r} holds an empty item")
+        raise UsageError(f"{flag}: {brief(text)} holds an empty item")
     try:
         values = [convert(item.strip()) for item in items]
     except ValueError:
-        raise UsageError(f"{flag}: cannot parse {text!r} as a comma-separated list")
+        raise UsageError(f"{flag}: cannot parse {brief(text)} as a comma-separated list")
     if len(set(values)) < len(values):
-        raise UsageError(f"{flag}: {text!r} names a value twice")
+        raise UsageError(f"{flag}: {brief(text)} names a value twice")
     return tuple(values)
 
 
