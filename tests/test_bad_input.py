@@ -157,6 +157,11 @@ CASES = [
     ("lst train empty", LST + ["--lst-train", ""], "--lst-train"),
     ("out empty", LST + ["--out", ""], "--out"),
     ("atlas with data", FMRI + ["--data", "NPY", "--atlas", "glasser360"], "--atlas"),
+    # what the task finds in the data names the flag and the file, as the loader's refusals do
+    ("data constant once z-scored", FMRI + ["--data", "SUBNORMAL_NPY"],
+     "--data SUBNORMAL_NPY: every region of the training runs is constant"),
+    ("data of one subject split by subject", FMRI + ["--data", "ONE_SUBJECT_NPY"],
+     "--data ONE_SUBJECT_NPY: a split by subject needs at least 2 subjects"),
     ("slurm option with a line break", SLURM_LOCAL + ["--slurm-option", "qos=short\ntouch PWNED"], "--slurm-option"),
     ("slurm option with a shell command", SLURM_LOCAL + ["--slurm-option", "qos=short;touch PWNED"], "--slurm-option"),
     ("slurm partition with a quote", SLURM_LOCAL + ["--slurm-partition", "gpu'"], "--slurm-partition"),
@@ -198,8 +203,12 @@ def inputs(tmp_path: Path) -> dict[str, str]:
     regions.write_text("label,x,y,z,network\n" + "".join(f"r{i},0,0,{i},a\n" for i in range(10)))
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "nowhere")
+    subnormal = tmp_path / "subnormal.npy"  # not constant, but z-scored to zeros: nothing to predict
+    np.save(subnormal, np.random.default_rng(0).standard_normal((4, 50, 10)) * 1e-320)
+    one_subject = tmp_path / "one_subject.npy"
+    np.save(one_subject, np.random.default_rng(0).standard_normal((1, 60, 10)).astype(np.float32))
     return {"FILE": str(file), "ONE_PUZZLE": str(one), "NPY": str(npy), "REGIONS": str(regions),
-            "DANGLING": str(dangling)}
+            "DANGLING": str(dangling), "SUBNORMAL_NPY": str(subnormal), "ONE_SUBJECT_NPY": str(one_subject)}
 
 
 def fill(args: list[str], files: dict[str, str]) -> list[str]:
@@ -230,6 +239,7 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     files = inputs(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
     args = fill(args, files)
+    must_name = re.sub(r"\b[A-Z_]+\b", lambda word: files.get(word[0], word[0]), must_name)  # a file it names
     if "--out" not in args:
         args += ["--out", str(tmp_path / "run")]
     threads = torch.get_num_threads()
