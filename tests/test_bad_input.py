@@ -292,6 +292,18 @@ def test_an_out_inside_another_results_folder_is_refused(inside, tmp_path):
     assert {path: path.stat().st_mtime_ns for path in [other, *other.rglob("*")]} == before
 
 
+@pytest.mark.parametrize("where", [".", "sweep"])
+def test_an_out_inside_the_pe_fast_package_is_refused(where, capsys):
+    """Results written into the installed package's source would mix with its code."""
+    import pe_fast
+    made = Path(pe_fast.__file__).resolve().parent / where / f"results_{os.getpid()}"
+    try:
+        assert_one_line(capsys, sweep_main(LST + ["--out", str(made / "run")]), "inside the pe_fast package")
+        assert not made.exists()
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
 def test_a_results_folder_is_known_by_its_config_alone_too(tmp_path):
     """A sweep's first file is config.json: an --out beside it, before packs/ exists, is inside it as well."""
     other = tmp_path / "other"
