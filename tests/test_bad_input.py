@@ -121,6 +121,18 @@ CASES = [
     ("unknown PE", LST + ["--pe", "bogus"], "bogus"),
     ("sin2d on brain regions", without(NETSIM, "--sigmas") + ["--pe", "sin2d"], "--pe 'sin2d' is not a PE of"),
     ("unknown flag", LST + ["--no-such-flag"], "no-such-flag"),
+    # argparse's abbreviations set a flag silently (--step for --steps)
+    ("flag abbreviated", LST + ["--step", "3"], "unrecognized arguments: --step 3"),
+    ("on/off flag abbreviated", LST + ["--no-rep"], "--no-rep"),
+    # int() and float() read any Unicode digit: a full-width 2 trained 2 steps
+    ("steps in full-width digits", LST + ["--steps", "\uff12"], "--steps"),
+    ("lr in full-width digits", LST + ["--lr", "\uff10.1"], "--lr"),
+    ("sigma list in full-width digits", LST + ["--sigmas", "0.5,\uff12"], "--sigmas"),
+    ("netsim nodes in Arabic-Indic digits", NETSIM + ["--nodes", "\u0661\u0662"], "--nodes"),
+    ("warmup not below steps", LST + ["--warmup", "4"], "--warmup 4 is not below --steps 4"),
+    ("warmup far beyond steps", LST + ["--warmup", "1000", "--steps", "2"], "--warmup 1000 is not below --steps 2"),
+    ("slurm gpus with a CPU device", SLURM_LOCAL + ["--device", "cpu", "--slurm-gpus", "1"],
+     "--slurm-gpus 1 with --device cpu"),
     ("unknown task", ["--task", "bogus"], "--task"),
     ("preset of another task", ["--task", "fmri", "--preset", "paper"], "--preset paper"),
     ("mask fraction above 1", NETSIM + ["--mask-fraction", "1.5"], "--mask-fraction"),

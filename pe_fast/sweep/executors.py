@@ -458,6 +458,9 @@ class SlurmExecutor:
                              f"executor")
         if s["device"] == "cuda" and s.get("slurm_gpus") == 0:
             raise UsageError("--slurm-gpus 0 with --device cuda: the jobs would have no GPU")
+        if s["device"] == "cpu" and s.get("slurm_gpus"):  # --device auto resolved to cpu here too
+            raise UsageError(f"--slurm-gpus {s['slurm_gpus']} with --device cpu: the packs would train on the CPU and "
+                             f"leave the jobs' GPUs idle; give --device cuda, or leave --slurm-gpus out")
 
     @staticmethod
     def prepare_folder(out: Path, todo: list[int]):

@@ -19,7 +19,13 @@ from pe_fast.sweep.validation import check_task, validate
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse prints the usage before its error; a user mistake here gets the one error line only."""
+    """argparse prints the usage before its error; a user mistake here gets the one error line only. A flag is
+    taken only as spelled in full: argparse's abbreviations (--step for --steps) would set a flag silently, and
+    a flag added later could change what an abbreviation meant."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see --help)\n")
@@ -39,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def ascii_number(convert):
+    """convert (int or float) of a number's text, ASCII digits only: Python's int() and float() read any Unicode
+    digit (--steps ２, a full-width 2), which a command line shows as something other than the number it is. The
+    one reader of every numeric flag's text (the parser's, and parse_list's for comma-separated ones)."""
+    if convert not in (int, float):
+        return convert
+
+    def read(text):
+        if isinstance(text, str) and not text.isascii():
+            raise ValueError(f"{text!r} holds characters that are not ASCII")
+        return convert(text)
+    read.__name__ = convert.__name__  # argparse's message: "invalid int value: '２'"
+    return read
+
+
 def add_flag(p: argparse.ArgumentParser, name: str, flag: Flag):
     """One row's flag. Every default is None (False for an on/off flag) so that a preset can fill what the user
     did not set."""
@@ -48,7 +69,7 @@ def add_flag(p: argparse.ArgumentParser, name: str, flag: Flag):
     elif flag.repeatable:
         options["action"] = "append"
     elif not is_list(name):  # a list is read from its text by parse_list
-        options["type"] = None if value_type(name) is str else value_type(name)
+        options["type"] = None if value_type(name) is str else ascii_number(value_type(name))
         if flag.choices is not None and flag.choices_in_parser:
             options["choices"] = parser_choices(flag.choices)
     p.add_argument(f"--{name.replace('_', '-')}", **{k: v for k, v in options.items() if v is not None})
@@ -67,7 +88,7 @@ def add_task_flags(p: argparse.ArgumentParser):
         for setting in kind.settings:
             owners.setdefault(setting.name, (setting, []))[1].append(kind.name)
     for name, (setting, tasks) in owners.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=setting.type, choices=setting.choices,
+        p.add_argument(f"--{name.replace('_', '-')}", type=ascii_number(setting.type), choices=setting.choices,
                        help=f"{'/'.join(tasks)}: {setting.help}")
 
 
@@ -87,7 +108,7 @@ def parse_list(text, convert, flag: str) -> tuple:
     if not all(item.strip() for item in items):  # two commas in a row, or one at an end: a value left out?
         raise UsageError(f"{flag}: {brief(text)} holds an empty item")
     try:
-        values = [convert(item.strip()) for item in items]
+        values = [ascii_number(convert)(item.strip()) for item in items]
     except ValueError:
         raise UsageError(f"{flag}: cannot parse {brief(text)} as a comma-separated list")
     if len(set(values)) < len(values):
