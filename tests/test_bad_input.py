@@ -394,6 +394,22 @@ def test_ray_address_auto_with_a_malformed_ray_address_variable_is_refused(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("compile", ["on", "off"])
+@pytest.mark.parametrize("cache, must_name", [("/proc/pe_fast_cache", "cannot write in /proc"),
+                                              ("FILE/cache", "FILE is a file, not a folder")])
+def test_a_compiler_cache_folder_that_cannot_be_made_is_refused_naming_the_variable(compile, cache, must_name, tmp_path,
+                                                                                     capsys, monkeypatch):
+    """torch makes $TORCHINDUCTOR_CACHE_DIR when it loads its compiler (torch.optim does, compiled or not): once
+    exit 1 after the folder was written, blaming it and advising --resume."""
+    files = inputs(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", fill([cache], files)[0])
+    code = sweep_main(LST + ["--compile", compile, "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"$TORCHINDUCTOR_CACHE_DIR {os.environ['TORCHINDUCTOR_CACHE_DIR']!r}: "
+                                  f"{must_name.replace('FILE', files['FILE'])}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory):
     """A sweep folder whose pack 0 is not finished yet: config.json and nothing else."""

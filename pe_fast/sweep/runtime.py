@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -52,6 +54,28 @@ def check_ray_address(address: str | None, name: str = "--ray-address"):
         raise UsageError(f"{name} {address}: the service there is not a Ray cluster; {advice}")
 
 
+def check_inductor_cache():
+    """torch makes $TORCHINDUCTOR_CACHE_DIR, where it is set, when it first loads its compiler: torch.optim does
+    as a pack's optimizer is built, whether or not --compile compiles the step, and a compiled step writes its
+    kernels there. A folder that exists and is writable, or can be made, is checked before the results folder is
+    written (else the first pack failed after it, blaming the results folder). The probe is a real one, made and
+    removed: permission bits do not bind root, and /proc takes no folder."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return
+    name = f"$TORCHINDUCTOR_CACHE_DIR {path!r}"
+    advice = "torch keeps its compiler's caches there: name a writable folder, or unset it"
+    folder = Path(path).absolute()
+    existing = folder
+    try:
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir():
+            raise UsageError(f"{name}: {existing} is a file, not a folder; {advice}")
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        raise UsageError(f"{name}: cannot write in {existing} ({error.strerror or error}); {advice}") from None
+
+
 def running_ray_cluster() -> str | None:
     """The address --ray-address auto means here, or None where this Ray cannot say (ray.init will look itself)."""
     try:
@@ -89,6 +113,7 @@ def resolve(s: dict):
         s["compile"] = "on" if s["device"] == "cuda" else "off"
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
+    check_inductor_cache()
     if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
         raise UsageError(f"--backend {s['backend']}: {why} (--device {s['device']}); leave it out for the device's "
                          f"fastest")
