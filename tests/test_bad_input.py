@@ -410,6 +410,27 @@ def test_a_compiler_cache_folder_that_cannot_be_made_is_refused_naming_the_varia
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_kernels_that_pe_fast_kernels_names_and_that_did_not_load_are_refused(tmp_path, capsys, monkeypatch):
+    """import pe_fast warns and runs the reference (a library import must not fail); the sweep refuses."""
+    from pe_fast.ops import extension
+    monkeypatch.setattr(extension, "REQUESTED", "/etc/passwd")
+    monkeypatch.setattr(extension, "MODULE", None)
+    monkeypatch.setattr(extension, "ERROR", ImportError("PE_FAST_KERNELS='/etc/passwd' is not a compiled pe_fast._C"))
+    code = sweep_main(LST + ["--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "$PE_FAST_KERNELS '/etc/passwd': its kernels did not load")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(tmp_path):
+    """The command: the import's warning, then the one error line, exit 2, nothing written."""
+    env = {**os.environ, "PE_FAST_KERNELS": "/etc/passwd"}
+    done = run_sweep(*LST, "--out", str(tmp_path / "run"), env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith(
+        "error: $PE_FAST_KERNELS '/etc/passwd': its kernels did not load"), done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory):
     """A sweep folder whose pack 0 is not finished yet: config.json and nothing else."""

@@ -14,6 +14,7 @@ import torch
 
 from pe_fast import precision
 from pe_fast.models.transformer import compute_path_problem
+from pe_fast.ops import extension
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.executors import EXECUTORS
 from pe_fast.train import compile_problem
@@ -52,6 +53,16 @@ def check_ray_address(address: str | None, name: str = "--ray-address"):
         raise UsageError(f"{name} {address}: no Ray cluster answers there ({error.strerror or error}); {advice}")
     if len(reply) < 4 or reply[3] != 4:
         raise UsageError(f"{name} {address}: the service there is not a Ray cluster; {advice}")
+
+
+def check_kernels():
+    """$PE_FAST_KERNELS names the build of the C++ kernels to load in place of the installed one (bench/cpu/isa.sh):
+    where it did not load, import pe_fast warns and runs the reference (a library import must not fail), but a
+    sweep would time or train something other than what was asked. One line naming the variable and why."""
+    if extension.REQUESTED is not None and extension.MODULE is None:
+        why = " ".join(str(extension.ERROR).split()) or type(extension.ERROR).__name__
+        raise UsageError(f"$PE_FAST_KERNELS {extension.REQUESTED!r}: its kernels did not load ({why}); unset it, or "
+                         f"name a build of bench/cpu/isa.sh")
 
 
 def check_inductor_cache():
@@ -114,6 +125,7 @@ def resolve(s: dict):
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache()
+    check_kernels()
     if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
         raise UsageError(f"--backend {s['backend']}: {why} (--device {s['device']}); leave it out for the device's "
                          f"fastest")
