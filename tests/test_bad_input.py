@@ -431,6 +431,51 @@ def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def fake_slurm_tools(folder: Path, scontrol: str, sbatch: str = "exit 1") -> str:
+    """A PATH with SLURM's tools as shell scripts (their bodies given) in front: a machine with sbatch whose
+    cluster answers as the scripts do."""
+    tools = folder / "tools"
+    tools.mkdir()
+    for tool, body in (("scontrol", scontrol), ("sbatch", sbatch), ("srun", "exit 1"), ("squeue", "exit 1")):
+        (tools / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / tool).chmod(0o755)
+    return f"{tools}{os.pathsep}{os.environ['PATH']}"
+
+
+NO_CONFIGURATION = ("echo 'scontrol: error: fetch_config: DNS SRV lookup failed' >&2; "
+                    "echo 'scontrol: fatal: Could not establish a configuration source' >&2; exit 1")
+ONE_PARTITION = "echo 'PartitionName=test AllowGroups=ALL Default=YES State=UP'"
+
+
+@pytest.mark.parametrize("scontrol, flags, must_name", [
+    (NO_CONFIGURATION, [], "--executor slurm: no SLURM cluster answers here (Could not establish a configuration "
+                           "source)"),
+    (NO_CONFIGURATION, ["--slurm-partition", "x"], "--executor slurm: no SLURM cluster answers here"),
+    (ONE_PARTITION, ["--slurm-partition", "x"], "--slurm-partition x: the SLURM cluster has no such partition (it "
+                                                "has test)"),
+], ids=["no configuration", "no configuration, a partition", "no such partition"])
+def test_a_slurm_cluster_that_does_not_answer_is_refused_before_anything_is_written(scontrol, flags, must_name,
+                                                                                    tmp_path, capsys, monkeypatch):
+    """sbatch installed, but no cluster it can reach: once a 53-line traceback after config.json and slurm/ were
+    written."""
+    monkeypatch.setenv("PATH", fake_slurm_tools(tmp_path, scontrol))
+    code = sweep_main(LST + ["--executor", "slurm", *flags, "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, must_name)
+    assert [p.name for p in tmp_path.iterdir()] == ["tools"]
+
+
+def test_an_sbatch_that_fails_at_submission_is_one_line_naming_the_packs(tmp_path, capsys, monkeypatch):
+    """A cluster that answers, then refuses the job array: one line naming the packs, not submitit's traceback."""
+    sbatch = "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition' >&2; exit 1"
+    monkeypatch.setenv("PATH", fake_slurm_tools(tmp_path, ONE_PARTITION, sbatch))
+    code = sweep_main(LST + ["--executor", "slurm", "--slurm-partition", "test", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("pe_fast sweep:", "note:"))]
+    assert code == 1 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: pack 0: sbatch failed to submit the job array (Batch job "
+                                                   "submission failed: Invalid account"), err
+
+
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory):
     """A sweep folder whose pack 0 is not finished yet: config.json and nothing else."""
