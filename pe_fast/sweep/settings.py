@@ -27,6 +27,15 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def _get_value(self, action: argparse.Action, arg_string: str):
+        """A numeric flag's text through ascii_number, its type (int, float) left as the flag's for --help."""
+        if action.type in (int, float):
+            try:
+                check_ascii_number(arg_string)
+            except ValueError as error:
+                raise argparse.ArgumentError(action, f"invalid {action.type.__name__} value: {error}") from None
+        return super()._get_value(action, arg_string)
+
     def error(self, message: str):
         self.exit(2, f"error: {message} (see --help)\n")
 
@@ -45,19 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def ascii_number(convert):
-    """convert (int or float) of a number's text, ASCII digits only: Python's int() and float() read any Unicode
-    digit (--steps ２, a full-width 2), which a command line shows as something other than the number it is. The
-    one reader of every numeric flag's text (the parser's, and parse_list's for comma-separated ones)."""
-    if convert not in (int, float):
-        return convert
+def check_ascii_number(text):
+    """A number's text is ASCII: Python's int() and float() read any Unicode digit (--steps ２, a full-width 2),
+    which a command line shows as something other than the number it is. The rule of every numeric flag's text:
+    the parser's (OneLineParser) and parse_list's, for comma-separated ones (ascii_number)."""
+    if isinstance(text, str) and not text.isascii():
+        raise ValueError(f"{text!r}: a number is written in ASCII digits only")
 
-    def read(text):
-        if isinstance(text, str) and not text.isascii():
-            raise ValueError(f"{text!r} holds characters that are not ASCII")
-        return convert(text)
-    read.__name__ = convert.__name__  # argparse's message: "invalid int value: '２'"
-    return read
+
+def ascii_number(convert, text):
+    """convert (int, float ...) of a list item's text, a number's ASCII only."""
+    if convert in (int, float):
+        check_ascii_number(text)
+    return convert(text)
 
 
 def add_flag(p: argparse.ArgumentParser, name: str, flag: Flag):
@@ -69,7 +78,7 @@ def add_flag(p: argparse.ArgumentParser, name: str, flag: Flag):
     elif flag.repeatable:
         options["action"] = "append"
     elif not is_list(name):  # a list is read from its text by parse_list
-        options["type"] = None if value_type(name) is str else ascii_number(value_type(name))
+        options["type"] = None if value_type(name) is str else value_type(name)
         if flag.choices is not None and flag.choices_in_parser:
             options["choices"] = parser_choices(flag.choices)
     p.add_argument(f"--{name.replace('_', '-')}", **{k: v for k, v in options.items() if v is not None})
@@ -88,7 +97,7 @@ def add_task_flags(p: argparse.ArgumentParser):
         for setting in kind.settings:
             owners.setdefault(setting.name, (setting, []))[1].append(kind.name)
     for name, (setting, tasks) in owners.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=ascii_number(setting.type), choices=setting.choices,
+        p.add_argument(f"--{name.replace('_', '-')}", type=setting.type, choices=setting.choices,
                        help=f"{'/'.join(tasks)}: {setting.help}")
 
 
@@ -108,7 +117,7 @@ def parse_list(text, convert, flag: str) -> tuple:
     if not all(item.strip() for item in items):  # two commas in a row, or one at an end: a value left out?
         raise UsageError(f"{flag}: {brief(text)} holds an empty item")
     try:
-        values = [ascii_number(convert)(item.strip()) for item in items]
+        values = [ascii_number(convert, item.strip()) for item in items]
     except ValueError:
         raise UsageError(f"{flag}: cannot parse {brief(text)} as a comma-separated list")
     if len(set(values)) < len(values):
