@@ -33,6 +33,25 @@ def exit_now(code: int | None) -> NoReturn:
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
+MAX_SHOWN = 60  # characters of a caller's value that a message quotes
+
+
+def brief(value: object) -> str:
+    """A caller's value as a one-line message quotes it: its repr on one line, cut to MAX_SHOWN characters (then
+    named by its type too); an array or a tensor by its type and shape, never its numbers."""
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if getattr(value, "ndim", 0) and hasattr(value, "shape"):  # a numpy scalar has ndim 0: its repr is short
+        return f"a {name} of shape {tuple(value.shape)}"
+    try:
+        text = repr(value)
+    except Exception:  # a caller's object whose repr fails is still named
+        return f"a {name}"
+    if "\n" in text:
+        text = " ".join(text.split())
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN - 1]}… (a {name})"
+
+
 def print_error(message: object):
     """The program's error, one line on stderr: outside text it quotes (a lock's host name, $RAY_ADDRESS) shows
     a line break or a terminal escape as its escape."""

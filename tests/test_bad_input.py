@@ -107,6 +107,10 @@ CASES = [
     ("momentum list without sgd", LST + ["--optimizer", "adam,adamw", "--momentum", "0,0.9"],
      "--momentum applies to --optimizer sgd"),
     ("lr nan", LST + ["--lr", "nan"], "--lr"),
+    # the results store every float setting as float32: beyond its range it trained, then failed writing them
+    ("lr beyond float32", LST + ["--lr", "1e308"], "--lr 1e+308 lies beyond float32's range"),
+    ("lr list with one beyond float32", LST + ["--lr", "1e-3,1e39"], "--lr 1e+39 lies beyond float32's range"),
+    ("weight decay beyond float32", LST + ["--weight-decay", "1e308"], "--weight-decay"),
     ("lr inf", LST + ["--lr", "inf"], "--lr"),
     ("warmup negative", LST + ["--warmup", "-1"], "--warmup"),
     ("eval every zero", LST + ["--eval-every", "0"], "--eval-every"),
@@ -117,6 +121,18 @@ CASES = [
     ("unknown PE", LST + ["--pe", "bogus"], "bogus"),
     ("sin2d on brain regions", without(NETSIM, "--sigmas") + ["--pe", "sin2d"], "--pe 'sin2d' is not a PE of"),
     ("unknown flag", LST + ["--no-such-flag"], "no-such-flag"),
+    # argparse's abbreviations set a flag silently (--step for --steps)
+    ("flag abbreviated", LST + ["--step", "3"], "unrecognized arguments: --step 3"),
+    ("on/off flag abbreviated", LST + ["--no-rep"], "--no-rep"),
+    # int() and float() read any Unicode digit: a full-width 2 trained 2 steps
+    ("steps in full-width digits", LST + ["--steps", "\uff12"], "--steps"),
+    ("lr in full-width digits", LST + ["--lr", "\uff10.1"], "--lr"),
+    ("sigma list in full-width digits", LST + ["--sigmas", "0.5,\uff12"], "--sigmas"),
+    ("netsim nodes in Arabic-Indic digits", NETSIM + ["--nodes", "\u0661\u0662"], "--nodes"),
+    ("warmup not below steps", LST + ["--warmup", "4"], "--warmup 4 is not below --steps 4"),
+    ("warmup far beyond steps", LST + ["--warmup", "1000", "--steps", "2"], "--warmup 1000 is not below --steps 2"),
+    ("slurm gpus with a CPU device", SLURM_LOCAL + ["--device", "cpu", "--slurm-gpus", "1"],
+     "--slurm-gpus 1 with --device cpu"),
     ("unknown task", ["--task", "bogus"], "--task"),
     ("preset of another task", ["--task", "fmri", "--preset", "paper"], "--preset paper"),
     ("mask fraction above 1", NETSIM + ["--mask-fraction", "1.5"], "--mask-fraction"),
@@ -153,6 +169,11 @@ CASES = [
     ("lst train empty", LST + ["--lst-train", ""], "--lst-train"),
     ("out empty", LST + ["--out", ""], "--out"),
     ("atlas with data", FMRI + ["--data", "NPY", "--atlas", "glasser360"], "--atlas"),
+    # what the task finds in the data names the flag and the file, as the loader's refusals do
+    ("data constant once z-scored", FMRI + ["--data", "SUBNORMAL_NPY"],
+     "--data SUBNORMAL_NPY: every region of the training runs is constant"),
+    ("data of one subject split by subject", FMRI + ["--data", "ONE_SUBJECT_NPY"],
+     "--data ONE_SUBJECT_NPY: a split by subject needs at least 2 subjects"),
     ("slurm option with a line break", SLURM_LOCAL + ["--slurm-option", "qos=short\ntouch PWNED"], "--slurm-option"),
     ("slurm option with a shell command", SLURM_LOCAL + ["--slurm-option", "qos=short;touch PWNED"], "--slurm-option"),
     ("slurm partition with a quote", SLURM_LOCAL + ["--slurm-partition", "gpu'"], "--slurm-partition"),
@@ -194,8 +215,12 @@ def inputs(tmp_path: Path) -> dict[str, str]:
     regions.write_text("label,x,y,z,network\n" + "".join(f"r{i},0,0,{i},a\n" for i in range(10)))
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "nowhere")
+    subnormal = tmp_path / "subnormal.npy"  # not constant, but z-scored to zeros: nothing to predict
+    np.save(subnormal, np.random.default_rng(0).standard_normal((4, 50, 10)) * 1e-320)
+    one_subject = tmp_path / "one_subject.npy"
+    np.save(one_subject, np.random.default_rng(0).standard_normal((1, 60, 10)).astype(np.float32))
     return {"FILE": str(file), "ONE_PUZZLE": str(one), "NPY": str(npy), "REGIONS": str(regions),
-            "DANGLING": str(dangling)}
+            "DANGLING": str(dangling), "SUBNORMAL_NPY": str(subnormal), "ONE_SUBJECT_NPY": str(one_subject)}
 
 
 def fill(args: list[str], files: dict[str, str]) -> list[str]:
@@ -226,6 +251,7 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     files = inputs(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
     args = fill(args, files)
+    must_name = re.sub(r"\b[A-Z_]+\b", lambda word: files.get(word[0], word[0]), must_name)  # a file it names
     if "--out" not in args:
         args += ["--out", str(tmp_path / "run")]
     threads = torch.get_num_threads()
@@ -235,6 +261,24 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
         torch.set_num_threads(threads)
     assert_one_line(capsys, code, must_name)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
+
+
+@pytest.mark.parametrize("arguments, must_name", [
+    (dict(task="fmri", data=np.zeros((2, 10, 5))), "--data: expected str, got a numpy.ndarray of shape (2, 10, 5)"),
+    (dict(task="lst", sigmas=np.zeros((2, 2))), "--sigmas: cannot parse a numpy.ndarray of shape (2, 2)"),
+    (dict(task="lst", steps="9" * 500), "--steps: expected int, got '999"),
+    (dict(task="lst", no_report=np.zeros(3)), "--no-report: expected True or False, got a numpy.ndarray"),
+    (dict(task=["lst"] * 100), "--task ['lst', 'lst'"),
+])
+def test_a_python_argument_of_a_wrong_type_is_named_in_one_short_line(arguments, must_name, tmp_path, monkeypatch):
+    """A type refusal names the type (an array by its shape) or quotes a short repr: once, a 21-line array."""
+    import pe_fast.sweep
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as error:
+        pe_fast.sweep.run(**arguments, out=str(tmp_path / "run"))
+    message = str(error.value)
+    assert must_name in message and "\n" not in message and len(message) < 200, message
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("out", ["", "  "])
@@ -258,6 +302,18 @@ def test_an_out_inside_another_results_folder_is_refused(inside, tmp_path):
     assert done.returncode == 2 and len(lines) == 1 and f"inside the results folder {other}" in lines[0], done.stderr
     # nothing touched: the write probe once made and removed a folder there, changing packs/'s time
     assert {path: path.stat().st_mtime_ns for path in [other, *other.rglob("*")]} == before
+
+
+@pytest.mark.parametrize("where", [".", "sweep"])
+def test_an_out_inside_the_pe_fast_package_is_refused(where, capsys):
+    """Results written into the installed package's source would mix with its code."""
+    import pe_fast
+    made = Path(pe_fast.__file__).resolve().parent / where / f"results_{os.getpid()}"
+    try:
+        assert_one_line(capsys, sweep_main(LST + ["--out", str(made / "run")]), "inside the pe_fast package")
+        assert not made.exists()
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def test_a_results_folder_is_known_by_its_config_alone_too(tmp_path):
@@ -336,6 +392,88 @@ def test_ray_address_auto_with_a_malformed_ray_address_variable_is_refused(tmp_p
     code = sweep_main(LST + ["--executor", "ray", "--ray-address", "auto", "--out", str(tmp_path / "run")])
     assert_one_line(capsys, code, "$RAY_ADDRESS 'not an address' is not an address")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("compile", ["on", "off"])
+@pytest.mark.parametrize("cache, must_name", [("/proc/pe_fast_cache", "cannot write in /proc"),
+                                              ("FILE/cache", "FILE is a file, not a folder")])
+def test_a_compiler_cache_folder_that_cannot_be_made_is_refused_naming_the_variable(compile, cache, must_name, tmp_path,
+                                                                                     capsys, monkeypatch):
+    """torch makes $TORCHINDUCTOR_CACHE_DIR when it loads its compiler (torch.optim does, compiled or not): once
+    exit 1 after the folder was written, blaming it and advising --resume."""
+    files = inputs(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", fill([cache], files)[0])
+    code = sweep_main(LST + ["--compile", compile, "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"$TORCHINDUCTOR_CACHE_DIR {os.environ['TORCHINDUCTOR_CACHE_DIR']!r}: "
+                                  f"{must_name.replace('FILE', files['FILE'])}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_kernels_that_pe_fast_kernels_names_and_that_did_not_load_are_refused(tmp_path, capsys, monkeypatch):
+    """import pe_fast warns and runs the reference (a library import must not fail); the sweep refuses."""
+    from pe_fast.ops import extension
+    monkeypatch.setattr(extension, "REQUESTED", "/etc/passwd")
+    monkeypatch.setattr(extension, "MODULE", None)
+    monkeypatch.setattr(extension, "ERROR", ImportError("PE_FAST_KERNELS='/etc/passwd' is not a compiled pe_fast._C"))
+    code = sweep_main(LST + ["--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "$PE_FAST_KERNELS '/etc/passwd': its kernels did not load")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(tmp_path):
+    """The command: the import's warning, then the one error line, exit 2, nothing written."""
+    env = {**os.environ, "PE_FAST_KERNELS": "/etc/passwd"}
+    done = run_sweep(*LST, "--out", str(tmp_path / "run"), env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith(
+        "error: $PE_FAST_KERNELS '/etc/passwd': its kernels did not load"), done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def fake_slurm_tools(folder: Path, scontrol: str, sbatch: str = "exit 1") -> str:
+    """A PATH with SLURM's tools as shell scripts (their bodies given) in front: a machine with sbatch whose
+    cluster answers as the scripts do."""
+    tools = folder / "tools"
+    tools.mkdir()
+    for tool, body in (("scontrol", scontrol), ("sbatch", sbatch), ("srun", "exit 1"), ("squeue", "exit 1")):
+        (tools / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / tool).chmod(0o755)
+    return f"{tools}{os.pathsep}{os.environ['PATH']}"
+
+
+NO_CONFIGURATION = ("echo 'scontrol: error: fetch_config: DNS SRV lookup failed' >&2; "
+                    "echo 'scontrol: fatal: Could not establish a configuration source' >&2; exit 1")
+ONE_PARTITION = "echo 'PartitionName=test AllowGroups=ALL Default=YES State=UP'"
+
+
+@pytest.mark.parametrize("scontrol, flags, must_name", [
+    (NO_CONFIGURATION, [], "--executor slurm: no SLURM cluster answers here (Could not establish a configuration "
+                           "source)"),
+    (NO_CONFIGURATION, ["--slurm-partition", "x"], "--executor slurm: no SLURM cluster answers here"),
+    (ONE_PARTITION, ["--slurm-partition", "x"], "--slurm-partition x: the SLURM cluster has no such partition (it "
+                                                "has test)"),
+], ids=["no configuration", "no configuration, a partition", "no such partition"])
+def test_a_slurm_cluster_that_does_not_answer_is_refused_before_anything_is_written(scontrol, flags, must_name,
+                                                                                    tmp_path, capsys, monkeypatch):
+    """sbatch installed, but no cluster it can reach: once a 53-line traceback after config.json and slurm/ were
+    written."""
+    monkeypatch.setenv("PATH", fake_slurm_tools(tmp_path, scontrol))
+    code = sweep_main(LST + ["--executor", "slurm", *flags, "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, must_name)
+    assert [p.name for p in tmp_path.iterdir()] == ["tools"]
+
+
+def test_an_sbatch_that_fails_at_submission_is_one_line_naming_the_packs(tmp_path, capsys, monkeypatch):
+    """A cluster that answers, then refuses the job array: one line naming the packs, not submitit's traceback."""
+    sbatch = "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition' >&2; exit 1"
+    monkeypatch.setenv("PATH", fake_slurm_tools(tmp_path, ONE_PARTITION, sbatch))
+    code = sweep_main(LST + ["--executor", "slurm", "--slurm-partition", "test", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("pe_fast sweep:", "note:"))]
+    assert code == 1 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: pack 0: sbatch failed to submit the job array (Batch job "
+                                                   "submission failed: Invalid account"), err
 
 
 @pytest.fixture(scope="module")
@@ -499,6 +637,7 @@ RESUME_CASES = [
      config_with(executor="slurm", slurm_local=True, slurm_option=["qos=short\ntouch PWNED"]), [], "--slurm-option"),
     ("recorded sigma nan", config_with(sigmas=[float("nan")]), [], "--sigmas"),
     ("recorded sigma 1e300", config_with(sigmas=[1e300]), [], "--sigmas"),
+    ("recorded lr beyond float32", config_with(lr=[1e308]), [], "--lr 1e+308 lies beyond float32's range"),
     ("recorded seeds beyond the grid limit", config_with(seeds=300000), [], "--seeds"),
     ("recorded seeds unlike the packs", config_with(seeds=2), [], "packs"),
     ("recorded task unknown", config_with(task="bogus"), [], "--task"),

@@ -72,6 +72,9 @@ def test_run_from_python_equals_the_command_line(tmp_path, keep_threads):
     # beyond float's range: math.isfinite raised OverflowError, not a ValueError
     (dict(max_pack=-10**400), "--max-pack must be finite"),
     (dict(width=10**400), "--width"),
+    (dict(lr=1e39), "--lr 1e+39 lies beyond float32's range"),  # the results store it as float32
+    (dict(warmup=10, steps=2), "--warmup 10 is not below --steps 2"),
+    (dict(sigmas="0.5,\uff12"), "--sigmas"),  # a full-width 2: int() and float() read any Unicode digit
     (dict(steps=False), "--steps: expected int, got False"),  # False is "off" for an on/off flag only
     (dict(task=False), "--task"),
     # one value per item: an empty item was dropped, an item with a comma split in two

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pe_fast.program_exit import CONTROL_CHARACTER
+from pe_fast.program_exit import CONTROL_CHARACTER, brief
 from pe_fast.results import migrate
 
 LOCK = ".lock"
@@ -272,7 +272,7 @@ def path_text(value: str | os.PathLike, argument: str) -> str:
     except TypeError:
         text = value
     if not isinstance(text, str):
-        raise TypeError(f"{argument}: expected a path (str or os.PathLike giving str), got {value!r} "
+        raise TypeError(f"{argument}: expected a path (str or os.PathLike giving str), got {brief(value)} "
                         f"({type(text).__name__})")
     return text
 

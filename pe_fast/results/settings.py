@@ -15,6 +15,7 @@ import numpy as np
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.precision import PRECISIONS
+from pe_fast.program_exit import brief
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
@@ -35,6 +36,9 @@ MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 MAX_NTK_ITEMS = 256
 MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
+# the largest finite float32: every float setting is stored (results.parquet's columns, the models' numbers) as
+# float32, where a larger value is infinite
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # the values of the settings that have a fixed set
 EXECUTORS = ("local", "ray", "slurm")
@@ -337,7 +341,7 @@ def check_types(s: dict, complete: bool = True):
 
 def check_task(task):
     if not isinstance(task, str) or task not in KINDS:  # a Python caller's list would not even hash
-        raise SettingError(f"--task {task!r}: choose from {', '.join(KINDS)}")
+        raise SettingError(f"--task {brief(task)}: choose from {', '.join(KINDS)}")
 
 
 def conform(name: str, value, hint):
@@ -352,7 +356,7 @@ def conform(name: str, value, hint):
         if isinstance(value, np.ndarray) and value.ndim == 1:
             value = value.tolist()
         if not isinstance(value, (list, tuple, range)):
-            raise SettingError(f"--{name.replace('_', '-')}: expected a list, got {value!r}")
+            raise SettingError(f"--{name.replace('_', '-')}: expected a list, got {brief(value)}")
         if not len(value) and name in LIST_SETTINGS:  # a grid axis of no value: a grid of no model
             raise SettingError(f"--{name.replace('_', '-')}: empty list")
         return tuple(conform(name, item, typing.get_args(hint)[0]) for item in value)
@@ -362,12 +366,15 @@ def conform(name: str, value, hint):
     if hint is float and number:
         if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
             raise SettingError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
+        if abs(value) > FLOAT32_MAX:  # the results store it as float32, where it would be infinite
+            raise SettingError(f"--{name.replace('_', '-')} {float(value):g} lies beyond float32's range "
+                               f"(±{FLOAT32_MAX:.8g}), in which the results store it")
         return float(value)
     if hint is int and number and isinstance(value, numbers.Integral):
         return int(value)
     if (hint is bool and boolean) or (hint is str and isinstance(value, str)):
         return hint(value)
-    raise SettingError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {value!r}")
+    raise SettingError(f"--{name.replace('_', '-')}: expected {hint.__name__}, got {brief(value)}")
 
 
 def check_ranges(s: dict):

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from pe_fast.program_exit import brief
 from pe_fast.results import run_folder
 from pe_fast.results.reading import Run
 from pe_fast.results.settings import FLAGS
@@ -47,7 +48,7 @@ def arguments(keywords: dict) -> argparse.Namespace:
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
         if name in on_off:
             if not isinstance(value, (bool, np.bool_)):
-                raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {value!r}")
+                raise UsageError(f"--{name.replace('_', '-')}: expected True or False, got {brief(value)}")
             value = None if not value else True  # an on/off flag left off is not given
         if name in FLAGS and FLAGS[name].repeatable and isinstance(value, str):  # repeatable flag: a list here
             value = [value]

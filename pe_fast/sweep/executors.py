@@ -3,9 +3,11 @@ behind one interface (Executor.submit(todo) -> a Job per pack; run_packs waits f
 train_and_store_pack, is the same for all: train from its checkpoint, if any, and write DIR/packs/<index>/."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
+import io
 import json
 import math
 import os
@@ -436,6 +438,38 @@ class SlurmJob:
                           f"{self.job.paths.stderr}; rerun with --resume to continue from its checkpoint")
 
 
+SLURM_ANSWER_S = 20  # how long the SLURM controller has to list its partitions, checked before the folder is written
+
+
+def slurm_message(stderr: str) -> str:
+    """A SLURM tool's complaint in one line: its last line (the fatal one), without the tool's name."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return re.sub(r"^\w+: (error: |fatal: )?", "", lines[-1]) if lines else "no message"
+
+
+def check_slurm_cluster(partition: str | None):
+    """A SLURM cluster answers here (its configuration found, its controller up), and knows the partition named,
+    before the folder is written: sbatch would fail only at submission, after it. Asked as sbatch will be, through
+    the environment's SLURM_CONF; scontrol ships with sbatch (skipped where it does not)."""
+    if shutil.which("scontrol") is None:
+        return
+    advice = "run it on the cluster's login node, or add --slurm-local to try the jobs with submitit's local executor"
+    try:
+        done = subprocess.run(["scontrol", "--oneliner", "show", "partition"], capture_output=True, text=True,
+                              timeout=SLURM_ANSWER_S)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"--executor slurm: the SLURM controller does not answer within {SLURM_ANSWER_S} s; "
+                         f"{advice}") from None
+    except OSError as error:
+        raise UsageError(f"--executor slurm: scontrol cannot run ({error.strerror or error}); {advice}") from None
+    if done.returncode != 0:
+        raise UsageError(f"--executor slurm: no SLURM cluster answers here ({slurm_message(done.stderr)}); {advice}")
+    partitions = re.findall(r"^PartitionName=(\S+)", done.stdout, re.MULTILINE)
+    if partition is not None and partition not in partitions:
+        raise UsageError(f"--slurm-partition {partition}: the SLURM cluster has no such partition (it has "
+                         f"{', '.join(partitions) or 'none'})")
+
+
 class SlurmExecutor:
     """--executor slurm: one job per pack, submitted as one job array; --out must be a folder the compute nodes
     see. A driver that is stopped and rerun with --resume waits for the jobs still running instead of submitting
@@ -456,8 +490,13 @@ class SlurmExecutor:
             raise UsageError(f"--executor slurm: no SLURM here ({' and '.join(missing)} not on the PATH); run it on "
                              f"the cluster's login node, or add --slurm-local to try the jobs with submitit's local "
                              f"executor")
+        if not s.get("slurm_local"):
+            check_slurm_cluster(s.get("slurm_partition"))
         if s["device"] == "cuda" and s.get("slurm_gpus") == 0:
             raise UsageError("--slurm-gpus 0 with --device cuda: the jobs would have no GPU")
+        if s["device"] == "cpu" and s.get("slurm_gpus"):  # --device auto resolved to cpu here too
+            raise UsageError(f"--slurm-gpus {s['slurm_gpus']} with --device cpu: the packs would train on the CPU and "
+                             f"leave the jobs' GPUs idle; give --device cuda, or leave --slurm-gpus out")
 
     @staticmethod
     def prepare_folder(out: Path, todo: list[int]):
@@ -486,9 +525,17 @@ class SlurmExecutor:
         new = [index for index in todo if index not in jobs]
         settings = dataclasses.replace(s, threads=s.threads or 1)
         if new:
-            with executor.batch():  # one job array
-                submitted = [executor.submit(PackJob(), settings, index, self.packs[index], str(out.resolve()))
-                             for index in new]
+            said = io.StringIO()  # submitit prints sbatch's complaint before raising it: said once, in our line
+            try:
+                with contextlib.redirect_stderr(said), executor.batch():  # one job array
+                    submitted = [executor.submit(PackJob(), settings, index, self.packs[index], str(out.resolve()))
+                                 for index in new]
+                print(said.getvalue(), end="", file=sys.stderr)  # sbatch's warnings, if any
+            except (submitit.core.utils.FailedJobError, OSError) as error:  # sbatch refused, or could not run
+                which = f"pack {new[0]}" if len(new) == 1 else f"packs {new[0]}…{new[-1]}"
+                raise PackFailed(f"{which}: sbatch failed to submit the job array "
+                                 f"({slurm_message(str(error) or type(error).__name__)}); the folder is kept: rerun "
+                                 f"with --resume to submit it again") from None
             jobs.update(zip(new, submitted))
         recorded.update({str(index): job.job_id for index, job in jobs.items()})
         run_folder.write_atomic(jobs_file, lambda tmp: Path(tmp).write_text(json.dumps(recorded, indent=1)))

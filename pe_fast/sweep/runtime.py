@@ -7,11 +7,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import tempfile
+from pathlib import Path
 
 import torch
 
 from pe_fast import precision
 from pe_fast.models.transformer import compute_path_problem
+from pe_fast.ops import extension
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.executors import EXECUTORS
 from pe_fast.train import compile_problem
@@ -52,6 +55,38 @@ def check_ray_address(address: str | None, name: str = "--ray-address"):
         raise UsageError(f"{name} {address}: the service there is not a Ray cluster; {advice}")
 
 
+def check_kernels():
+    """$PE_FAST_KERNELS names the build of the C++ kernels to load in place of the installed one (bench/cpu/isa.sh):
+    where it did not load, import pe_fast warns and runs the reference (a library import must not fail), but a
+    sweep would time or train something other than what was asked. One line naming the variable and why."""
+    if extension.REQUESTED is not None and extension.MODULE is None:
+        why = " ".join(str(extension.ERROR).split()) or type(extension.ERROR).__name__
+        raise UsageError(f"$PE_FAST_KERNELS {extension.REQUESTED!r}: its kernels did not load ({why}); unset it, or "
+                         f"name a build of bench/cpu/isa.sh")
+
+
+def check_inductor_cache():
+    """torch makes $TORCHINDUCTOR_CACHE_DIR, where it is set, when it first loads its compiler: torch.optim does
+    as a pack's optimizer is built, whether or not --compile compiles the step, and a compiled step writes its
+    kernels there. A folder that exists and is writable, or can be made, is checked before the results folder is
+    written (else the first pack failed after it, blaming the results folder). The probe is a real one, made and
+    removed: permission bits do not bind root, and /proc takes no folder."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return
+    name = f"$TORCHINDUCTOR_CACHE_DIR {path!r}"
+    advice = "torch keeps its compiler's caches there: name a writable folder, or unset it"
+    folder = Path(path).absolute()
+    existing = folder
+    try:
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir():
+            raise UsageError(f"{name}: {existing} is a file, not a folder; {advice}")
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        raise UsageError(f"{name}: cannot write in {existing} ({error.strerror or error}); {advice}") from None
+
+
 def running_ray_cluster() -> str | None:
     """The address --ray-address auto means here, or None where this Ray cannot say (ray.init will look itself)."""
     try:
@@ -89,6 +124,8 @@ def resolve(s: dict):
         s["compile"] = "on" if s["device"] == "cuda" else "off"
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
+    check_inductor_cache()
+    check_kernels()
     if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
         raise UsageError(f"--backend {s['backend']}: {why} (--device {s['device']}); leave it out for the device's "
                          f"fastest")

@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 import pe_fast
+from pe_fast.program_exit import brief
 from pe_fast.results.settings import (FLAGS, KEEP, LIST_SETTINGS, OPTIONAL_LISTS, Flag, Settings, default_of, is_list,
                                       value_type)
 from pe_fast.tasks import KINDS
@@ -18,7 +19,22 @@ from pe_fast.sweep.validation import check_task, validate
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse prints the usage before its error; a user mistake here gets the one error line only."""
+    """argparse prints the usage before its error; a user mistake here gets the one error line only. A flag is
+    taken only as spelled in full: argparse's abbreviations (--step for --steps) would set a flag silently, and
+    a flag added later could change what an abbreviation meant."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _get_value(self, action: argparse.Action, arg_string: str):
+        """A numeric flag's text through ascii_number, its type (int, float) left as the flag's for --help."""
+        if action.type in (int, float):
+            try:
+                check_ascii_number(arg_string)
+            except ValueError as error:
+                raise argparse.ArgumentError(action, f"invalid {action.type.__name__} value: {error}") from None
+        return super()._get_value(action, arg_string)
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see --help)\n")
@@ -36,6 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted sweep in --out with its own settings")
     return p
+
+
+def check_ascii_number(text):
+    """A number's text is ASCII: Python's int() and float() read any Unicode digit (--steps ２, a full-width 2),
+    which a command line shows as something other than the number it is. The rule of every numeric flag's text:
+    the parser's (OneLineParser) and parse_list's, for comma-separated ones (ascii_number)."""
+    if isinstance(text, str) and not text.isascii():
+        raise ValueError(f"{text!r}: a number is written in ASCII digits only")
+
+
+def ascii_number(convert, text):
+    """convert (int, float ...) of a list item's text, a number's ASCII only."""
+    if convert in (int, float):
+        check_ascii_number(text)
+    return convert(text)
 
 
 def add_flag(p: argparse.ArgumentParser, name: str, flag: Flag):
@@ -78,19 +109,19 @@ def parse_list(text, convert, flag: str) -> tuple:
     if isinstance(text, (list, tuple, range)):  # one value per item, as config.json records them
         items = [str(item) for item in text]
         if (joined := next((item for item in items if "," in item), None)) is not None:
-            raise UsageError(f"{flag}: the item {joined!r} holds a comma; give one value per item")
+            raise UsageError(f"{flag}: the item {brief(joined)} holds a comma; give one value per item")
     else:
         items = str(text).split(",")
     if not any(item.strip() for item in items):
         raise UsageError(f"{flag}: empty list")
     if not all(item.strip() for item in items):  # two commas in a row, or one at an end: a value left out?
-        raise UsageError(f"{flag}: {text!r} holds an empty item")
+        raise UsageError(f"{flag}: {brief(text)} holds an empty item")
     try:
-        values = [convert(item.strip()) for item in items]
+        values = [ascii_number(convert, item.strip()) for item in items]
     except ValueError:
-        raise UsageError(f"{flag}: cannot parse {text!r} as a comma-separated list")
+        raise UsageError(f"{flag}: cannot parse {brief(text)} as a comma-separated list")
     if len(set(values)) < len(values):
-        raise UsageError(f"{flag}: {text!r} names a value twice")
+        raise UsageError(f"{flag}: {brief(text)} names a value twice")
     return tuple(values)
 
 

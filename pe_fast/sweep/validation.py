@@ -137,6 +137,9 @@ def check_packs(packs, models: int) -> tuple[tuple[int, ...], ...]:
 def check_ranges(s: dict, args: argparse.Namespace | None = None):
     """Every numeric setting finite and in its range; a flag given for a setting that ignores it is refused."""
     as_usage_error(results_settings.check_ranges, s)
+    if args is not None and args.warmup is not None and s["warmup"] >= s["steps"]:  # a task's or preset's: kept
+        raise UsageError(f"--warmup {s['warmup']} is not below --steps {s['steps']}: the learning rate would never "
+                         f"reach --lr; give a --warmup below --steps")
     check_pe_dropout_on(s, args)
     for flag, (setting, values) in ((name, row.applies_only_with) for name, row in FLAGS.items()
                                     if row.applies_only_with):

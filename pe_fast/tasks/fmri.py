@@ -23,13 +23,32 @@ def region_data(s):
         paths = DATA.paths(s.data)  # several CIFTI runs, one subject each
         data = load_user_data(paths if len(paths) > 1 else paths[0], regions=s.regions, parcellation=s.parcellation)
         if len(data.labels) < MIN_REGIONS:  # the loader, a library too, takes 2 or more
-            raise DataError(f"{paths[0]}: {len(data.labels)} regions; the sweep needs at least {MIN_REGIONS} (the "
+            raise DataError(f"{data_where(s)}: {len(data.labels)} regions; the sweep needs at least {MIN_REGIONS} (the "
                             f"PE is compared with {GRADIENTS} connectivity gradients, and n regions have n − 2)")
         return data
     from pe_fast.data import brain_atlas
     if s.atlas == "glasser360":
         return brain_atlas.load_glasser360_surrogate()
     return brain_atlas.load_schaefer100_hcp()
+
+
+def data_where(s) -> str:
+    """--data's files as the data loader names them in its messages (the first, and how many more)."""
+    paths = DATA.paths(s.data)
+    return paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} files)"
+
+
+def load(s) -> MaskedRegionTask:
+    """The task on the settings' data. What the task finds in the user's data (every region constant once
+    z-scored, too few subjects for the split) names the file, as the loader's own refusals do (the sweep puts
+    --data in front); a message that names its flag (--window) is left as it is."""
+    data = region_data(s)
+    try:
+        return MaskedRegionTask.from_settings(data, s)
+    except ValueError as error:
+        if s.data and not isinstance(error, DataError) and not str(error).startswith("--"):
+            raise DataError(f"{data_where(s)}: {error}") from None
+        raise
 
 
 def user_data_rules(s: dict, given: set[str]) -> str | None:
@@ -60,5 +79,5 @@ KIND = TaskKind(
     check=user_data_rules,
     summary=REGION_SUMMARY,
     view=dataclasses.replace(REGION_VIEW, figures=(*REGION_VIEW.figures, "brain_maps")),  # real cortex
-    load=lambda s: MaskedRegionTask.from_settings(region_data(s), s),
+    load=load,
 )
