@@ -24,7 +24,6 @@ table of the same columns as parquet or CSV.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np

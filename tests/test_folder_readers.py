@@ -117,3 +117,39 @@ def test_compare_lst_logs_refuses_a_folder_without_curves(finished, tmp_path, ca
     assert compare_lst_logs.main([str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no curves" in err, err
+
+
+def without_settings(config):
+    del config["settings"]
+
+
+def pe_of_no_kind(config):
+    config["settings"]["pe"] = ["learned", "<b>x</b>|`y`"]
+
+
+def heads_beyond_the_width(config):
+    config["settings"]["heads"] = 2 ** 80
+
+
+CONFIG_TAMPERS = {  # each passed the report and load_run, and --resume refused it
+    "no settings": (without_settings, "not a sweep's config"),
+    "a pe of no kind": (pe_of_no_kind, "is not a PE of --task lst"),
+    "heads that do not divide the width": (heads_beyond_the_width, "must be divisible by --heads"),
+}
+
+
+@pytest.mark.parametrize("tamper", CONFIG_TAMPERS)
+def test_every_reader_refuses_settings_the_resume_refuses(tamper, finished, tmp_path, capsys):
+    folder = copy_of(finished, tmp_path)
+    spoil, must_name = CONFIG_TAMPERS[tamper]
+    config = json.loads((folder / run_folder.CONFIG).read_text())
+    spoil(config)
+    (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    for program in (report, compare_lst_logs):
+        assert program.main([str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and must_name in err, err[:500]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    with pytest.raises(ReportError, match=must_name):
+        pe_fast.load_run(folder)

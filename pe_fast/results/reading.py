@@ -20,7 +20,7 @@ from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
 from pe_fast.results.run_folder import FLOAT32_MAX
-from pe_fast.results.settings import FLAGS, Settings, check_packs, check_ranges, check_types
+from pe_fast.results.settings import FLAGS, Settings, check_choices, check_packs, check_ranges, check_types
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
 from pe_fast.train import OPTIMIZERS, UNTIL
@@ -511,14 +511,16 @@ def read_run(directory: Path) -> Run:
             config = run_folder.read_config(directory)
         except (ValueError, UnicodeDecodeError) as error:
             raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config ({error})")
-        if not isinstance(config, dict) or not isinstance(config.get("settings", {}), dict):
+        if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
             raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config (a JSON object with "
                               f"settings, models and packs)")
-        if config.get("settings"):  # each of the type the sweep wrote: the report formats and computes with them
+        if config["settings"]:  # each of the type the sweep wrote: the report formats and computes with them
             try:
                 settings = dict(migrate.settings(config["settings"]))
                 check_types(settings, complete=False)
                 check_ranges(settings)  # the flags' rules: what --resume would refuse, the report refuses too
+                if "task" in settings:
+                    check_choices(settings)
                 if isinstance(config.get("packs"), list):
                     check_packs(config["packs"])
             except (KeyError, TypeError, ValueError) as error:

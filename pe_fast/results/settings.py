@@ -394,6 +394,31 @@ def check_ranges(s: dict):
                            f"float32), got {list(sigmas)}")
 
 
+def check_choices(s: dict):
+    """Each setting present with a fixed set of values holds one of them, a list names each value once, and the
+    width splits into the heads: the sweep's flags, a resumed config.json and a folder the report reads, alike."""
+    check_task(s["task"])
+    kind = KINDS[s["task"]]
+    choices = {**{name: flag.choices(kind) if callable(flag.choices) else flag.choices
+                  for name, flag in FLAGS.items() if flag.choices is not None and name != "task"},
+               **{setting.name: setting.choices for setting in kind.settings if setting.choices}}
+    for name, allowed in choices.items():
+        if name not in s:
+            continue
+        for value in s[name] if isinstance(s[name], (tuple, list)) else (s[name],):
+            if value not in allowed:
+                what = {"pe": f"a PE of --task {s['task']}", "preset": f"a preset of --task {s['task']}"}
+                raise SettingError(f"--{name.replace('_', '-')} {brief(value)} is not {what.get(name, 'one of them')}; "
+                                   f"choose from {', '.join(str(a) for a in allowed if a is not None)}")
+    for name in LIST_SETTINGS:
+        values = s.get(name)
+        if values is not None and len(set(values)) < len(values):
+            raise SettingError(f"--{name.replace('_', '-')}: {','.join(map(str, values))} names a value twice")
+    width, heads = s.get("width"), s.get("heads")
+    if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads:
+        raise SettingError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
+
+
 def check_range(name: str, value: float, low: float, high: float | None, ends: str):
     above = value >= low if ends[0] == "[" else value > low
     below = high is None or (value <= high if ends[1] == "]" else value < high)

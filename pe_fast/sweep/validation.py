@@ -11,7 +11,7 @@ from pathlib import Path
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.program_exit import CONTROL_CHARACTER
 from pe_fast.results import settings as results_settings
-from pe_fast.results.settings import EXECUTOR_FLAGS, FLAGS, LIST_SETTINGS, MAX_MODELS, Settings, default_of
+from pe_fast.results.settings import EXECUTOR_FLAGS, FLAGS, MAX_MODELS, Settings, default_of
 from pe_fast.sweep import UsageError, grid, runtime
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskSetting
@@ -25,8 +25,6 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     check_text(s)
     check_ranges(s, args)
     models = check_grid(s)
-    if s["width"] % s["heads"]:
-        raise UsageError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
     kind = KINDS[s["task"]]
     given = {name for name, value in vars(args).items() if value is not None and value is not False} if args else set()
     for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
@@ -72,22 +70,9 @@ def check_task(task):
 
 
 def check_choices(s: dict):
-    """Each setting with a fixed set of values holds one of them (the task first: the others depend on it)."""
-    check_task(s["task"])
-    kind = KINDS[s["task"]]
-    choices = {**{name: flag.choices(kind) if callable(flag.choices) else flag.choices
-                  for name, flag in FLAGS.items() if flag.choices is not None and name != "task"},
-               **{setting.name: setting.choices for setting in kind.settings if setting.choices}}
-    for name, allowed in choices.items():
-        for value in s[name] if isinstance(s[name], tuple) else (s[name],):
-            if value not in allowed:
-                what = {"pe": f"a PE of --task {s['task']}", "preset": f"a preset of --task {s['task']}"}
-                raise UsageError(f"--{name.replace('_', '-')} {value!r} is not {what.get(name, 'one of them')}; "
-                                 f"choose from {', '.join(str(a) for a in allowed if a is not None)}")
-    for name in LIST_SETTINGS:
-        values = s[name]
-        if values is not None and len(set(values)) < len(values):
-            raise UsageError(f"--{name.replace('_', '-')}: {','.join(map(str, values))} names a value twice")
+    """Each setting with a fixed set of values holds one of them (the task first: the others depend on it), and
+    the width splits into the heads (results.settings.check_choices), or UsageError."""
+    as_usage_error(results_settings.check_choices, s)
 
 
 # what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
