@@ -138,9 +138,10 @@ def test_lst_report_on_a_running_sweep(tmp_path):
     results = synthetic_rows("lst", models, layers=2, heads=2, probes=["same_row", "same_col", "same_row_or_col"],
                              rng=rng)
     write_folder(tmp_path, "lst", models, results, tokens=16, packs_only=[0, 1])
-    # text from a folder someone else made: shown in report.md, never run or laid out as markdown of its own
+    # text from a folder someone else made: shown in report.md, never run or laid out as markdown of its own (a
+    # setting of free text; one with choices, as --preset, is refused as --resume refuses it)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["settings"]["preset"] = "cpu\n# INJECTED <script>alert(1)</script> | x"
+    config["settings"]["slurm_partition"] = "cpu\n# INJECTED <script>alert(1)</script> | x"
     (tmp_path / "config.json").write_text(json.dumps(config))
     run = load_run(tmp_path)
     config, loaded, curves, tables = run.config, run.results, run.curves, run.pe_tables
@@ -152,7 +153,7 @@ def test_lst_report_on_a_running_sweep(tmp_path):
     text = path.read_text()
     assert "partial: 2 of 3 packs (12 of 15 models)" in text
     assert "<script" not in text and not any(line.startswith("# INJECTED") for line in text.splitlines())
-    assert "| preset | cpu # INJECTED &lt;script&gt;alert(1)&lt;/script&gt; \\| x |" in text
+    assert "| slurm_partition | cpu # INJECTED &lt;script&gt;alert(1)&lt;/script&gt; \\| x |" in text
     assert_figures(tmp_path, LST_FIGURES)
     rho, n = printed_rho(text)
     want, want_n = expected_alignment(present, "ood_attn", "same_row_or_col", "ood_acc")

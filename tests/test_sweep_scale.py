@@ -342,7 +342,9 @@ def test_slurm_batch_script_carries_the_flags(tmp_path, fake_srun):
 def test_the_time_limit_signal_leaves_the_job_most_of_its_minutes(minutes, signal_s, tmp_path, fake_srun):
     """submitit's checkpoint signal comes at most a quarter of the limit before it (90 s at most): with its own
     90 s, a real SLURM signalled a 1-minute job as it started, round after round (2026-12-04)."""
-    args = settings.build_parser().parse_args([*NETSIM, "--executor", "slurm", "--slurm-time", str(minutes)])
+    # parsed with --slurm-local, which needs no SLURM cluster to answer, then the script sbatch would receive
+    args = settings.build_parser().parse_args([*NETSIM, "--executor", "slurm", "--slurm-local", "--slurm-time",
+                                               str(minutes)])
     s = dataclasses.replace(settings.from_flags(args), slurm_local=False)
     script = executors.slurm_executor(s, tmp_path / "slurm")._executor._make_submission_file_text("true", "uid")
     assert f"#SBATCH --time={minutes}\n" in script and f"#SBATCH --signal=USR2@{signal_s}\n" in script, script
