@@ -55,6 +55,10 @@ def negative_steps(name, frame):
     return frame.assign(steps=-5) if name == run_folder.RESULTS else frame
 
 
+def sigma_changed(name, frame):
+    return frame.assign(sigma=frame["sigma"].where(frame["pe"] != "learned", 0.7))
+
+
 def lying_weights_header(folder):
     path = folder / "packs" / "0" / run_folder.WEIGHTS
     path.write_bytes(struct.pack("<Q", 2 ** 63) + b"{}")
@@ -66,6 +70,7 @@ TAMPERS = {
     "a curves row twice": (lambda f: rewrite_tables(f, duplicated_curves_row), "two rows at step"),
     "curves of a model the results lack": (lambda f: rewrite_tables(f, stray_curves_model), "do not hold"),
     "negative steps": (lambda f: rewrite_tables(f, negative_steps), "column steps"),
+    "a σ other than config.json's": (lambda f: rewrite_tables(f, sigma_changed), "not this run's results"),
     # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
     "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
 }
@@ -131,10 +136,15 @@ def heads_beyond_the_width(config):
     config["settings"]["heads"] = 2 ** 80
 
 
+def model_relabelled(config):
+    config["models"][0]["pe"] = "rope"
+
+
 CONFIG_TAMPERS = {  # each passed the report and load_run, and --resume refused it
     "no settings": (without_settings, "not a sweep's config"),
     "a pe of no kind": (pe_of_no_kind, "is not a PE of --task lst"),
     "heads that do not divide the width": (heads_beyond_the_width, "must be divisible by --heads"),
+    "a model's PE relabelled": (model_relabelled, "not this run's results"),
 }
 
 

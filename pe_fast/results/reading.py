@@ -567,6 +567,7 @@ def read_run(directory: Path) -> Run:
     check_columns(directory, results, curves, (config.get("settings") or {}).get("task"))
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
+    check_models_listed(directory, results, config.get("models"))
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
     diverged = sorted(key for key, table in pe_tables.items() if not np.isfinite(table).all())
@@ -663,6 +664,27 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
         if curves.duplicated(["model_id", "step"]).any():
             twice = curves[curves.duplicated(["model_id", "step"])].iloc[0]
             refuse("curves", f"model {twice['model_id']} has two rows at step {twice['step']}; one evaluation a step")
+
+
+def check_models_listed(directory: Path, results: pd.DataFrame, models):
+    """Each trained model of the results is one config.json lists, with the PE and σ it lists (a relabelled PE or
+    σ passed every reader but --resume); ReportError naming the first that is not. Baselines are listed nowhere."""
+    if not isinstance(models, list) or not models:
+        return
+    listed = {m["model_id"]: m for m in models if isinstance(m, dict) and type(m.get("model_id")) is int}
+    trained = results[~results["pe"].str.startswith("baseline:")]
+    for model_id, pe, sigma in zip(trained["model_id"], trained["pe"], trained["sigma"]):
+        entry = listed.get(int(model_id))
+        if entry is None:
+            raise ReportError(f"{directory}: the results hold model {int(model_id)}, which config.json does not list; "
+                              f"not this run's results")
+        recorded = entry.get("sigma")
+        recorded = np.nan if recorded is None else recorded
+        same_sigma = isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and (
+            (np.isnan(recorded) and np.isnan(sigma)) or np.isclose(recorded, sigma, rtol=1e-6, atol=0))
+        if entry.get("pe", pe) != pe or ("sigma" in entry and not same_sigma):
+            raise ReportError(f"{directory}: the results give model {int(model_id)} pe {pe} σ {sigma:g}, config.json "
+                              f"pe {_shown(entry.get('pe'))} σ {_shown(entry.get('sigma'))}; not this run's results")
 
 
 def _shown(value) -> str:
