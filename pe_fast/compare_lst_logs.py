@@ -31,7 +31,7 @@ import pandas as pd
 
 from pe_fast.markdown import inert
 from pe_fast.models.absolute_pe import SINUSOIDAL_PES
-from pe_fast.program_exit import print_error
+from pe_fast.program_exit import brief, print_error
 from pe_fast.results import run_folder
 from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_named_once,
                                      check_parquet_size, named_folder, read_run, recorded_settings)
@@ -98,14 +98,16 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
 
 def our_epochs(directory: Path, config: dict, settings: Settings, curves: pd.DataFrame) -> pd.Series:
     """Each evaluation's step as passes over the training split (puzzles seen / training puzzles)."""
-    try:
-        train_size = config["task"]["sizes"]["train"]
-    except (KeyError, TypeError):
-        train_size = None
+    task = config.get("task")
+    sizes = task.get("sizes") if isinstance(task, dict) else None
+    train_size = sizes.get("train") if isinstance(sizes, dict) else None
     # a count the task wrote (its training puzzles), which the epochs divide by
     if isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1:
-        raise CompareError(f"{directory / 'config.json'}: task.sizes.train is {str(train_size)[:40]!r}, not the "
-                           f"training split's number of puzzles; is this an LST run of pe_fast?")
+        found = (f"task is {brief(task)}" if not isinstance(task, dict) else
+                 f"task.sizes is {brief(sizes)}" if not isinstance(sizes, dict) else
+                 f"task.sizes.train is {brief(train_size) if 'train' in sizes else 'missing'}")
+        raise CompareError(f"{directory / 'config.json'}: {found}, not the training split's number of puzzles "
+                           f"(task.sizes.train); is this an LST run of pe_fast?")
     return curves["step"] * settings.batch_size / train_size
 
 
@@ -264,10 +266,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.out and home is not None and not own_table and (out.exists() or out.is_symlink()):
                 raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a "
                                    f"new name")
+            if out is not None:
+                run_folder.check_outside_package(out)
             if out is not None and out.exists() and not out.is_file():  # a FIFO would block the write for ever
                 raise CompareError(f"{named}{out} is not a regular file; name a new file")
         except OSError as error:  # a name too long, a folder not to be entered
             raise CompareError(f"{named}{out}: cannot write ({error.strerror or error})")
+        except run_folder.OutFolderError as error:
+            raise CompareError(f"{named}{error}")
         table, verdicts = compare(directories, logs)
         if table.empty:
             raise CompareError(f"none of the evaluations of {', '.join(map(str, directories))} lies near an epoch "

@@ -59,6 +59,11 @@ def sigma_changed(name, frame):
     return frame.assign(sigma=frame["sigma"].where(frame["pe"] != "learned", 0.7))
 
 
+def swapped_weights(folder):
+    """Pack 1's weights in pack 0's place: a valid file, of another pack."""
+    shutil.copy(folder / "packs" / "1" / run_folder.WEIGHTS, folder / "packs" / "0" / run_folder.WEIGHTS)
+
+
 def lying_weights_header(folder):
     path = folder / "packs" / "0" / run_folder.WEIGHTS
     path.write_bytes(struct.pack("<Q", 2 ** 63) + b"{}")
@@ -73,6 +78,7 @@ TAMPERS = {
     "a σ other than config.json's": (lambda f: rewrite_tables(f, sigma_changed), "not this run's results"),
     # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
     "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
+    "another pack's weights": (swapped_weights, "not this run's pack"),
 }
 
 
@@ -103,16 +109,45 @@ def test_a_link_out_of_the_folder_is_refused_by_every_reader(finished, tmp_path,
     assert not (folder / "compare_lst_logs.md").exists()
 
 
-@pytest.mark.parametrize("train", [None, "abc", [1, 2], -1, 0.5, True])
-def test_compare_lst_logs_refuses_a_training_size_that_is_not_a_count(train, finished, tmp_path, capsys):
+def set_train(value):
+    return lambda config: config["task"]["sizes"].update(train=value)
+
+
+SIZES = {  # config.json's task.sizes.train, which the epochs divide by, and how the refusal shows it
+    "None": (set_train(None), "task.sizes.train is None"),
+    "text": (set_train("abc"), "task.sizes.train is 'abc'"),
+    "a list": (set_train([1, 2]), "task.sizes.train is [1, 2]"),
+    "negative": (set_train(-1), "task.sizes.train is -1"),
+    "a fraction": (set_train(0.5), "task.sizes.train is 0.5"),
+    "true": (set_train(True), "task.sizes.train is True"),
+    "missing": (lambda config: config["task"]["sizes"].pop("train"), "task.sizes.train is missing"),
+    "sizes a list": (lambda config: config["task"].update(sizes=[8100, 900]), "task.sizes is [8100, 900]"),
+    "no task": (lambda config: config.pop("task"), "task is None"),
+}
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+def test_compare_lst_logs_refuses_a_training_size_that_is_not_a_count(sizes, finished, tmp_path, capsys):
     folder = copy_of(finished, tmp_path)
     config = json.loads((folder / run_folder.CONFIG).read_text())
-    config["task"]["sizes"]["train"] = train
+    spoil, shown = SIZES[sizes]
+    spoil(config)
     (folder / run_folder.CONFIG).write_text(json.dumps(config))
     assert compare_lst_logs.main([str(folder)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "task.sizes.train" in err, err
+    assert err.count("\n") == 1 and f"{shown}, not the training split's number" in err, err
     assert not (folder / "compare_lst_logs.md").exists()
+
+
+def test_compare_lst_logs_writes_nothing_into_the_package(finished, capsys):
+    table = run_folder.PACKAGE / "hostile_table.md"
+    try:
+        assert compare_lst_logs.main([str(finished), "--out", str(table)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "inside the pe_fast package's own folder" in err, err
+        assert not table.exists()
+    finally:
+        table.unlink(missing_ok=True)
 
 
 def test_compare_lst_logs_refuses_a_folder_without_curves(finished, tmp_path, capsys):

@@ -579,9 +579,13 @@ def read_run(directory: Path) -> Run:
         path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
         if _present(path):
             try:
-                weights.check_pack_weights(regular_file(path))
+                held = weights.check_pack_weights(regular_file(path))
             except weights.UnreadableWeights as error:
                 raise ReportError(str(error)) from None
+            packs = config.get("packs")
+            if isinstance(packs, list) and index < len(packs) and held != list(packs[index]):
+                raise ReportError(f"{path}: holds models {held[:6]}, config.json's pack {index} "
+                                  f"{list(packs[index])[:6]}: not this run's pack")
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))

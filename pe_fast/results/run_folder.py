@@ -277,6 +277,16 @@ def path_text(value: str | os.PathLike, argument: str) -> str:
     return text
 
 
+# the installed package's source: what pe_fast writes there would mix with its code (and be shipped, or lost, with it)
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def check_outside_package(path: Path):
+    """OutFolderError where path (through links and ..) lies in the pe_fast package's own folder."""
+    if path.resolve().is_relative_to(PACKAGE):
+        raise OutFolderError(f"{path}: inside the pe_fast package's own folder {PACKAGE}; choose a place outside it")
+
+
 def check_out_folder(name: str | os.PathLike):
     """A folder to write must be named by text (not blank, no control character, UTF-8 as the parquet files
     record it), be a folder or creatable where its nearest existing parent is writable, and lie outside every
@@ -308,6 +318,7 @@ def check_out_folder(name: str | os.PathLike):
             raise OutFolderError(f"{out}: {path} is a link to {os.readlink(path)}, which does not exist")
     if not existing.is_dir():
         raise OutFolderError(f"{out}: {existing} is a file, so the folder cannot be made")
+    check_outside_package(out)
     home = next((p for p in out.resolve().parents if is_results_folder(p)), None)
     if home is not None:  # before the probe below, which would touch that folder
         raise OutFolderError(f"{out} lies inside the results folder {home}; choose a folder outside it")

@@ -51,10 +51,11 @@ class PackWeights:
     step: int
 
 
-def check_pack_weights(path: Path):
+def check_pack_weights(path: Path) -> list[int]:
     """A weights file's header (its metadata, model configuration and declared tensors) checked without reading a
-    tensor, as the report checks every pack's; UnreadableWeights names the file and what is wrong."""
-    _read_pack_weights(path, tensors=False)
+    tensor, as the report checks every pack's; its model ids. UnreadableWeights names the file and what is wrong."""
+    meta, _config, _tensors = _read_pack_weights(path, tensors=False)
+    return list(meta["model_ids"])
 
 
 def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWeights:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-import pe_fast
 from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.program_exit import print_error
@@ -22,18 +21,11 @@ from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import BatchSampler, PackTrainer
 
 
-# the installed package's source: results written there would mix with its code (and be shipped, or lost, with it)
-PACKAGE = Path(pe_fast.__file__).resolve().parent
-
-
 def check_out_folder(name: str):
     try:
         run_folder.check_out_folder(name)
     except run_folder.OutFolderError as error:
         raise UsageError(f"--out {error}")
-    if Path(name).resolve().is_relative_to(PACKAGE):
-        raise UsageError(f"--out {name}: inside the pe_fast package's own folder {PACKAGE}; choose a folder "
-                         f"outside it")
 
 
 def check_against_task(s: Settings, task):
