@@ -269,6 +269,8 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     (dict(task="lst", steps="9" * 500), "--steps: expected int, got '999"),
     (dict(task="lst", no_report=np.zeros(3)), "--no-report: expected True or False, got a numpy.ndarray"),
     (dict(task=["lst"] * 100), "--task ['lst', 'lst'"),
+    (dict(task="lst", pe={"learned", "sin2d"}), "--pe: expected a list or comma-separated text, got {"),
+    (dict(task="lst", sigmas={0.1: 1}), "--sigmas: expected a list or comma-separated text, got {0.1: 1}"),
 ])
 def test_a_python_argument_of_a_wrong_type_is_named_in_one_short_line(arguments, must_name, tmp_path, monkeypatch):
     """A type refusal names the type (an array by its shape) or quotes a short repr: once, a 21-line array."""

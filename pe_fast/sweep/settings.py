@@ -110,6 +110,9 @@ def parse_list(text, convert, flag: str) -> tuple:
         items = [str(item) for item in text]
         if (joined := next((item for item in items if "," in item), None)) is not None:
             raise UsageError(f"{flag}: the item {brief(joined)} holds a comma; give one value per item")
+    elif isinstance(text, (set, frozenset, dict)):  # str() of one reads as a list of garbled items
+        raise UsageError(f"{flag}: expected a list or comma-separated text, got {brief(text)} (a list keeps the "
+                         f"order the models are numbered in)")
     else:
         items = str(text).split(",")
     if not any(item.strip() for item in items):
