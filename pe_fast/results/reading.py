@@ -19,8 +19,7 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
-from pe_fast.results.run_folder import FLOAT32_MAX
-from pe_fast.results.settings import FLAGS, Settings, check_choices, check_packs, check_ranges, check_types
+from pe_fast.results.settings import FLAGS, FLOAT32_MAX, Settings, check_choices, check_packs, check_ranges, check_types
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
 from pe_fast.train import OPTIMIZERS, UNTIL

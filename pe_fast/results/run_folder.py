@@ -36,6 +36,7 @@ import torch
 
 from pe_fast.program_exit import CONTROL_CHARACTER, brief
 from pe_fast.results import migrate
+from pe_fast.results.settings import FLOAT32_MAX
 
 LOCK = ".lock"
 MAX_PID = 2**22  # Linux's pid_max ceiling (PID_MAX_LIMIT)
@@ -470,8 +471,6 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
     return migrate.checkpoint(_load_checkpoint(path, index, mmap=False)) if path.is_file() else None
 
 
-# the largest number a sweep computes (in float32 at most)
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_TRAINING_SECONDS = 1e9  # a checkpoint's training time so far: 31 years is no pack's
 CURVES_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # the columns an evaluation writes: names, not text
 

@@ -36,8 +36,8 @@ MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 MAX_NTK_ITEMS = 256
 MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
-# the largest finite float32: every float setting is stored (results.parquet's columns, the models' numbers) as
-# float32, where a larger value is infinite
+# the largest finite float32: a sweep computes in float32 at most, and every float setting is stored (results.parquet's
+# columns, the models' numbers) as float32, where a larger value is infinite
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # the values of the settings that have a fixed set
