@@ -164,19 +164,30 @@ def test_bias_and_other_dtypes_run_the_reference_with_one_warning(caplog):
 
 
 def test_without_the_extension_pe_fast_warns_once_and_runs_the_reference():
+    """The warning comes with the first CPU call that would have run the kernels, not with the import (a program
+    that refuses first says one line); backend='cpp' asked for by name says why it is missing."""
     script = ("import sys; sys.modules['pe_fast._C'] = None\n"  # makes `import pe_fast._C` fail
               "import torch\n"
               "from pe_fast.ops import BACKENDS, pe_attention\n"
+              "print('imported', file=sys.stderr, flush=True)\n"
               "x = torch.randn(1, 2, 5, 8)\n"
-              "out, stats = pe_attention(x, None, torch.randn(1, 8, 24), None, 2)\n"
+              "for _ in range(2):\n"
+              "    out, stats = pe_attention(x, None, torch.randn(1, 8, 24), None, 2)\n"
+              "try:\n"
+              "    pe_attention(x, None, torch.randn(1, 8, 24), None, 2, backend='cpp')\n"
+              "except ValueError as error:\n"
+              "    print('asked:', error)\n"
               "print(sorted(BACKENDS))\n")
     child = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120,
                            env={**{k: v for k, v in os.environ.items() if k != "PE_FAST_KERNELS"},  # isa.sh's build
                                 "TRITON_INTERPRET": "0"})
     assert child.returncode == 0, child.stderr
-    assert "cpp" not in child.stdout
-    warnings = [line for line in child.stderr.splitlines() if "C++ CPU kernels are not built" in line]
+    assert "'cpp'" not in child.stdout.splitlines()[-1]
+    assert "asked: pe_attention backend 'cpp' is not available: pe_fast's C++ CPU kernels are not built" in child.stdout
+    stderr = child.stderr.splitlines()
+    warnings = [line for line in stderr if "C++ CPU kernels are not built" in line]
     assert len(warnings) == 1 and "pip install" in warnings[0], child.stderr
+    assert stderr.index(warnings[0]) > stderr.index("imported"), child.stderr
 
 
 def test_the_extension_imports_on_its_own():
@@ -191,7 +202,8 @@ def test_the_kernels_load_once_from_pe_fast_kernels_and_a_bad_path_is_named(tmp_
     file named there (whatever its suffix) is never run."""
     from pe_fast.ops import extension
     probe = ("import torch, pe_fast.ops, pe_fast._C; from pe_fast.ops import extension, backends; "
-             "print(extension.ISA, 'cpp' in backends.BACKENDS, extension.MODULE is pe_fast._C)")
+             "print(extension.ISA, 'cpp' in backends.BACKENDS, extension.MODULE is pe_fast._C); "
+             "pe_fast.ops.pe_attention(torch.randn(1, 2, 5, 8), None, torch.randn(1, 8, 24), None, 2)")
     env = {k: v for k, v in os.environ.items() if k != "PE_FAST_KERNELS"}
 
     def run(path):

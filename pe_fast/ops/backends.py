@@ -39,6 +39,20 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+# backends whose kernels did not load (pe_fast._C not built, or $PE_FAST_KERNELS naming no build): name -> the
+# devices they would run on and why they are missing, said once where one of them would have been the default
+UNAVAILABLE: dict[str, tuple[tuple[str, ...], str]] = {}
+
+
+def register_unavailable(name: str, devices: tuple[str, ...], why: str) -> None:
+    UNAVAILABLE[name] = (devices, why)
+
+
+@functools.cache
+def _warn_unavailable(name: str) -> None:
+    log.warning(UNAVAILABLE[name][1])
+
+
 def register_backend(name: str, backend: Backend) -> None:
     if name not in PREFERENCE:
         raise ValueError(f"backend {name!r} has no place in PREFERENCE {PREFERENCE}")
@@ -67,7 +81,13 @@ def implementation(backend: str, x: Tensor, num_heads: int, bias: Tensor | None)
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """backend= argument, else the preferred registered backend for the device."""
     if backend is None:
-        return next(name for name, b in BACKENDS.items() if device.type in b.devices)
+        chosen = next(name for name, b in BACKENDS.items() if device.type in b.devices)
+        for name in PREFERENCE[:PREFERENCE.index(chosen)]:  # a faster one would have run here: said on first use
+            if name in UNAVAILABLE and device.type in UNAVAILABLE[name][0]:
+                _warn_unavailable(name)
+        return chosen
+    if backend in UNAVAILABLE:
+        raise ValueError(f"pe_attention backend {backend!r} is not available: {UNAVAILABLE[backend][1]}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown pe_attention backend {backend!r}; available: {', '.join(BACKENDS)}")
     if device.type not in BACKENDS[backend].devices:

@@ -11,20 +11,16 @@ They are ops (with fake-tensor rules below, and a vmap rule for the backward) so
 float32 and float64; RoPE turns q and k with torch around the kernels; a relative-position bias and other
 dtypes run the reference instead (one logged warning per reason).
 
-The extension is built by `pip install` (setup.py). When it is missing, importing this module warns once and
-the "cpp" backend is not registered: CPU tensors run on the reference.
+The extension is built by `pip install` (setup.py). When it is missing, the "cpp" backend is not registered: CPU
+tensors run on the reference, with one logged warning at the first call that would have used the kernels.
 """
 from __future__ import annotations
-
-import logging
 
 import torch
 
 from pe_fast.ops import extension, projection, reference
-from pe_fast.ops.backends import Backend, register_backend
+from pe_fast.ops.backends import Backend, register_backend, register_unavailable
 from pe_fast.ops.transforms import fold_into_model_axis
-
-log = logging.getLogger("pe_fast")
 
 DTYPES = (torch.float32, torch.float64)
 
@@ -56,8 +52,10 @@ if extension.MODULE is None:
     remedy = ("unset PE_FAST_KERNELS, or name a build of bench/cpu/isa.sh" if extension.REQUESTED else
               "reinstall with a C++ compiler present: pip install torch==2.13.0 \"setuptools>=70.1\" ninja && "
               "pip install --no-build-isolation -e .")
-    log.warning("pe_fast's C++ CPU kernels are not built (%s), so pe_attention runs the slower PyTorch reference "
-                "on CPU. For the fast path, %s", extension.ERROR, remedy)
+    # said where a CPU call would have run them (not at import: a sweep refusing a bad $PE_FAST_KERNELS says it once)
+    register_unavailable("cpp", ("cpu",), f"pe_fast's C++ CPU kernels are not built ({extension.ERROR}), so "
+                                          f"pe_attention runs the slower PyTorch reference on CPU. For the fast path, "
+                                          f"{remedy}")
 else:
     @torch.library.register_fake("pe_fast_cpp::attention_forward")
     def _(qkv, addend, num_heads, probes):
