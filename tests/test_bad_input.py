@@ -678,8 +678,17 @@ RESUME_CASES = [
 ]
 
 
+@pytest.fixture
+def no_lock(monkeypatch):
+    """A refused --resume takes no lock: the checks of what it found are read only, done before DIR/.lock is made
+    (a tampered folder once saw the lock come and go before the refusal)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the refused resume took the folder's lock")
+    monkeypatch.setattr(run_folder, "acquire_lock", refuse)
+
+
 @pytest.mark.parametrize("spoil, flags, must_name", [c[1:] for c in RESUME_CASES], ids=[c[0] for c in RESUME_CASES])
-def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monkeypatch):
+def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monkeypatch, no_lock):
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "run"
     shutil.copytree(unfinished, folder)
@@ -916,7 +925,7 @@ def tamper_seed_as_text(pack: Path):
     (tamper_seed_as_text, "column 'seed' is stored as"),
 ], ids=["curves random bytes", "pe tables of objects", "seed stored as text"])
 def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, must_name, half_finished, tmp_path,
-                                                                        capsys):
+                                                                        capsys, no_lock):
     folder = tmp_path / "run"
     shutil.copytree(half_finished, folder)
     tamper(folder / "packs" / "0")
@@ -1533,7 +1542,7 @@ HALF_FINISHED_CASES = [
 
 @pytest.mark.parametrize("spoil, must_name", [c[1:] for c in HALF_FINISHED_CASES],
                          ids=[c[0] for c in HALF_FINISHED_CASES])
-def test_resume_refuses_a_tampered_pack_before_training(spoil, must_name, half_finished, tmp_path, capsys):
+def test_resume_refuses_a_tampered_pack_before_training(spoil, must_name, half_finished, tmp_path, capsys, no_lock):
     folder = tmp_path / "run"
     shutil.copytree(half_finished, folder, symlinks=True)
     spoil(folder)

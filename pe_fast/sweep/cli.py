@@ -65,6 +65,35 @@ def check_folder(out: Path, resume: bool):
         raise UsageError(str(error))
 
 
+def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
+    """What --resume finds in DIR/packs is this sweep's and readable: no foreign or linked pack folder, every
+    finished pack's results this pack's models, every checkpoint loading safely and of this pack's shapes. Read
+    only, before the lock is taken: a refusal writes nothing."""
+    finished = run_folder.finished_packs(out)
+    foreign = sorted(finished - set(range(len(packs))))
+    if foreign:
+        raise UsageError(f"{run_folder.pack_folder(out, foreign[0])} is not a pack of this sweep (it has "
+                         f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
+    # a pack folder is the sweep's own: a link (to another pack, to the folder itself) would count one pack's
+    # results twice, or be removed as a tree when the pack is written
+    linked = next((i for i in range(len(packs)) if run_folder.pack_folder(out, i).is_symlink()), None)
+    if linked is not None:
+        raise UsageError(f"{run_folder.pack_folder(out, linked)} is a link; a pack folder is the sweep's own: "
+                         f"delete the link to retrain pack {linked}")
+    for index in sorted(finished):  # every finished pack readable as the results will read it, before training
+        try:
+            results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
+            folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
+        except reading.ReportError as error:
+            raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
+    for index in (i for i in range(len(packs)) if i not in finished):  # every checkpoint readable, safely so
+        try:
+            run_folder.check_checkpoint(out, index, PackTrainer.REQUIRED_STATE_KEYS, s.steps)
+            executors.check_checkpoint_fits(s, task, packs[index], out, index)
+        except run_folder.UnreadableCheckpoint as error:
+            raise UsageError(str(error))
+
+
 def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Path:
     """Train the sweep and write its results folder; then write_report(DIR) unless --no-report. The sweep does not
     import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
@@ -91,6 +120,8 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         s = dataclasses.replace(s, max_pack=grid.choose_pack_size(s, task))
     packs = grid.pack_models(s, models)
     s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
+    if resume:  # before the lock (a refusal writes nothing); a sweep resuming beside it would write its own packs
+        check_resumable(out, s, packs, task)
     created = not out.exists()
     try:
         run_folder.acquire_lock(out, notice=lambda line: print(f"note: {line}", file=sys.stderr))
@@ -110,30 +141,8 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
             folder.start_folder(s, out, task, models, packs)
         executor = executors.EXECUTORS[s.executor]
         finished = run_folder.finished_packs(out)
-        foreign = sorted(finished - set(range(len(packs))))
-        if foreign:
-            raise UsageError(f"{run_folder.pack_folder(out, foreign[0])} is not a pack of this sweep (it has "
-                             f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
-        # a pack folder is the sweep's own: a link (to another pack, to the folder itself) would count one pack's
-        # results twice, or be removed as a tree when the pack is written
-        linked = next((i for i in range(len(packs)) if run_folder.pack_folder(out, i).is_symlink()), None)
-        if linked is not None:
-            raise UsageError(f"{run_folder.pack_folder(out, linked)} is a link; a pack folder is the sweep's own: "
-                             f"delete the link to retrain pack {linked}")
         todo = [i for i in range(len(packs)) if i not in finished]
         executor.prepare_folder(out, todo)
-        for index in sorted(finished):  # every finished pack readable as the results will read it, before training
-            try:
-                results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
-                folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
-            except reading.ReportError as error:
-                raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
-        for index in todo:  # every checkpoint readable (and safely so) before any training
-            try:
-                run_folder.check_checkpoint(out, index, PackTrainer.REQUIRED_STATE_KEYS, s.steps)
-                executors.check_checkpoint_fits(s, task, packs[index], out, index)
-            except run_folder.UnreadableCheckpoint as error:
-                raise UsageError(str(error))
         if task.data_line is not None:
             print(task.data_line, file=sys.stderr)
         print(f"pe_fast sweep: task {s.task}, {len(models)} models in {len(packs)} packs "
