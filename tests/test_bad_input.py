@@ -680,11 +680,12 @@ RESUME_CASES = [
 
 @pytest.fixture
 def no_lock(monkeypatch):
-    """A refused --resume takes no lock: the checks of what it found are read only, done before DIR/.lock is made
-    (a tampered folder once saw the lock come and go before the refusal)."""
+    """A refused --resume takes no lock and makes no probe: the checks of what it found are read only, done before
+    DIR/.lock and the write probe are made (a tampered folder once saw both come and go before the refusal)."""
     def refuse(*args, **kwargs):
-        raise AssertionError("the refused resume took the folder's lock")
+        raise AssertionError("the refused resume wrote in the folder (its lock or the write probe)")
     monkeypatch.setattr(run_folder, "acquire_lock", refuse)
+    monkeypatch.setattr(run_folder, "check_writable", refuse)
 
 
 @pytest.mark.parametrize("spoil, flags, must_name", [c[1:] for c in RESUME_CASES], ids=[c[0] for c in RESUME_CASES])

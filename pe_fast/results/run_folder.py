@@ -288,11 +288,12 @@ def check_outside_package(path: Path):
         raise OutFolderError(f"{path}: inside the pe_fast package's own folder {PACKAGE}; choose a place outside it")
 
 
-def check_out_folder(name: str | os.PathLike):
+def check_out_folder(name: str | os.PathLike, probe: bool = True):
     """A folder to write must be named by text (not blank, no control character, UTF-8 as the parquet files
     record it), be a folder or creatable where its nearest existing parent is writable, and lie outside every
     other results folder (inside one, its packs/ say, it would be read as part of that one, and that folder's
-    --resume or report would trip over it). name: as given, before Path("") makes it "."."""
+    --resume or report would trip over it). name: as given, before Path("") makes it ".". probe=False leaves the
+    write probe (check_writable) to the caller, where other checks come first: it makes and removes a folder."""
     name = path_text(name, "out")
     out = Path(name)
     if not name.strip():  # Path("") is ".": the folder one runs in
@@ -323,7 +324,16 @@ def check_out_folder(name: str | os.PathLike):
     home = next((p for p in out.resolve().parents if is_results_folder(p)), None)
     if home is not None:  # before the probe below, which would touch that folder
         raise OutFolderError(f"{out} lies inside the results folder {home}; choose a folder outside it")
-    try:  # a real probe: permission bits do not bind root, and some file systems are read-only
+    if probe:
+        check_writable(out)
+
+
+def check_writable(out: Path):
+    """OutFolderError where nothing can be made in out (or, where it does not exist yet, its nearest existing
+    parent): a real probe, made and removed, since permission bits do not bind root and some file systems are
+    read-only."""
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    try:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as error:
         raise OutFolderError(f"{out}: cannot write in {existing} ({error.strerror or error})")

@@ -21,9 +21,16 @@ from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import BatchSampler, PackTrainer
 
 
-def check_out_folder(name: str):
+def check_out_folder(name: str, probe: bool = True):
     try:
-        run_folder.check_out_folder(name)
+        run_folder.check_out_folder(name, probe)
+    except run_folder.OutFolderError as error:
+        raise UsageError(f"--out {error}")
+
+
+def check_writable(out: Path):
+    try:
+        run_folder.check_writable(out)
     except run_folder.OutFolderError as error:
         raise UsageError(f"--out {error}")
 
@@ -99,7 +106,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
     resume = s.packs is not None
     name = s.out if s.out is not None else str(Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    check_out_folder(name)
+    check_out_folder(name, probe=not resume)  # a resumed folder is probed after the checks of what it holds
     out = Path(name)
     s = dataclasses.replace(s, out=str(out))
     holder = run_folder.lock_holder(out) if out.is_dir() else None
@@ -122,6 +129,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
     if resume:  # before the lock (a refusal writes nothing); a sweep resuming beside it would write its own packs
         check_resumable(out, s, packs, task)
+        check_writable(out)
     created = not out.exists()
     try:
         run_folder.acquire_lock(out, notice=lambda line: print(f"note: {line}", file=sys.stderr))
