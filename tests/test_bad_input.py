@@ -1409,6 +1409,14 @@ def test_data_a_folder_names_that_cannot_be_loaded_is_a_value_error(tmp_path, ca
     (tmp_path / "run" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="/dev/zero"):
         load_run(tmp_path / "run").task_inputs("test")
+    # a file the folder names may be anyone's: refused by name, its text never quoted
+    secret = tmp_path / "secret.csv"
+    secret.write_text("root:s3cr3t-hash:0:0\nsecond line\n")
+    config["settings"].update(data=files["NPY"], regions=str(secret))
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="secret.csv: the regions table has no 'label' column") as refused:
+        load_run(tmp_path / "run").task_inputs("test")
+    assert "s3cr3t" not in str(refused.value)
 
 
 def test_outside_text_with_a_line_break_stays_one_line(tmp_path, capsys, monkeypatch):

@@ -450,8 +450,9 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         raise DataError(f"{p}: the regions table's header names column {repeated!r} twice (letter case aside): "
                         f"give each column once")
     if "label" not in columns:
-        raise DataError(f"{p}: the regions table has no 'label' column (it has {columns}): "
-                        f"add a header line label[,x,y,z][,network]")
+        # its header unquoted: a file a results folder names may be anyone's (a secret's first line)
+        raise DataError(f"{p}: the regions table has no 'label' column in its header line ({len(columns)} "
+                        f"columns): add a header line label[,x,y,z][,network]")
     xyz = [c for c in "xyz" if c in columns]
     if xyz and len(xyz) != 3:
         raise DataError(f"{p}: the regions table has column(s) {xyz} but not all of x, y, z: give all three or none")
