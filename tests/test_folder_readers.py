@@ -59,6 +59,23 @@ def sigma_changed(name, frame):
     return frame.assign(sigma=frame["sigma"].where(frame["pe"] != "learned", 0.7))
 
 
+def lr_changed(name, frame):
+    return frame.assign(lr=frame["lr"] / 2)
+
+
+def seed_changed(name, frame):
+    return frame.assign(seed=frame["seed"].where(frame["model_id"] != 0, 1 + frame["seed"]))
+
+
+def unlisted_with(column, value):
+    """The tables with column set to value, and config.json listing no models to compare them with."""
+    def spoil(folder):
+        rewrite_tables(folder, lambda name, frame: frame.assign(**{column: value}))
+        config = json.loads((folder / run_folder.CONFIG).read_text())
+        (folder / run_folder.CONFIG).write_text(json.dumps({**config, "models": []}))
+    return spoil
+
+
 def swapped_weights(folder):
     """Pack 1's weights in pack 0's place: a valid file, of another pack."""
     shutil.copy(folder / "packs" / "1" / run_folder.WEIGHTS, folder / "packs" / "0" / run_folder.WEIGHTS)
@@ -76,6 +93,12 @@ TAMPERS = {
     "curves of a model the results lack": (lambda f: rewrite_tables(f, stray_curves_model), "do not hold"),
     "negative steps": (lambda f: rewrite_tables(f, negative_steps), "column steps"),
     "a σ other than config.json's": (lambda f: rewrite_tables(f, sigma_changed), "not this run's results"),
+    # every key config.json lists a model by, not its PE and σ only
+    "a learning rate other than config.json's": (lambda f: rewrite_tables(f, lr_changed), "model 0 lr"),
+    "a seed other than config.json's": (lambda f: rewrite_tables(f, seed_changed), "model 0 seed"),
+    # where config.json lists none, each grid axis within its flag's range
+    "a learning rate of 0": (unlisted_with("lr", 0.0), "column lr: --lr must be finite and > 0"),
+    "a negative weight decay": (unlisted_with("weight_decay", -1.0), "column weight_decay"),
     # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
     "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
     "another pack's weights": (swapped_weights, "not this run's pack"),

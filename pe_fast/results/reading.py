@@ -19,7 +19,8 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
-from pe_fast.results.settings import FLAGS, FLOAT32_MAX, Settings, check_choices, check_packs, check_ranges, check_types
+from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingError, Settings, check_choices, check_packs,
+                                      check_range, check_ranges, check_types)
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
 from pe_fast.train import OPTIMIZERS, UNTIL
@@ -644,6 +645,15 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
     if ((sigma <= 0) | np.isinf(sigma)).any():
         refuse("results", f"column sigma holds {sigma[(sigma <= 0) | np.isinf(sigma)].iloc[0]:g}; σ is finite and "
                           f"> 0 (or empty for PEs without one)")
+    for name in (axis for axis in GRID_AXES if axis in results and FLAGS[axis].range):  # in their flags' ranges
+        values = _numbers(results[name])
+        if values is None:
+            refuse("results", f"column {name} holds a value that is not a number")
+        try:
+            for value in values.dropna():
+                check_range(name, float(value), *FLAGS[name].range)
+        except SettingError as error:
+            refuse("results", f"column {name}: {error}")
     unset = sigma.isna() & results["pe"].isin(SIGMA_PES)
     if unset.any():
         refuse("results", f"column sigma is empty for pe {results['pe'][unset].iloc[0]}, whose PE is drawn with a σ")
@@ -669,25 +679,48 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
             refuse("curves", f"model {twice['model_id']} has two rows at step {twice['step']}; one evaluation a step")
 
 
+# what makes a model the one config.json lists (its pack and pooled_from say where it trained, which pooling renumbers)
+MODEL_IDENTITY = frozenset({"pe", "sigma", "seed", *GRID_AXES})
+
+
 def check_models_listed(directory: Path, results: pd.DataFrame, models):
-    """Each trained model of the results is one config.json lists, with the PE and σ it lists (a relabelled PE or
-    σ passed every reader but --resume); ReportError naming the first that is not. Baselines are listed nowhere."""
+    """Each trained model of the results is one config.json lists, as it lists it (MODEL_IDENTITY: a relabelled PE,
+    σ or learning rate passed every reader but --resume); ReportError naming the first that is not. Baselines are
+    listed nowhere."""
     if not isinstance(models, list) or not models:
         return
     listed = {m["model_id"]: m for m in models if isinstance(m, dict) and type(m.get("model_id")) is int}
     trained = results[~results["pe"].str.startswith("baseline:")]
-    for model_id, pe, sigma in zip(trained["model_id"], trained["pe"], trained["sigma"]):
-        entry = listed.get(int(model_id))
+    for row in trained.to_dict("records"):
+        entry = listed.get(int(row["model_id"]))
         if entry is None:
-            raise ReportError(f"{directory}: the results hold model {int(model_id)}, which config.json does not list; "
-                              f"not this run's results")
-        recorded = entry.get("sigma")
-        recorded = np.nan if recorded is None else recorded
-        same_sigma = isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and (
-            (np.isnan(recorded) and np.isnan(sigma)) or np.isclose(recorded, sigma, rtol=1e-6, atol=0))
-        if entry.get("pe", pe) != pe or ("sigma" in entry and not same_sigma):
-            raise ReportError(f"{directory}: the results give model {int(model_id)} pe {pe} σ {sigma:g}, config.json "
-                              f"pe {_shown(entry.get('pe'))} σ {_shown(entry.get('sigma'))}; not this run's results")
+            raise ReportError(f"{directory}: the results hold model {int(row['model_id'])}, which config.json does "
+                              f"not list; not this run's results")
+        if (key := differing_key({k: v for k, v in entry.items() if k in MODEL_IDENTITY}, row)) is not None:
+            raise ReportError(f"{directory}: the results give model {int(row['model_id'])} {key} "
+                              f"{_shown(row.get(key))}, config.json {_shown(entry.get(key))}; not this run's results")
+
+
+def differing_key(entry: dict, row: dict) -> str | None:
+    """The first of a model's listed keys (config.json's models: PE, σ, seed, grid axes) whose value a results row
+    does not hold, or None: None and NaN alike, whole numbers exactly, others to float32's rounding (σ was stored
+    as float32 once)."""
+    for key, value in entry.items():
+        recorded = row.get(key)
+        if value is None or recorded is None or (isinstance(recorded, float) and np.isnan(recorded)):
+            same = (value is None or (isinstance(value, float) and np.isnan(value))) and (
+                recorded is None or (isinstance(recorded, float) and np.isnan(recorded)))
+        elif isinstance(value, bool) or isinstance(recorded, (bool, np.bool_)):
+            same = False  # no listed key is a bool; True == 1 must not pass as a seed or a pack
+        elif isinstance(value, int) and isinstance(recorded, (int, float, np.integer, np.floating)):
+            same = recorded == value  # a seed or a pack: exactly
+        elif isinstance(value, float) and isinstance(recorded, (int, float, np.integer, np.floating)):
+            same = bool(np.isclose(recorded, value, rtol=1e-6, atol=0))
+        else:
+            same = recorded == value
+        if not same:
+            return key
+    return None
 
 
 def _shown(value) -> str:

@@ -60,13 +60,10 @@ def check_pack_holds(directory: Path, results: pd.DataFrame, pack: list[dict], s
     wanted = {model["model_id"]: model for model in pack}
     found = sorted(int(i) for i in results["model_id"]) if "model_id" in results else []
     if found != sorted(wanted):
-        raise reading.ReportError(f"{directory}: its results hold models {found[:8]}, not this pack's {sorted(wanted)[:8]}")
+        raise reading.ReportError(f"{directory}: its results hold models {found[:8]}, not this pack's "
+                                  f"{sorted(wanted)[:8]}")
     for row in results.to_dict("records"):
         model = wanted[int(row["model_id"])]
-        for key, value in model.items():
-            recorded = row.get(key)
-            same = (math.isnan(recorded) if value is None and isinstance(recorded, float) else recorded == value) \
-                if key in row else value is None
-            if not same:
-                raise reading.ReportError(f"{directory}: its model {model['model_id']} has {key} {recorded!r:.40}, where this "
-                                          f"sweep's has {value!r}")
+        if (key := reading.differing_key(model, row)) is not None:
+            raise reading.ReportError(f"{directory}: its model {model['model_id']} has {key} {row.get(key)!r:.40}, "
+                                      f"where this sweep's has {model[key]!r}")
