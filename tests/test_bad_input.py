@@ -733,6 +733,27 @@ def test_the_report_refuses_a_folder_with_any_setting_of_a_wrong_type(name, unfi
     assert snapshot(folder) == before
 
 
+# the rules across settings that --resume applies to a record, which the readers once skipped
+RECORD_RULES = [
+    (dict(nodes=3000, timepoints=100_000), "--nodes 3000"),  # each in range; the simulation hours long
+    (dict(slurm_account="lab\n# INJECTED"), "--slurm-account 'lab\\n# INJECTED': holds a control character"),
+]
+
+
+@pytest.mark.parametrize("settings, must_name", RECORD_RULES, ids=["netsim too large to simulate", "a line break"])
+def test_the_readers_apply_the_rules_resume_applies_to_a_record(settings, must_name, unfinished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(**settings)(folder)
+    before = snapshot(folder)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), must_name)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before
+    import pe_fast
+    with pytest.raises(ValueError, match=re.escape(must_name)):
+        pe_fast.load_run(folder)
+
+
 @pytest.mark.parametrize("settings", [{"steps": "twenty"}, {"sigmas": "abc"}, {"seeds": "x"},
                                       {"sigmas": [float("inf")]}, {"lr": [float("nan")]}])
 def test_load_run_refuses_a_setting_of_a_wrong_type_as_a_value_error(settings, unfinished, tmp_path):

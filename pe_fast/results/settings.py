@@ -15,7 +15,7 @@ import numpy as np
 from pe_fast.models import PE_KINDS
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.precision import PRECISIONS
-from pe_fast.program_exit import brief
+from pe_fast.program_exit import CONTROL_CHARACTER, brief
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
@@ -417,6 +417,30 @@ def check_choices(s: dict):
     width, heads = s.get("width"), s.get("heads")
     if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads:
         raise SettingError(f"--width {s['width']} must be divisible by --heads {s['heads']}")
+
+
+def check_text(s: dict):
+    """No setting's text holds a line break or another control character (the values reach job scripts, file
+    names, one-line messages and report.md) or bytes that are not UTF-8 text."""
+    for name, value in s.items():
+        for text in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(text, str) and CONTROL_CHARACTER.search(text):
+                raise SettingError(f"--{name.replace('_', '-')} {text!r}: holds a control character (a line break?)")
+            if isinstance(text, str) and not text.isascii():
+                try:  # config.json and the parquet files record it as UTF-8
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # a file name's bytes that are not UTF-8 text, as os.fsdecode keeps them
+                    raise SettingError(f"--{name.replace('_', '-')} {text!r}: holds bytes that are not UTF-8 text; "
+                                       f"rename it") from None
+
+
+def check_task_rules(s: dict, given: frozenset[str] = frozenset()):
+    """The task's own rules across its settings (TaskKind.check: netsim's simulation size, fmri's --data with its
+    --regions), the task's settings missing from an older record taken at their defaults. given: the flags a user
+    gave (none for a record)."""
+    kind = KINDS[s["task"]]
+    if (problem := kind.check({**{t.name: t.default for t in kind.settings}, **s}, set(given))) is not None:
+        raise SettingError(problem)
 
 
 def check_range(name: str, value: float, low: float, high: float | None, ends: str):

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
-from pe_fast.program_exit import CONTROL_CHARACTER
 from pe_fast.results import settings as results_settings
 from pe_fast.results.settings import EXECUTOR_FLAGS, FLAGS, MAX_MODELS, Settings, default_of
 from pe_fast.sweep import UsageError, grid, runtime
@@ -31,8 +30,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
         if flag not in kind.flags and flag in given:
             owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
             raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
-    if (problem := kind.check(s, given)) is not None:
-        raise UsageError(problem)
+    as_usage_error(results_settings.check_task_rules, s, given)
     check_executor_flags(s)
     for setting in kind.settings:
         if setting.files and s.get(setting.name) is not None:
@@ -88,18 +86,9 @@ SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of 
 
 
 def check_text(s: dict):
-    """No setting's text holds a line break or another control character (the values reach job scripts, file
-    names and one-line messages) or bytes that are not UTF-8 text."""
-    for name, value in s.items():
-        for text in value if isinstance(value, tuple) else (value,):
-            if isinstance(text, str) and CONTROL_CHARACTER.search(text):
-                raise UsageError(f"--{name.replace('_', '-')} {text!r}: holds a control character (a line break?)")
-            if isinstance(text, str) and not text.isascii():
-                try:  # config.json and the parquet files record it as UTF-8
-                    text.encode("utf-8")
-                except UnicodeEncodeError:  # a file name's bytes that are not UTF-8 text, as os.fsdecode keeps them
-                    raise UsageError(f"--{name.replace('_', '-')} {text!r}: holds bytes that are not UTF-8 text; "
-                                     f"rename it") from None
+    """No setting's text holds a control character or bytes that are not UTF-8 (results.settings.check_text), or
+    UsageError."""
+    as_usage_error(results_settings.check_text, s)
 
 
 def check_grid(s: dict) -> int:
