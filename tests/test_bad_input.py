@@ -737,10 +737,14 @@ def test_the_report_refuses_a_folder_with_any_setting_of_a_wrong_type(name, unfi
 RECORD_RULES = [
     (dict(nodes=3000, timepoints=100_000), "--nodes 3000"),  # each in range; the simulation hours long
     (dict(slurm_account="lab\n# INJECTED"), "--slurm-account 'lab\\n# INJECTED': holds a control character"),
+    (dict(slurm_partition="gpu"), "--slurm-partition applies to --executor slurm only"),  # the record's is local
+    (dict(executor="slurm", slurm_option=["time=5"]), "--slurm-option 'time=5': pe_fast sets time itself"),
 ]
 
 
-@pytest.mark.parametrize("settings, must_name", RECORD_RULES, ids=["netsim too large to simulate", "a line break"])
+@pytest.mark.parametrize("settings, must_name", RECORD_RULES, ids=["netsim too large to simulate", "a line break",
+                                                                   "slurm flag of another executor",
+                                                                   "slurm option pe_fast sets"])
 def test_the_readers_apply_the_rules_resume_applies_to_a_record(settings, must_name, unfinished, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(unfinished, folder)

@@ -20,7 +20,8 @@ from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
 from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingError, Settings, check_choices, check_packs,
-                                      check_range, check_ranges, check_task_rules, check_text, check_types)
+                                      check_executor_flags, check_range, check_ranges, check_task_rules, check_text,
+                                      check_types)
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
 from pe_fast.train import OPTIMIZERS, UNTIL
@@ -523,6 +524,8 @@ def read_run(directory: Path) -> Run:
                 if "task" in settings:
                     check_choices(settings)
                     check_task_rules(settings)  # task_inputs would load (or simulate) the task they describe
+                if "executor" in settings:
+                    check_executor_flags(settings)
                 if isinstance(config.get("packs"), list):
                     check_packs(config["packs"])
             except (KeyError, TypeError, ValueError) as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -441,6 +442,42 @@ def check_task_rules(s: dict, given: frozenset[str] = frozenset()):
     kind = KINDS[s["task"]]
     if (problem := kind.check({**{t.name: t.default for t in kind.settings}, **s}, set(given))) is not None:
         raise SettingError(problem)
+
+
+# what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
+# ASCII: \w alone matches any Unicode letter (qös), which no sbatch option, partition or account name holds
+SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+", re.ASCII)
+SLURM_KEY = re.compile(r"[A-Za-z][\w-]*", re.ASCII)
+# the sbatch options slurm_executor sets (through submitit), with the flag that sets each ("": none, it is fixed)
+SLURM_SET_BY_PE_FAST = {"time": "--slurm-time", "partition": "--slurm-partition", "account": "--slurm-account",
+                        "cpus-per-task": "--threads", "gpus-per-node": "--slurm-gpus", "gpus": "--slurm-gpus",
+                        "gres": "--slurm-gpus", "job-name": "", "signal": "", "output": "", "error": "",
+                        "array": "", "open-mode": "", "requeue": "", "nodes": "", "ntasks-per-node": ""}
+SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
+
+
+def check_executor_flags(s: dict):
+    """An executor's flags belong to it (--ray-address to --executor ray ...), and SLURM's values become lines of
+    a job script."""
+    for name, executor in EXECUTOR_FLAGS.items():
+        if s.get(name) not in (None, False, "", (), [], default_of(name)) and s["executor"] != executor:
+            raise SettingError(f"--{name.replace('_', '-')} applies to --executor {executor} only")
+    if s["executor"] != "slurm":
+        return
+    options = s.get("slurm_option") or ()
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            raise SettingError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
+        if not (SLURM_KEY.fullmatch(key) and SLURM_VALUE.fullmatch(value)):
+            raise SettingError(f"--slurm-option {option!r}: KEY=VALUE of {SLURM_ALLOWED}")
+        if (owner := SLURM_SET_BY_PE_FAST.get(key.lower().replace("_", "-"))) is not None:
+            raise SettingError(f"--slurm-option {option!r}: pe_fast sets {key} itself"
+                             + (f"; give {owner} instead" if owner else ""))
+    for name in ("slurm_partition", "slurm_account"):
+        if s.get(name) is not None and not SLURM_VALUE.fullmatch(s[name]):
+            raise SettingError(f"--{name.replace('_', '-')} {s[name]!r}: {SLURM_ALLOWED}")
+    s["slurm_option"] = tuple(options)
 
 
 def check_range(name: str, value: float, low: float, high: float | None, ends: str):

@@ -5,15 +5,15 @@ last, by runtime.resolve."""
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.results import settings as results_settings
-from pe_fast.results.settings import EXECUTOR_FLAGS, FLAGS, MAX_MODELS, Settings, default_of
+from pe_fast.results.settings import FLAGS, MAX_MODELS, Settings
 from pe_fast.sweep import UsageError, grid, runtime
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.base import TaskSetting
+
 
 def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Settings:
     """Every rule of a sweep's settings, the same whatever their source: the flags (args, to tell what the user
@@ -73,18 +73,6 @@ def check_choices(s: dict):
     as_usage_error(results_settings.check_choices, s)
 
 
-# what an sbatch directive's value may hold: no spaces, quotes or characters a shell or a new line would read
-# ASCII: \w alone matches any Unicode letter (qös), which no sbatch option, partition or account name holds
-SLURM_VALUE = re.compile(r"[\w.,:@%+=/|&*\[\]-]+", re.ASCII)
-SLURM_KEY = re.compile(r"[A-Za-z][\w-]*", re.ASCII)
-# the sbatch options slurm_executor sets (through submitit), with the flag that sets each ("": none, it is fixed)
-SLURM_SET_BY_PE_FAST = {"time": "--slurm-time", "partition": "--slurm-partition", "account": "--slurm-account",
-                        "cpus-per-task": "--threads", "gpus-per-node": "--slurm-gpus", "gpus": "--slurm-gpus",
-                        "gres": "--slurm-gpus", "job-name": "", "signal": "", "output": "", "error": "",
-                        "array": "", "open-mode": "", "requeue": "", "nodes": "", "ntasks-per-node": ""}
-SLURM_ALLOWED = "letters, digits and .,:@%+=/|&*[]-_ only (it becomes a line of the job script)"
-
-
 def check_text(s: dict):
     """No setting's text holds a control character or bytes that are not UTF-8 (results.settings.check_text), or
     UsageError."""
@@ -135,27 +123,9 @@ def check_pe_dropout_on(s: dict, args: argparse.Namespace | None):
 
 
 def check_executor_flags(s: dict):
-    """An executor's flags belong to it (--ray-address to --executor ray ...), and SLURM's values become lines of
-    a job script."""
-    for name, executor in EXECUTOR_FLAGS.items():
-        if s.get(name) not in (None, False, "", (), [], default_of(name)) and s["executor"] != executor:
-            raise UsageError(f"--{name.replace('_', '-')} applies to --executor {executor} only")
-    if s["executor"] != "slurm":
-        return
-    options = s.get("slurm_option") or ()
-    for option in options:
-        key, sep, value = option.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--slurm-option {option!r}: expected KEY=VALUE, e.g. qos=short")
-        if not (SLURM_KEY.fullmatch(key) and SLURM_VALUE.fullmatch(value)):
-            raise UsageError(f"--slurm-option {option!r}: KEY=VALUE of {SLURM_ALLOWED}")
-        if (owner := SLURM_SET_BY_PE_FAST.get(key.lower().replace("_", "-"))) is not None:
-            raise UsageError(f"--slurm-option {option!r}: pe_fast sets {key} itself"
-                             + (f"; give {owner} instead" if owner else ""))
-    for name in ("slurm_partition", "slurm_account"):
-        if s.get(name) is not None and not SLURM_VALUE.fullmatch(s[name]):
-            raise UsageError(f"--{name.replace('_', '-')} {s[name]!r}: {SLURM_ALLOWED}")
-    s["slurm_option"] = tuple(options)
+    """An executor's flags belong to it, and SLURM's values become lines of a job script
+    (results.settings.check_executor_flags), or UsageError."""
+    as_usage_error(results_settings.check_executor_flags, s)
 
 
 def resolve_paths(value: str, setting: TaskSetting) -> str:
