@@ -474,6 +474,37 @@ class PackTrainer:
             state[key] = value.state_dict() if hasattr(value, "load_state_dict") else value
         return state
 
+    def state_problem(self, state: dict) -> str | None:
+        """What in a checkpoint's state (loaded safely, its keys and value kinds checked: run_folder.check_checkpoint)
+        this pack's training could not have left, or None: its evaluation window of another size, a step its curves
+        and window do not add up to (a step rewritten runs fewer steps than the results would record), a curves row
+        of a model the pack lacks."""
+        M = self.model.num_models
+        step, filled, curves = state.get("step"), state.get("filled"), state.get("curves")
+        buffer = state.get("loss_buffer")
+        if not (isinstance(buffer, Tensor) and buffer.shape == self.loss_buffer.shape):
+            return (f"loss_buffer of shape {tuple(getattr(buffer, 'shape', ()))}, the pack's "
+                    f"{tuple(self.loss_buffer.shape)}")
+        stats = state.get("stats_buffer")
+        if stats is not None and not (isinstance(stats, Tensor) and stats.ndim == 5 and stats.shape[0] == self.window
+                                      and stats.shape[2] == M):
+            return f"stats_buffer of shape {tuple(getattr(stats, 'shape', ()))}"
+        if not (isinstance(curves, list) and all(isinstance(row, dict) for row in curves)):
+            return "curves that are not rows"
+        models = [row.get("model") for row in curves]
+        if any(type(m) is not int or not 0 <= m < M for m in models):
+            return f"a curves row of model {next(m for m in models if type(m) is not int or not 0 <= m < M)!r:.20}, " \
+                   f"the pack has {M}"
+        initial = state.get("initial_pe")
+        ours = self.evaluation.initial_pe
+        if not (isinstance(initial, list) and len(initial) == len(ours) and all(
+                isinstance(t, Tensor) and t.shape == o.shape and torch.equal(t, o) for t, o in zip(initial, ours))):
+            return "the initial PE of other models (another pack's or sweep's checkpoint?)"  # drawn from the seeds
+        evaluated = max((row["step"] for row in curves), default=0)
+        if type(filled) is not int or type(step) is not int or filled != step - evaluated or filled > self.window:
+            return f"step {step!r:.20} with {filled!r:.20} steps since its last evaluation, at step {evaluated}"
+        return None
+
     def load_state_dict(self, state: dict):
         for key, where in self.STATE.items():
             if key not in state:  # OPTIONAL_STATE_KEYS: "scaler" before fp16, none of which scaled its loss

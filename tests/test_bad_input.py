@@ -1566,6 +1566,16 @@ HALF_FINISHED_CASES = [
      "holds curves value 'x'"),
     ("checkpoint's curves naming a column in HTML",
      checkpoint_of_pack_1_with(lambda s: s["curves"][0].update({"<b>x</b>": 0.5})), "holds curves value '<b>x</b>'"),
+    # a state its pack's training could not have left: the step rewritten ran fewer steps than the results then
+    # recorded; a window index beyond the window was a traceback in the first step
+    ("checkpoint's step rewritten", checkpoint_of_pack_1_with(lambda s: s.update(step=3)),
+     "step 3 with 0 steps since its last evaluation, at step 2"),
+    ("checkpoint's window index beyond the window", checkpoint_of_pack_1_with(lambda s: s.update(filled=10**9)),
+     "with 1000000000 steps since its last evaluation"),
+    ("checkpoint's curves cut short", checkpoint_of_pack_1_with(lambda s: s.update(curves=s["curves"][:1])),
+     "step 2 with 0 steps since its last evaluation, at step 0"),
+    ("checkpoint's curves of a model the pack lacks",
+     checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(model=5)), "a curves row of model 5, the pack has 1"),
     # a finished pack relabelled as another sweep's would have joined the results as this one's
     ("pack 0 relabelled as bf16", relabel_pack_0(precision="bf16"), "have precision 'bf16', where this sweep's"),
     ("pack 0 relabelled as pack 1", relabel_pack_0(pack=1), "have pack 1, where this sweep's pack 0 has 0"),
@@ -1583,6 +1593,42 @@ def test_resume_refuses_a_tampered_pack_before_training(spoil, must_name, half_f
     before = snapshot(folder)
     assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), must_name)
     assert snapshot(folder) == before
+
+
+@pytest.fixture(scope="module")
+def pack_0_checkpoint_as_pack_1(tmp_path_factory):
+    """Two packs of one PE kind and σ, their seeds apart, pack 1 unfinished with pack 0's checkpoint (after 2 of its
+    4 steps) in its place: the shapes all fit."""
+    from pe_fast.sweep import grid
+    from pe_fast.sweep.task_loading import load_task
+    from sweep_harness import settings_of
+    flags = [*without(LST, "--seeds"), "--seeds", "2", "--max-pack", "1", "--threads", "1"]
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main([*flags, "--out", str(out)]) == 0
+        for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "packs" / "1")
+        s = settings_of(*flags)
+        packs = grid.pack_models(s, grid.expand_grid(s))
+        trainer = grid.pack_trainer(s, load_task(s), packs[0])
+        trainer.run(checkpoint=lambda: trainer.step == 2 and run_folder.save_checkpoint(out, 1, trainer.state_dict()),
+                    checkpoint_every=2)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def test_resume_refuses_the_checkpoint_of_another_pack_of_the_same_shapes(pack_0_checkpoint_as_pack_1, capsys,
+                                                                          no_lock):
+    """It would have continued pack 0's models under pack 1's seeds; their initial PE, drawn from the seeds, tells
+    them apart."""
+    out = pack_0_checkpoint_as_pack_1
+    before = snapshot(out)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(out)]), "1.checkpoint.pt is not a checkpoint of pack "
+                                                                         "1 of this sweep (the initial PE of other models")
+    assert snapshot(out) == before
 
 
 def test_the_untampered_half_finished_sweep_resumes(half_finished, tmp_path):

@@ -41,13 +41,19 @@ def apply_runtime(s: Settings):
 
 
 def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index: int):
-    """Raise UnreadableCheckpoint where pack `index`'s checkpoint (which loads safely) holds model tensors of other
-    shapes than this pack's (another sweep's, of another --width, say): before any pack trains."""
+    """Raise UnreadableCheckpoint where pack `index`'s checkpoint (which loads safely) is not one this pack's training
+    could have left (PackTrainer.state_problem) or holds model tensors of other shapes than this pack's (another
+    sweep's, of another --width, say): before any pack trains."""
     state = run_folder.load_checkpoint(out, index)
     if state is None:
         return
     with torch.random.fork_rng(devices=[]):  # building a model must not move the sweep's random stream
-        model = pack_trainer(s, task, pack).model
+        trainer = pack_trainer(s, task, pack)
+    model = trainer.model
+    if (problem := trainer.state_problem(state)) is not None:
+        raise run_folder.UnreadableCheckpoint(
+            f"{run_folder.checkpoint_path(out, index)} is not a checkpoint of pack {index} of this sweep ({problem}); "
+            f"delete it to retrain pack {index} from its start")
     found = state["model"] if isinstance(state.get("model"), dict) else {}
     wrong = next(((key, tensor.shape, tuple(getattr(found.get(key), "shape", ())))
                   for key, tensor in model.state_dict().items()

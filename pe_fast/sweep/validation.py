@@ -36,9 +36,9 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
         if setting.files and s.get(setting.name) is not None:
             # absolute, so that a resume from elsewhere or a Ray worker finds them
             s[setting.name] = resolve_paths(s[setting.name], setting)
-    runtime.resolve(s)
     if packs is not None:
         s["packs"] = check_packs(packs, models)
+    runtime.resolve(s)  # last: it probes the machine (and makes and removes a folder in $TORCHINDUCTOR_CACHE_DIR)
     return Settings.from_flat(s)
 
 
