@@ -702,6 +702,21 @@ def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monke
     assert not (tmp_path / "PWNED").exists()
 
 
+def test_a_refused_record_is_refused_before_the_inductor_cache_is_probed(unfinished, tmp_path, capsys, monkeypatch):
+    """The probe of $TORCHINDUCTOR_CACHE_DIR (a folder made and removed) comes after every rule of the settings: with
+    the variable naming the resumed folder, a record refused for its packs once saw the probe made there first."""
+    from pe_fast.sweep import runtime
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_packs([[0], [0]])(folder)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
+
+    def probe(*args, **kwargs):
+        raise AssertionError("the inductor cache was probed before the record's refusal")
+    monkeypatch.setattr(runtime.tempfile, "TemporaryDirectory", probe)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), "packs")
+
+
 # Every setting of the netsim folder's config.json (the record's and the task's own), tampered: a value of the wrong
 # type, and (for text) a line break. Not read on --resume: the packs (config.json's own key, above), out (the folder
 # itself) and compile (chosen anew).
