@@ -1560,6 +1560,24 @@ def checkpoint_of_pack_1_with(change):
     return spoil
 
 
+def weights_of_pack_0_as_model(model_id: int):
+    """Pack 0's weights.safetensors as a pack of the same shapes holding model `model_id` writes it."""
+    def spoil(folder: Path):
+        from pe_fast.results import weights
+        path = run_folder.pack_folder(folder, 0) / run_folder.WEIGHTS
+        pack = weights.load_pack_weights(path)
+        weights.save_pack_weights(path, pack.model, [model_id], pack.step, None)  # the LST's tokens: no coordinates
+    return spoil
+
+
+def config_model_1_with(**changes):
+    def spoil(folder: Path):
+        config = json.loads((folder / "config.json").read_text())
+        config["models"][1].update(changes)
+        (folder / "config.json").write_text(json.dumps(config))
+    return spoil
+
+
 # Each once trained pack 1 and then failed (a traceback, exit 1, the folder unreadable), or finished with a folder
 # the report refuses (a model counted twice, a mislabelled one): refused now before anything trains.
 HALF_FINISHED_CASES = [
@@ -1591,6 +1609,14 @@ HALF_FINISHED_CASES = [
      "step 2 with 0 steps since its last evaluation, at step 0"),
     ("checkpoint's curves of a model the pack lacks",
      checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(model=5)), "a curves row of model 5, the pack has 1"),
+    # a renamed pack was left beside its retrained self; another pack's weights were kept as this one's
+    ("pack 0 renamed", lambda f: (f / "packs" / "0").rename(f / "packs" / "00"),
+     "packs/00 is not one of this sweep's packs or checkpoints"),
+    ("pack 0 holding the weights of other models", weights_of_pack_0_as_model(7), "holds models [7]"),
+    ("config.json listing a learning rate the settings do not give", config_model_1_with(lr=0.5),
+     "models lists model 1 with lr 0.5"),
+    ("config.json listing a model with a key no sweep writes", config_model_1_with(evil=1),
+     "models lists model 1 with evil 1"),
     # a finished pack relabelled as another sweep's would have joined the results as this one's
     ("pack 0 relabelled as bf16", relabel_pack_0(precision="bf16"), "have precision 'bf16', where this sweep's"),
     ("pack 0 relabelled as pack 1", relabel_pack_0(pack=1), "have pack 1, where this sweep's pack 0 has 0"),

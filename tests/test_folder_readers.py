@@ -105,6 +105,9 @@ TAMPERS = {
 }
 
 
+UNLISTED = {"a learning rate of 0", "a negative weight decay"}
+
+
 @pytest.mark.parametrize("tamper", TAMPERS)
 def test_the_report_and_load_run_refuse_a_tampered_folder_alike(tamper, finished, tmp_path, capsys):
     folder = copy_of(finished, tmp_path)
@@ -117,6 +120,13 @@ def test_the_report_and_load_run_refuse_a_tampered_folder_alike(tamper, finished
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written, no figure
     with pytest.raises(ReportError, match=must_name):
         pe_fast.load_run(folder)
+    # --resume of the finished folder reads it as the readers do (it once said "finished" whatever it held)
+    resumed = sweep_in_process("--resume", "--out", str(folder))
+    # (where config.json lists no models, --resume refuses that first: it checks the list against the grid)
+    named = "config.json: models do not list" if tamper in UNLISTED else must_name
+    assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1 and named in resumed.stderr, \
+        resumed.stderr[:500]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
 
 
 def test_a_link_out_of_the_folder_is_refused_by_every_reader(finished, tmp_path, capsys):

@@ -580,21 +580,30 @@ def read_run(directory: Path) -> Run:
         notes.append(f"{len(diverged)} PE table(s) or attention map(s) hold NaN or inf (diverged models: "
                      f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
+    packs = config.get("packs")
     for index in sorted(run_folder.finished_packs(directory)):  # the models load_run(DIR).model(i) would build
-        path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
-        if _present(path):
-            try:
-                held = weights.check_pack_weights(regular_file(path))
-            except weights.UnreadableWeights as error:
-                raise ReportError(str(error)) from None
-            packs = config.get("packs")
-            if isinstance(packs, list) and index < len(packs) and held != list(packs[index]):
-                raise ReportError(f"{path}: holds models {held[:6]}, config.json's pack {index} "
-                                  f"{list(packs[index])[:6]}: not this run's pack")
+        check_pack_weights(directory, index, list(packs[index]) if isinstance(packs, list) and index < len(packs)
+                           else None)
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None):
+    """Pack `index`'s weights.safetensors, where it has one: tensors and text only, as its header declares
+    (weights.check_pack_weights), and holding the models config.json gives the pack (model_ids; None: not known), or
+    one ReportError naming it."""
+    path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
+    if not _present(path):
+        return
+    try:
+        held = weights.check_pack_weights(regular_file(path))
+    except weights.UnreadableWeights as error:
+        raise ReportError(str(error)) from None
+    if model_ids is not None and held != model_ids:
+        raise ReportError(f"{path}: holds models {held[:6]}, config.json's pack {index} {model_ids[:6]}: not this "
+                          f"run's pack")
 
 
 # a results row's pe: a PE kind, or a task's non-transformer reference ("baseline:mean"); a name of any length

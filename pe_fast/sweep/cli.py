@@ -81,6 +81,12 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
     if foreign:
         raise UsageError(f"{run_folder.pack_folder(out, foreign[0])} is not a pack of this sweep (it has "
                          f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
+    ours = {name for i in range(len(packs)) for name in (str(i), f"{i}.checkpoint.pt", f"{i}.step")}
+    stray = sorted(p.name for p in (out / "packs").iterdir()
+                   if p.name not in ours and run_folder.PARTIAL not in p.name) if (out / "packs").is_dir() else []
+    if stray:  # a renamed pack (packs/00) was left beside its retrained self, which the readers then took alone
+        raise UsageError(f"{out / 'packs' / stray[0]} is not one of this sweep's packs or checkpoints (it has "
+                         f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
     # a pack folder is the sweep's own: a link (to another pack, to the folder itself) would count one pack's
     # results twice, or be removed as a tree when the pack is written
     linked = next((i for i in range(len(packs)) if run_folder.pack_folder(out, i).is_symlink()), None)
@@ -91,6 +97,7 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
         try:
             results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
             folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
+            reading.check_pack_weights(out, index, [m["model_id"] for m in packs[index]])
         except reading.ReportError as error:
             raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
     for index in (i for i in range(len(packs)) if i not in finished):  # every checkpoint readable, safely so
@@ -115,6 +122,10 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
                          f"wait for it or stop it")
     check_folder(out, resume)
     if resume and run_folder.is_finished(out):
+        try:  # read as the report and load_run will: a tampered finished folder is not "finished", it is refused
+            reading.read_run(out)
+        except reading.ReportError as error:
+            raise UsageError(f"--resume: {error}") from None
         print(f"{out} is finished; nothing to resume", file=sys.stderr)
         return out
     executors.apply_runtime(s)

@@ -50,10 +50,6 @@ def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index:
     with torch.random.fork_rng(devices=[]):  # building a model must not move the sweep's random stream
         trainer = pack_trainer(s, task, pack)
     model = trainer.model
-    if (problem := trainer.state_problem(state)) is not None:
-        raise run_folder.UnreadableCheckpoint(
-            f"{run_folder.checkpoint_path(out, index)} is not a checkpoint of pack {index} of this sweep ({problem}); "
-            f"delete it to retrain pack {index} from its start")
     found = state["model"] if isinstance(state.get("model"), dict) else {}
     wrong = next(((key, tensor.shape, tuple(getattr(found.get(key), "shape", ())))
                   for key, tensor in model.state_dict().items()
@@ -63,6 +59,10 @@ def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index:
         raise run_folder.UnreadableCheckpoint(
             f"{run_folder.checkpoint_path(out, index)} does not fit pack {index} of this sweep ({key} has shape "
             f"{got}, the pack's {tuple(want)}); delete it to retrain pack {index} from its start")
+    if (problem := trainer.state_problem(state)) is not None:
+        raise run_folder.UnreadableCheckpoint(
+            f"{run_folder.checkpoint_path(out, index)} is not a checkpoint of pack {index} of this sweep ({problem}); "
+            f"delete it to retrain pack {index} from its start")
 
 
 def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, task, on_step=None) -> dict:

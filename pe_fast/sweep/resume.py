@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pe_fast.results import migrate, run_folder
+from pe_fast.results import migrate, reading, run_folder
 from pe_fast.results.settings import EXECUTOR_FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, SettingError, Settings, default_of
 from pe_fast.sweep.settings import parse_list
-from pe_fast.sweep import UsageError
+from pe_fast.sweep import UsageError, grid
 from pe_fast.sweep.validation import conform, validate
 from pe_fast.tasks import KINDS
 
@@ -68,6 +68,26 @@ def from_resume(args: argparse.Namespace) -> Settings:
             s[name] = getattr(args, name)
     s["out"] = args.out
     try:
-        return validate(s, packs=config["packs"])
+        settings = validate(s, packs=config["packs"])
     except UsageError as error:
         raise UsageError(f"--resume: {path}: {error}")
+    check_models_recorded(config.get("models"), settings, path)
+    return settings
+
+
+def check_models_recorded(recorded, s: Settings, path: Path):
+    """config.json's models are the grid its settings make, each in the pack its packs give it: the sweep trains
+    the grid, and the readers then check its results against this list (a tampered lr there once trained, and left
+    a folder no reader opens)."""
+    grid_models = grid.expand_grid(s)
+    pack_of = {model_id: index for index, pack in enumerate(s.packs) for model_id in pack}
+    if not (isinstance(recorded, list) and len(recorded) == len(grid_models)):
+        raise UsageError(f"--resume: {path}: models do not list the {len(grid_models)} models of its settings' grid")
+    for entry, model in zip(recorded, grid_models):
+        wanted = {**model, "pack": pack_of[model["model_id"]]}
+        key = (reading.differing_key(wanted, entry) if isinstance(entry, dict) and set(entry) == set(wanted)
+               else next(iter(set(entry) ^ set(wanted)), "its keys") if isinstance(entry, dict) else "its kind")
+        if key is not None:
+            raise UsageError(f"--resume: {path}: models lists model {model['model_id']} with {key} "
+                             f"{entry.get(key) if isinstance(entry, dict) else entry!r:.40}, where its settings' grid "
+                             f"has {wanted.get(key)!r:.40}")
