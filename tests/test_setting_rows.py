@@ -124,11 +124,14 @@ def test_the_parser_reads_each_lists_values_and_each_rows_type():
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """A sweep's config.json as the sweep writes it at the start: its validated settings and its one pack."""
+    """A sweep's config.json as the sweep writes it at the start: its validated settings, its models and its one
+    pack."""
     out = tmp_path_factory.mktemp("rows") / "run"
     out.mkdir()
     s = from_flags(build_parser().parse_args(BASE + ["--out", str(out)]))
-    (out / "config.json").write_text(json.dumps({"settings": s.to_json(), "packs": [[0]]}))
+    from pe_fast.sweep import grid
+    models = [{**model, "pack": 0} for model in grid.expand_grid(s)]
+    (out / "config.json").write_text(json.dumps({"settings": s.to_json(), "models": models, "packs": [[0]]}))
     return out
 
 
