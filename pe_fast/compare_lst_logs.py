@@ -42,6 +42,7 @@ from pe_fast.tasks.lst_puzzles import AUTHORS_LOGS_FILE, authors_file
 
 LOG_COLUMNS = {"pe", "sigma", "seed", "epoch", "phase", "condition", "accuracy"}
 LOG_NUMBERS = ("sigma", "seed", "epoch", "accuracy")
+COMPARED_PHASES = ("train", "test")  # the logs' phases compared, with our train_acc and test_acc
 # An evaluation stands for a logged epoch when it lies within this share of the logs' 200-epoch spacing
 EPOCH_MATCH = 0.1
 OUTPUT = "compare_lst_logs.md"
@@ -92,6 +93,10 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
                            f"values in rows of condition average")
     if not logs["accuracy"].between(0, 1).all() or (logs["epoch"] < 0).any():
         raise CompareError(f"{path}: an accuracy outside [0, 1] or a negative epoch")
+    missing = [phase for phase in COMPARED_PHASES if phase not in set(logs["phase"])]
+    if missing:  # the comparison reads each; other phases (the authors' human108) are left aside
+        raise CompareError(f"{path}: column phase holds no {' and no '.join(missing)} rows of condition average; "
+                           f"the comparison needs {' and '.join(COMPARED_PHASES)}")
     return logs.pivot_table(index=["pe", "sigma", "seed", "epoch"], columns="phase", values="accuracy",
                             dropna=False).reset_index()
 
@@ -190,7 +195,7 @@ def compare(directories: list[Path], logs: pd.DataFrame) -> tuple[pd.DataFrame, 
             theirs = theirs_epoch.loc[at.index]
             row = {"setting": label, "their epoch": int(epoch), "our epoch": float(at["epoch"].mean()),
                    "seeds": len(at)}
-            for phase, column in (("train", "train_acc"), ("test", "test_acc")):
+            for phase, column in zip(COMPARED_PHASES, ("train_acc", "test_acc")):
                 difference = at[column] - theirs[phase]
                 scale = theirs_epoch[phase].std(ddof=1)
                 if scale > 0:

@@ -167,6 +167,23 @@ def test_bad_data(args, must_name, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
 
 
+def test_a_file_that_is_not_a_puzzle_file_is_refused_without_quoting_it(tmp_path, capsys):
+    """A puzzle folder's CSV may be a link to anyone's file (and a folder's config.json may name any folder): the
+    refusal names the file and what its header lacks, never its text."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:s3cr3t-hash:0:0\n")
+    (tmp_path / "puzzles").mkdir()
+    (tmp_path / "puzzles" / "a.csv").symlink_to(secret)
+    threads = torch.get_num_threads()
+    try:
+        code = sweep_main(LST + ["--lst-train", str(tmp_path / "puzzles"), "--out", str(tmp_path / "run")])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "a.csv:1: missing column(s) condition, puzzles, solutions in its header line" in err and "s3cr3t" not in err
+
+
 def test_centroids_that_coincide_for_at_most_half_the_pairs_are_taken(tmp_path):
     """Two regions on one point, or 5 of 10 (10 of 45 pairs), leave the median distance above 0."""
     files = inputs(tmp_path)

@@ -320,6 +320,9 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     (lambda logs: logs.assign(epoch=logs["epoch"].astype(float).where(logs["epoch"] != 200, np.inf)),
      "column epoch holds infinite values"),
     (lambda logs: logs.assign(accuracy=logs["accuracy"] * 100), "an accuracy outside [0, 1]"),
+    # a KeyError's traceback once
+    (lambda logs: logs.assign(phase="zzz"), "column phase holds no train and no test rows"),
+    (lambda logs: logs.assign(phase=logs["phase"].replace("test", "validation")), "column phase holds no test rows"),
 ])
 def test_logs_of_numbers_no_log_holds_are_one_line(spoil, message, tmp_path, capsys):
     write_logs(tmp_path / "logs.csv")

@@ -147,7 +147,9 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
             header = [name.strip() for name in header]
             missing = [name for name in _REQUIRED_COLUMNS if name not in header]
             if missing:
-                raise PuzzleFileError(path, 1, f"missing column(s) {', '.join(missing)} in header {header}")
+                # the header unquoted: the file a folder's config.json names may be anyone's (a secret's first line)
+                raise PuzzleFileError(path, 1, f"missing column(s) {', '.join(missing)} in its header line of "
+                                               f"{len(header)} fields (expected the header {','.join(CSV_HEADER)})")
             column = {name: header.index(name) for name in _REQUIRED_COLUMNS}
             conditions_by_name = {name.lower(): k for k, name in enumerate(CONDITIONS)}
 
