@@ -1731,10 +1731,19 @@ def test_a_pooled_folder_whose_sources_are_not_its_models_is_one_error(two_finis
         assert source.results[source.results["model_id"] == source_id].iloc[0]["seed"] == row["seed"]
     config = json.loads((pooled / "config.json").read_text())
     for folders, message in ((config["pooled_from"][::-1], "is not the model the pooled results record"),
-                             ([config["pooled_from"][0] + "\0x", config["pooled_from"][1]], "is not among pooled_from")):
+                             ([config["pooled_from"][0] + "\0x", config["pooled_from"][1]],
+                              "pooled_from is not a list of absolute folder names"),
+                             # /etc was listed, and a link there quoted; a relative name read from the caller's folder
+                             (["/etc", config["pooled_from"][1]], "pooled_from names /etc, which is not a results"),
+                             (["../first", config["pooled_from"][1]], "not a list of absolute folder names")):
         (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": folders}))
         with pytest.raises(ReportError, match=message):
             load_run(pooled).model(0)
+    # the folder itself among its sources: every reader refuses it, not load_run's model(0) alone
+    (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": [str(pooled), config["pooled_from"][1]]}))
+    with pytest.raises(ReportError, match="pooled_from names the folder itself, a loop"):
+        load_run(pooled)
+    assert_one_line(capsys, report_main([str(pooled)]), "pooled_from names the folder itself, a loop")
 
 
 @pytest.mark.parametrize("scale", [1e30, 3e38])

@@ -201,14 +201,16 @@ class Run:
             raise ModelNotFound(f"model_id {model_id!r}: not a trained model of {self.path} "
                                 f"(its models: {_id_ranges(sorted(sources))})")
         folder, source_id = sources[model_id]
-        folders = self.config[run_folder.POOLED_FROM]
-        if not (isinstance(folders, list) and 0 <= folder < len(folders) and isinstance(folders[folder], str)
-                and "\0" not in folders[folder]):
+        folders = self.config[run_folder.POOLED_FROM]  # absolute folder names (check_pooled_from)
+        if not 0 <= folder < len(folders):
             raise ReportError(f"{self.path}/config.json: model {model_id}'s source folder is not among pooled_from")
         if folder not in self._loaded:
             source, seen = Path(folders[folder]), self._loaded.get(POOLED_CHAIN, ()) + (self.path.resolve(),)
             if source.resolve() in seen:  # a pooled run of pooled runs may go on; one that comes back never ends
                 raise ReportError(f"{self.path}/config.json: pooled_from leads back to {source}, a loop")
+            if not run_folder.is_results_folder(source):  # nothing else is listed, let alone read (/etc was)
+                raise ReportError(f"{self.path}/config.json: pooled_from names {source}, which is not a results "
+                                  f"folder (moved or deleted since the pooling?)")
             self._loaded[folder] = read_run(source)
             self._loaded[folder]._loaded[POOLED_CHAIN] = seen
         source = self._loaded[folder]
@@ -515,6 +517,8 @@ def read_run(directory: Path) -> Run:
         if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
             raise ReportError(f"{directory / run_folder.CONFIG} is not a sweep's config (a JSON object with "
                               f"settings, models and packs)")
+        if run_folder.POOLED_FROM in config:
+            check_pooled_from(directory, config[run_folder.POOLED_FROM])
         if config["settings"]:  # each of the type the sweep wrote: the report formats and computes with them
             try:
                 settings = dict(migrate.settings(config["settings"]))
@@ -588,6 +592,16 @@ def read_run(directory: Path) -> Run:
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+def check_pooled_from(directory: Path, folders):
+    """A pooled folder's sources, as the report wrote them: absolute folder names (a relative one would be read
+    against wherever the reader runs), none of them the folder itself."""
+    if not (isinstance(folders, list) and folders and all(
+            isinstance(f, str) and f and "\0" not in f and os.path.isabs(f) for f in folders)):
+        raise ReportError(f"{directory / run_folder.CONFIG}: pooled_from is not a list of absolute folder names")
+    if any(Path(f).resolve() == directory.resolve() for f in folders):
+        raise ReportError(f"{directory / run_folder.CONFIG}: pooled_from names the folder itself, a loop")
 
 
 def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None):
