@@ -129,6 +129,9 @@ CASES = [
     ("lr in full-width digits", LST + ["--lr", "\uff10.1"], "--lr"),
     ("sigma list in full-width digits", LST + ["--sigmas", "0.5,\uff12"], "--sigmas"),
     ("netsim nodes in Arabic-Indic digits", NETSIM + ["--nodes", "\u0661\u0662"], "--nodes"),
+    # and underscores between digits: 1000 steps trained
+    ("steps with an underscore", LST + ["--steps", "1_000"], "--steps: invalid int value: '1_000': a number is written without underscores"),
+    ("sigma list with an underscore", LST + ["--sigmas", "0.5,1_0"], "--sigmas"),
     ("warmup not below steps", LST + ["--warmup", "4"], "--warmup 4 is not below --steps 4"),
     ("warmup far beyond steps", LST + ["--warmup", "1000", "--steps", "2"], "--warmup 1000 is not below --steps 2"),
     ("slurm gpus with a CPU device", SLURM_LOCAL + ["--device", "cpu", "--slurm-gpus", "1"],
