@@ -5,6 +5,7 @@ import json
 import shutil
 import struct
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -76,6 +77,30 @@ def unlisted_with(column, value):
     return spoil
 
 
+def score_edited(name, frame):
+    return frame.assign(test_acc=0.99) if name == run_folder.RESULTS else frame
+
+
+def pe_table_scaled(folder):
+    path = folder / run_folder.PE_TABLES
+    with np.load(path) as stored:
+        tables = {key: stored[key] for key in stored.files}
+    tables["model_0"] = tables["model_0"] * 100
+    np.savez_compressed(path, **tables)
+
+
+def weights_scaled_keeping_their_header(folder):
+    """A weights file edited as safetensors writes it, its header (model ids, configuration) kept."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    path = folder / "packs" / "0" / run_folder.WEIGHTS
+    with safe_open(str(path), "pt") as stored:
+        metadata = stored.metadata()
+    tensors = load_file(str(path))
+    tensors = {key: value * 100 if value.is_floating_point() else value for key, value in tensors.items()}
+    save_file(tensors, str(path), metadata=metadata)
+
+
 def swapped_weights(folder):
     """Pack 1's weights in pack 0's place: a valid file, of another pack."""
     shutil.copy(folder / "packs" / "1" / run_folder.WEIGHTS, folder / "packs" / "0" / run_folder.WEIGHTS)
@@ -99,6 +124,14 @@ TAMPERS = {
     # where config.json lists none, each grid axis within its flag's range
     "a learning rate of 0": (unlisted_with("lr", 0.0), "column lr: --lr must be finite and > 0"),
     "a negative weight decay": (unlisted_with("weight_decay", -1.0), "column weight_decay"),
+    # a number edited passes every check of its kind: the folder's record of its files tells
+    "a score edited in results.parquet": (lambda f: rewrite_tables(f, score_edited),
+                                          "results.parquet has changed since it was written"),
+    "a PE table scaled": (pe_table_scaled, "pe_tables.npz has changed since it was written"),
+    "weights scaled, their header kept": (weights_scaled_keeping_their_header,
+                                          "weights.safetensors has changed since it was written"),
+    "the record naming a file outside": (lambda f: (f / run_folder.DIGESTS).write_text('{"../x": "' + "0" * 64 + '"}'),
+                                         "digests.json is not the record"),
     # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
     "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
     "another pack's weights": (swapped_weights, "not this run's pack"),
@@ -185,7 +218,9 @@ def test_compare_lst_logs_writes_nothing_into_the_package(finished, capsys):
 
 def test_compare_lst_logs_refuses_a_folder_without_curves(finished, tmp_path, capsys):
     folder = copy_of(finished, tmp_path)
-    for path in [folder / run_folder.CURVES, *folder.glob(f"packs/*/{run_folder.CURVES}")]:
+    # an older pe_fast's folder, without a record of its files (with one, the record names the missing file)
+    for path in [folder / run_folder.CURVES, *folder.glob(f"packs/*/{run_folder.CURVES}"),
+                 folder / run_folder.DIGESTS, *folder.glob(f"packs/*/{run_folder.DIGESTS}")]:
         path.unlink()
     assert compare_lst_logs.main([str(folder)]) == 2
     err = capsys.readouterr().err

@@ -16,7 +16,7 @@ from pe_fast import report
 from pe_fast.report import figures
 from pe_fast.report.numbers import alignment, probe_names
 from pe_fast.results import migrate
-from pe_fast.results.reading import load_run
+from pe_fast.results.reading import ReportError, load_run
 from pe_fast.tasks import KINDS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -139,9 +139,13 @@ def test_lst_report_on_a_running_sweep(tmp_path):
                              rng=rng)
     write_folder(tmp_path, "lst", models, results, tokens=16, packs_only=[0, 1])
     # text from a folder someone else made: shown in report.md, never run or laid out as markdown of its own (a
-    # setting of free text; one with choices, as --preset, is refused as --resume refuses it)
+    # setting of free text; one with choices, as --preset, or a line break, is refused as --resume refuses it)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["settings"]["slurm_partition"] = "cpu\n# INJECTED <script>alert(1)</script> | x"
+    config["settings"]["out"] = "cpu\n# INJECTED"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ReportError, match="--out 'cpu\\\\n# INJECTED': holds a control character"):
+        load_run(tmp_path)
+    config["settings"]["out"] = "cpu # INJECTED <script>alert(1)</script> | x"
     (tmp_path / "config.json").write_text(json.dumps(config))
     run = load_run(tmp_path)
     config, loaded, curves, tables = run.config, run.results, run.curves, run.pe_tables
@@ -153,7 +157,7 @@ def test_lst_report_on_a_running_sweep(tmp_path):
     text = path.read_text()
     assert "partial: 2 of 3 packs (12 of 15 models)" in text
     assert "<script" not in text and not any(line.startswith("# INJECTED") for line in text.splitlines())
-    assert "| slurm_partition | cpu # INJECTED &lt;script&gt;alert(1)&lt;/script&gt; \\| x |" in text
+    assert "| out | cpu # INJECTED &lt;script&gt;alert(1)&lt;/script&gt; \\| x |" in text
     assert_figures(tmp_path, LST_FIGURES)
     rho, n = printed_rho(text)
     want, want_n = expected_alignment(present, "ood_attn", "same_row_or_col", "ood_acc")

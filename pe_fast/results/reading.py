@@ -591,7 +591,22 @@ def read_run(directory: Path) -> Run:
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
+    # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
+    # every check of its kind)
+    for index in sorted(run_folder.finished_packs(directory)):
+        check_digests(run_folder.pack_folder(directory, index))
+    if _present(directory / run_folder.RESULTS) and not check_digests(directory):
+        notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
+                     f"finished): its files could not be checked against what the sweep wrote.")
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+def check_digests(folder: Path) -> bool:
+    """run_folder.check_digests, its ChangedFile a ReportError."""
+    try:
+        return run_folder.check_digests(folder)
+    except run_folder.ChangedFile as error:
+        raise ReportError(str(error)) from None
 
 
 def check_pooled_from(directory: Path, folders):

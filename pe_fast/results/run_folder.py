@@ -17,6 +17,7 @@ Every file is written to a temporary name beside its target, flushed to disk, an
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import numbers
@@ -46,6 +47,12 @@ CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
 RESULTS, CURVES, PE_TABLES, SUMMARY = "results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"
 REPORT, FIGURES = "report.md", "figures"
 WEIGHTS = "weights.safetensors"  # each finished pack's trained models (weights.py), unless --no-weights
+# the SHA-256 of each file a folder's writer wrote, beside them: a file changed since (an edit, a damaged copy) is
+# refused by every reader. Not a signature: whoever edits a file can rewrite this record too.
+DIGESTS = "digests.json"
+# config.json not among them: it is written at the start, and every reader checks it against the settings' rules
+# and the results it lists
+DIGESTED = (GROUND_TRUTH, RESULTS, CURVES, PE_TABLES, SUMMARY, WEIGHTS)
 # config.json of a folder that pools finished sweeps (pe_fast.report.pooling) names them under this key: no packs
 POOLED_FROM = "pooled_from"
 # pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
@@ -182,6 +189,50 @@ def write_json(path: Path, data: dict):
 def save_npz(path: Path, arrays: dict):
     with open(path, "wb") as file:  # a file object: np.savez would add ".npz" to the temporary name
         np.savez_compressed(file, **arrays)
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def write_digests(folder: Path):
+    """DIGESTS: the SHA-256 of each of DIGESTED that folder holds, written after them."""
+    write_json(folder / DIGESTS, {name: sha256(folder / name) for name in DIGESTED if (folder / name).is_file()})
+
+
+class ChangedFile(ValueError):
+    """A file of a results folder that is not what its writer recorded in DIGESTS, or an unreadable record."""
+
+
+def check_digests(folder: Path) -> bool:
+    """Each file DIGESTS names is the one its writer wrote (ChangedFile naming the first that is not, or one it
+    names that is gone), and no file of DIGESTED was added since; False where the folder has no record (an older
+    pe_fast's, or a sweep stopped between its last file and the record)."""
+    path = folder / DIGESTS
+    if not path.exists() and not path.is_symlink():
+        return False
+    if not path.is_file() or path.stat().st_size > 64 * 1024:  # a FIFO would block; a record names 7 files
+        raise ChangedFile(f"{path} is not the record of its folder's files a pe_fast writes")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        record = None
+    if not (isinstance(record, dict) and set(record) <= set(DIGESTED) and all(
+            isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in record.values())):
+        raise ChangedFile(f"{path} is not the record of its folder's files a pe_fast writes")
+    for name in DIGESTED:
+        file = folder / name
+        if name not in record:
+            if file.exists() or file.is_symlink():
+                raise ChangedFile(f"{file} was added after its folder was written ({DIGESTS} does not list it)")
+            continue
+        if not file.is_file():
+            raise ChangedFile(f"{file} is gone or not a file, though {DIGESTS} lists it")
+        if sha256(file) != record[name]:
+            raise ChangedFile(f"{file} has changed since it was written (its SHA-256 is not the one {DIGESTS} "
+                              f"records: edited, or damaged in a copy)")
+    return True
 
 
 # ---- the whole sweep's files -----------------------------------------------------------------------------------
@@ -391,6 +442,7 @@ def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_table
     write_atomic(out / CURVES, lambda tmp: write_parquet(curves, tmp))
     write_atomic(out / SUMMARY, lambda tmp: tmp.write_text(summary))
     write_atomic(out / RESULTS, lambda tmp: write_parquet(results, tmp))
+    write_digests(out)
 
 
 def remove_partials(out: Path):
@@ -550,6 +602,7 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
         if save_weights is not None:
             save_weights(tmp / WEIGHTS)
             os.chmod(tmp / WEIGHTS, 0o666 & ~_umask())  # safetensors writes 0600; results follow the umask
+        write_digests(tmp)
         for file in tmp.iterdir():
             with open(file, "rb+") as handle:
                 os.fsync(handle.fileno())

@@ -98,6 +98,7 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
             results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
             folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
             reading.check_pack_weights(out, index, [m["model_id"] for m in packs[index]])
+            reading.check_digests(run_folder.pack_folder(out, index))  # last: the checks above say what is wrong
         except reading.ReportError as error:
             raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
     for index in (i for i in range(len(packs)) if i not in finished):  # every checkpoint readable, safely so
