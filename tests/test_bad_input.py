@@ -1431,7 +1431,8 @@ def test_a_pooled_folder_whose_sources_lead_back_to_it_is_one_error(tmp_path):
     for here, there in ((folder, folder), (folder, other), (other, folder)):
         (here / "config.json").write_text(json.dumps({
             "settings": {"task": "lst"}, "pooled_from": [str(there)],
-            "models": [{"model_id": i, "pooled_from": [0, i]} for i in (0, 1)]}))
+            "models": [{"model_id": i, "pe": GOOD["pe"][i], "sigma": GOOD["sigma"][i], "seed": GOOD["seed"][i],
+                        "pooled_from": [0, i]} for i in (0, 1)]}))
     for start in (folder, other):
         with pytest.raises(ReportError, match="pooled_from leads back to .*, a loop"):
             load_run(start).model(0)

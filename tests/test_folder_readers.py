@@ -101,6 +101,15 @@ def weights_scaled_keeping_their_header(folder):
     save_file(tensors, str(path), metadata=metadata)
 
 
+def config_model_0(change):
+    """config.json's entry of model 0 changed (change(entry))."""
+    def spoil(folder):
+        config = json.loads((folder / run_folder.CONFIG).read_text())
+        change(config["models"][0])
+        (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    return spoil
+
+
 def swapped_weights(folder):
     """Pack 1's weights in pack 0's place: a valid file, of another pack."""
     shutil.copy(folder / "packs" / "1" / run_folder.WEIGHTS, folder / "packs" / "0" / run_folder.WEIGHTS)
@@ -132,6 +141,9 @@ TAMPERS = {
                                           "weights.safetensors has changed since it was written"),
     "the record naming a file outside": (lambda f: (f / run_folder.DIGESTS).write_text('{"../x": "' + "0" * 64 + '"}'),
                                          "digests.json is not the record"),
+    # config.json's list of models as no sweep writes it (the readers and --resume each say "models lists ...")
+    "a models entry with a key no sweep writes": (config_model_0(lambda m: m.update(evil=1)), "models lists"),
+    "a models entry without its seed": (config_model_0(lambda m: m.pop("seed")), "models lists"),
     # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
     "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
     "another pack's weights": (swapped_weights, "not this run's pack"),

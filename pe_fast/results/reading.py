@@ -724,6 +724,9 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
 
 # what makes a model the one config.json lists (its pack and pooled_from say where it trained, which pooling renumbers)
 MODEL_IDENTITY = frozenset({"pe", "sigma", "seed", *GRID_AXES})
+# the keys of config.json's models: those every pe_fast wrote, and those some did (the grid axes came later)
+MODEL_REQUIRED = frozenset({"model_id", "pe", "sigma", "seed"})
+MODEL_KEYS = MODEL_REQUIRED | MODEL_IDENTITY | {"pack", run_folder.POOLED_FROM}
 
 
 def check_models_listed(directory: Path, results: pd.DataFrame, models):
@@ -732,6 +735,13 @@ def check_models_listed(directory: Path, results: pd.DataFrame, models):
     listed nowhere."""
     if not isinstance(models, list) or not models:
         return
+    for entry in models:  # as a sweep (grid.expand_grid, with its pack) or pooling (with pooled_from) lists it
+        keys = set(entry) if isinstance(entry, dict) else set()
+        if not (MODEL_REQUIRED <= keys <= MODEL_KEYS):
+            odd = sorted(MODEL_REQUIRED - keys) or sorted(keys - MODEL_KEYS)
+            raise ReportError(f"{directory / run_folder.CONFIG}: models lists an entry "
+                              f"{'without' if MODEL_REQUIRED - keys else 'with'} {_shown(odd[0]) if odd else 'keys'}; "
+                              f"not a pe_fast config")
     listed = {m["model_id"]: m for m in models if isinstance(m, dict) and type(m.get("model_id")) is int}
     trained = results[~results["pe"].str.startswith("baseline:")]
     for row in trained.to_dict("records"):
