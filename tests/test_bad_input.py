@@ -978,6 +978,37 @@ def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, m
     assert snapshot(folder) == before  # pack 1 not trained, nothing written
 
 
+@pytest.fixture(scope="module")
+def half_finished_netsim(tmp_path_factory):
+    """A netsim sweep of two packs stopped after its first, with the ground truth it wrote at its start."""
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main([*without(NETSIM, "--sigmas"), "--sigmas", "0.5,1", "--max-pack", "1", "--threads", "1",
+                           "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "packs" / "1")
+    return out
+
+
+def test_a_ground_truth_edited_in_a_half_finished_folder_stops_the_resume(half_finished_netsim, tmp_path, capsys,
+                                                                          no_lock):
+    """ground_truth.npz is written at the start and recorded in digests.json only at the end: --resume compares it
+    with the task's own (it once finished the sweep and recorded the edited file as genuine)."""
+    folder = tmp_path / "run"
+    shutil.copytree(half_finished_netsim, folder)
+    with np.load(folder / "ground_truth.npz") as stored:
+        truth = {key: stored[key] for key in stored.files}
+    truth["fc"] = np.eye(len(truth["fc"])) * 0.5 + 0.25
+    np.savez(folder / "ground_truth.npz", **truth)
+    before = snapshot(folder)
+    assert_one_line(capsys, resume_in_process(folder), "ground_truth.npz is not the ground truth of the task")
+    assert snapshot(folder) == before
+
+
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):
     """The checkpoint is written as every other file is, so a full disk there is the same one line."""
     write_bytes = Path.write_bytes

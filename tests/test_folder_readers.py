@@ -141,6 +141,18 @@ TAMPERS = {
                                           "weights.safetensors has changed since it was written"),
     "the record naming a file outside": (lambda f: (f / run_folder.DIGESTS).write_text('{"../x": "' + "0" * 64 + '"}'),
                                          "digests.json is not the record"),
+    # the record checked whatever else is gone: a file it lists removed, a pack's results broken beside its weights
+    "results.parquet removed and a score edited in curves.parquet": (
+        lambda f: ((f / run_folder.RESULTS).unlink(),
+                   pd.read_parquet(f / run_folder.CURVES).assign(test_acc=0.99).to_parquet(f / run_folder.CURVES)),
+        "results.parquet is gone or not a file, though digests.json lists it"),
+    "results.parquet damaged": (lambda f: (f / run_folder.RESULTS).write_bytes(b"garbage"),
+                                "results.parquet is not a readable parquet"),
+    "a pack's results removed, its weights edited": (
+        lambda f: ((f / "packs" / "0" / run_folder.RESULTS).unlink(), weights_scaled_keeping_their_header(f)),
+        "packs/0/results.parquet is gone or not a file"),
+    "a file added to a finished pack": (lambda f: (f / "packs" / "0" / "notes.txt").write_text("x"),
+                                        "notes.txt was added to a finished pack's folder"),
     # config.json's list of models as no sweep writes it (the readers and --resume each say "models lists ...")
     "a models entry with a key no sweep writes": (config_model_0(lambda m: m.update(evil=1)), "models lists"),
     "a models entry without its seed": (config_model_0(lambda m: m.pop("seed")), "models lists"),
@@ -151,6 +163,7 @@ TAMPERS = {
 
 
 UNLISTED = {"a learning rate of 0", "a negative weight decay"}
+REMADE_BY_RESUME = {"results.parquet removed and a score edited in curves.parquet", "results.parquet damaged"}
 
 
 @pytest.mark.parametrize("tamper", TAMPERS)
@@ -165,8 +178,14 @@ def test_the_report_and_load_run_refuse_a_tampered_folder_alike(tamper, finished
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written, no figure
     with pytest.raises(ReportError, match=must_name):
         pe_fast.load_run(folder)
-    # --resume of the finished folder reads it as the readers do (it once said "finished" whatever it held)
-    resumed = sweep_in_process("--resume", "--out", str(folder))
+    # --resume of the finished folder reads it as the readers do (it once said "finished" whatever it held); one
+    # whose results.parquet does not read is not finished: its top-level files are made again from its packs, each
+    # checked against its own record, and the folder reads
+    resumed = sweep_in_process("--resume", "--out", str(folder), "--no-report")
+    if tamper in REMADE_BY_RESUME:
+        assert resumed.returncode == 0, resumed.stderr[-500:]
+        assert (pe_fast.load_run(folder).curves["test_acc"] != 0.99).all()
+        return
     # (where config.json lists no models, --resume refuses that first: it checks the list against the grid)
     named = "config.json: models do not list" if tamper in UNLISTED else must_name
     assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1 and named in resumed.stderr, \

@@ -100,6 +100,7 @@ class Run:
         if not path.is_file():
             raise ReportError(f"{self.path}: pack {index} has no {run_folder.WEIGHTS} (trained with --no-weights, "
                               f"by a pe_fast from before weights were kept, or not finished yet)")
+        check_digests(path.parent)  # the folder's record, whether or not the pack's results still read
         try:
             loaded = weights.load_pack_weights(path, device)
         except weights.UnreadableWeights as error:
@@ -593,9 +594,12 @@ def read_run(directory: Path) -> Run:
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
     # every check of its kind)
-    for index in sorted(run_folder.finished_packs(directory)):
-        check_digests(run_folder.pack_folder(directory, index))
-    if _present(directory / run_folder.RESULTS) and not check_digests(directory):
+    packs_folder = directory / "packs"  # every pack's folder, its results readable or not (Run.pack opens either)
+    for pack in sorted(packs_folder.iterdir()) if packs_folder.is_dir() else ():
+        if run_folder.PACK_NAME.fullmatch(pack.name) and pack.is_dir() and not pack.is_symlink():
+            check_digests(pack)
+            check_pack_files(pack)
+    if not check_digests(directory) and _present(directory / run_folder.RESULTS):
         notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
                      f"finished): its files could not be checked against what the sweep wrote.")
     return Run(config, results, curves, pe_tables, notes, path=directory)
@@ -605,6 +609,14 @@ def check_digests(folder: Path) -> bool:
     """run_folder.check_digests, its ChangedFile a ReportError."""
     try:
         return run_folder.check_digests(folder)
+    except run_folder.ChangedFile as error:
+        raise ReportError(str(error)) from None
+
+
+def check_pack_files(folder: Path):
+    """run_folder.check_pack_files, its ChangedFile a ReportError."""
+    try:
+        run_folder.check_pack_files(folder)
     except run_folder.ChangedFile as error:
         raise ReportError(str(error)) from None
 

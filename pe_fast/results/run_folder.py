@@ -205,6 +205,14 @@ class ChangedFile(ValueError):
     """A file of a results folder that is not what its writer recorded in DIGESTS, or an unreadable record."""
 
 
+def check_pack_files(folder: Path):
+    """ChangedFile where a finished pack's folder holds a file its writer (write_pack) did not write."""
+    stray = sorted(p.name for p in folder.iterdir() if p.name not in (*DIGESTED, DIGESTS)) if folder.is_dir() else []
+    if stray:
+        raise ChangedFile(f"{folder / stray[0]} was added to a finished pack's folder, which holds its results, "
+                          f"curves, PE tables, weights and {DIGESTS} only")
+
+
 def check_digests(folder: Path) -> bool:
     """Each file DIGESTS names is the one its writer wrote (ChangedFile naming the first that is not, or one it
     names that is gone), and no file of DIGESTED was added since; False where the folder has no record (an older

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pe_fast.models import StackedTransformer
@@ -81,6 +82,7 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
     if foreign:
         raise UsageError(f"{run_folder.pack_folder(out, foreign[0])} is not a pack of this sweep (it has "
                          f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
+    # (a finished pack's checkpoint is one a kill left between its folder and the checkpoint's removal: never read)
     ours = {name for i in range(len(packs)) for name in (str(i), f"{i}.checkpoint.pt", f"{i}.step")}
     stray = sorted(p.name for p in (out / "packs").iterdir()
                    if p.name not in ours and run_folder.PARTIAL not in p.name) if (out / "packs").is_dir() else []
@@ -93,12 +95,25 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
     if linked is not None:
         raise UsageError(f"{run_folder.pack_folder(out, linked)} is a link; a pack folder is the sweep's own: "
                          f"delete the link to retrain pack {linked}")
+    expected = task.ground_truth()  # what the sweep wrote at its start: the folder's figures and alignments read it
+    if expected and (out / run_folder.GROUND_TRUTH).exists():
+        path = out / run_folder.GROUND_TRUTH
+        try:
+            found = reading.read_ground_truth(reading.regular_file(path))
+        except reading.ReportError as error:
+            raise UsageError(str(error)) from None
+        if set(found) != set(expected) or not all(
+                np.array_equal(found[key], np.asarray(value), equal_nan=found[key].dtype.kind == "f")
+                for key, value in expected.items()):
+            raise UsageError(f"{path} is not the ground truth of the task config.json describes (edited, or the "
+                             f"task's data changed since the sweep started)")
     for index in sorted(finished):  # every finished pack readable as the results will read it, before training
         try:
             results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
             folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
             reading.check_pack_weights(out, index, [m["model_id"] for m in packs[index]])
             reading.check_digests(run_folder.pack_folder(out, index))  # last: the checks above say what is wrong
+            reading.check_pack_files(run_folder.pack_folder(out, index))
         except reading.ReportError as error:
             raise UsageError(f"{error}; delete {run_folder.pack_folder(out, index)} to retrain pack {index}")
     for index in (i for i in range(len(packs)) if i not in finished):  # every checkpoint readable, safely so
@@ -122,6 +137,8 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
                          f"wait for it or stop it")
     check_folder(out, resume)
+    # a results.parquet that does not read is not finished: the top-level files are made again from the packs,
+    # each checked against its own record
     if resume and run_folder.is_finished(out):
         try:  # read as the report and load_run will: a tampered finished folder is not "finished", it is refused
             reading.read_run(out)
