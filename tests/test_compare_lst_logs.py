@@ -298,6 +298,12 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "is a file of the results folder" in err, err
     assert results.read_bytes() == before
+    for name in ("ground_truth.npz", "digests.json"):  # a name a sweep writes, though the folder lacks it
+        (tmp_path / "run" / name).unlink(missing_ok=True)
+        target = tmp_path / "run" / name
+        code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(target)])
+        err = capsys.readouterr().err
+        assert code == 2 and "is a file of the results folder" in err and not target.exists(), err
     new_name = tmp_path / "run" / "t.md"  # a new file in the folder is the user's to write
     assert main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(new_name)]) == 0
     # another results folder's own table (it compares that folder, not this one) is its file too
