@@ -1777,6 +1777,15 @@ def test_a_pooled_folder_whose_sources_are_not_its_models_is_one_error(two_finis
         (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": folders}))
         with pytest.raises(ReportError, match=message):
             load_run(pooled).model(0)
+    # a source that trained otherwise (its steps here) with the same task, PE, σ and seeds: once opened as the model
+    other = tmp_path / "other"
+    shutil.copytree(first, other)
+    other_config = json.loads((other / "config.json").read_text())
+    other_config["settings"]["steps"] = 99
+    (other / "config.json").write_text(json.dumps(other_config))
+    (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": [str(other), config["pooled_from"][1]]}))
+    with pytest.raises(ReportError, match="trained with steps = 99, .* with 4: not one run's models"):
+        load_run(pooled).model(0)
     # the folder itself among its sources: every reader refuses it, not load_run's model(0) alone
     (pooled / "config.json").write_text(json.dumps({**config, "pooled_from": [str(pooled), config["pooled_from"][1]]}))
     with pytest.raises(ReportError, match="pooled_from names the folder itself, a loop"):

@@ -101,6 +101,14 @@ def weights_scaled_keeping_their_header(folder):
     save_file(tensors, str(path), metadata=metadata)
 
 
+def config_settings(**changes):
+    def spoil(folder):
+        config = json.loads((folder / run_folder.CONFIG).read_text())
+        config["settings"].update(changes)
+        (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    return spoil
+
+
 def config_model_0(change):
     """config.json's entry of model 0 changed (change(entry))."""
     def spoil(folder):
@@ -153,6 +161,9 @@ TAMPERS = {
         "packs/0/results.parquet is gone or not a file"),
     "a file added to a finished pack": (lambda f: (f / "packs" / "0" / "notes.txt").write_text("x"),
                                         "notes.txt was added to a finished pack's folder"),
+    # config.json's settings edited in what trains: the models it lists, the weights' shape say otherwise
+    "the settings' learning rate edited": (config_settings(lr=[0.123]), "models lists model 0 with lr 0.001"),
+    "the settings' width edited": (config_settings(width=16), "its models have width 8, where config.json's"),
     # config.json's list of models as no sweep writes it (the readers and --resume each say "models lists ...")
     "a models entry with a key no sweep writes": (config_model_0(lambda m: m.update(evil=1)), "models lists"),
     "a models entry without its seed": (config_model_0(lambda m: m.pop("seed")), "models lists"),
@@ -278,7 +289,7 @@ CONFIG_TAMPERS = {  # each passed the report and load_run, and --resume refused 
     "no settings": (without_settings, "not a sweep's config"),
     "a pe of no kind": (pe_of_no_kind, "is not a PE of --task lst"),
     "heads that do not divide the width": (heads_beyond_the_width, "must be divisible by --heads"),
-    "a model's PE relabelled": (model_relabelled, "not this run's results"),
+    "a model's PE relabelled": (model_relabelled, "models lists model 0 with pe 'rope'"),
 }
 
 

@@ -118,7 +118,7 @@ class Run:
         weights file copied from another run of the same model ids would otherwise open as this run's models."""
         found = loaded.model.config
         settings = (self.config.get("settings") or {}) if isinstance(self.config, dict) else {}
-        wanted = {name: settings.get(name) for name in ("width", "depth", "heads", "mlp_width")}
+        wanted = {name: settings.get(name) for name in MODEL_SHAPE}
         rows = self.results[self.results["model_id"].isin(loaded.model_ids)] if "model_id" in self.results else None
         if rows is not None and len(rows):
             wanted["pe"] = rows["pe"].iloc[0]
@@ -212,7 +212,16 @@ class Run:
             if not run_folder.is_results_folder(source):  # nothing else is listed, let alone read (/etc was)
                 raise ReportError(f"{self.path}/config.json: pooled_from names {source}, which is not a results "
                                   f"folder (moved or deleted since the pooling?)")
-            self._loaded[folder] = read_run(source)
+            opened = read_run(source)
+            # trained as the pooled folder records (its width, steps, lr ...): pooling checked its sources alike. A
+            # record of some settings only (a hand-made folder) has nothing to compare
+            try:
+                records = {self.path: recorded_settings(self.path, self), source: recorded_settings(source, opened)}
+            except ReportError:
+                records = {}
+            if records:
+                check_alike(records)
+            self._loaded[folder] = opened
             self._loaded[folder]._loaded[POOLED_CHAIN] = seen
         source = self._loaded[folder]
         # the source's row of that model is the pooled row (a pooled_from reordered or pointing elsewhere would
@@ -577,7 +586,7 @@ def read_run(directory: Path) -> Run:
     check_columns(directory, results, curves, (config.get("settings") or {}).get("task"))
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
-    check_models_listed(directory, results, config.get("models"))
+    check_models_listed(directory, results, config.get("models"), config.get("settings") or {})
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
     diverged = sorted(key for key, table in pe_tables.items() if not np.isfinite(table).all())
@@ -588,7 +597,7 @@ def read_run(directory: Path) -> Run:
     packs = config.get("packs")
     for index in sorted(run_folder.finished_packs(directory)):  # the models load_run(DIR).model(i) would build
         check_pack_weights(directory, index, list(packs[index]) if isinstance(packs, list) and index < len(packs)
-                           else None)
+                           else None, config.get("settings"))
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
@@ -631,17 +640,21 @@ def check_pooled_from(directory: Path, folders):
         raise ReportError(f"{directory / run_folder.CONFIG}: pooled_from names the folder itself, a loop")
 
 
-def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None):
+def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None, settings: dict | None = None):
     """Pack `index`'s weights.safetensors, where it has one: tensors and text only, as its header declares
-    (weights.check_pack_weights), and holding the models config.json gives the pack (model_ids; None: not known), or
-    one ReportError naming it."""
+    (weights.check_pack_weights), of the shape config.json's settings give (settings: None, not known), and holding
+    the models config.json gives the pack (model_ids; None: not known), or one ReportError naming it."""
     path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
     if not _present(path):
         return
     try:
-        held = weights.check_pack_weights(regular_file(path))
+        held, config = weights.check_pack_weights(regular_file(path))
     except weights.UnreadableWeights as error:
         raise ReportError(str(error)) from None
+    for name in MODEL_SHAPE:  # the settings' shape, which the report shows: an edited width passed it
+        if settings and settings.get(name) is not None and getattr(config, name) != settings[name]:
+            raise ReportError(f"{path}: its models have {name} {getattr(config, name)}, where config.json's settings "
+                              f"say {settings[name]!r:.20}; not this run's pack, or the settings were edited")
     if model_ids is not None and held != model_ids:
         raise ReportError(f"{path}: holds models {held[:6]}, config.json's pack {index} {model_ids[:6]}: not this "
                           f"run's pack")
@@ -734,6 +747,8 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
             refuse("curves", f"model {twice['model_id']} has two rows at step {twice['step']}; one evaluation a step")
 
 
+# the settings that give a model's shape, which its weights file records too
+MODEL_SHAPE = ("width", "depth", "heads", "mlp_width")
 # what makes a model the one config.json lists (its pack and pooled_from say where it trained, which pooling renumbers)
 MODEL_IDENTITY = frozenset({"pe", "sigma", "seed", *GRID_AXES})
 # the keys of config.json's models: those every pe_fast wrote, and those some did (the grid axes came later)
@@ -741,7 +756,7 @@ MODEL_REQUIRED = frozenset({"model_id", "pe", "sigma", "seed"})
 MODEL_KEYS = MODEL_REQUIRED | MODEL_IDENTITY | {"pack", run_folder.POOLED_FROM}
 
 
-def check_models_listed(directory: Path, results: pd.DataFrame, models):
+def check_models_listed(directory: Path, results: pd.DataFrame, models, settings: dict):
     """Each trained model of the results is one config.json lists, as it lists it (MODEL_IDENTITY: a relabelled PE,
     σ or learning rate passed every reader but --resume); ReportError naming the first that is not. Baselines are
     listed nowhere."""
@@ -754,6 +769,19 @@ def check_models_listed(directory: Path, results: pd.DataFrame, models):
             raise ReportError(f"{directory / run_folder.CONFIG}: models lists an entry "
                               f"{'without' if MODEL_REQUIRED - keys else 'with'} {_shown(odd[0]) if odd else 'keys'}; "
                               f"not a pe_fast config")
+        # and of the grid the settings describe: each listed value among the settings' (an edited lr passed)
+        for key in ("pe", "sigma", *GRID_AXES):
+            allowed = settings.get({"sigma": "sigmas"}.get(key, key))
+            value = entry.get(key)
+            if (value is None or allowed is None or (key == "sigma" and entry.get("pe") not in SIGMA_PES)
+                    or not isinstance(allowed, list)):
+                continue
+            if not any(value == a or (isinstance(value, float) and isinstance(a, (int, float)) and not isinstance(
+                    a, bool) and np.isclose(value, a, rtol=1e-6, atol=0)) for a in allowed):
+                flag = "--sigmas" if key == "sigma" else f"--{key.replace('_', '-')}"
+                raise ReportError(f"{directory / run_folder.CONFIG}: models lists model "
+                                  f"{_shown(entry.get('model_id'))} with {key} {_shown(value)}, which its settings' "
+                                  f"{flag} do not hold")
     listed = {m["model_id"]: m for m in models if isinstance(m, dict) and type(m.get("model_id")) is int}
     trained = results[~results["pe"].str.startswith("baseline:")]
     for row in trained.to_dict("records"):

@@ -51,11 +51,12 @@ class PackWeights:
     step: int
 
 
-def check_pack_weights(path: Path) -> list[int]:
+def check_pack_weights(path: Path) -> tuple[list[int], ModelConfig]:
     """A weights file's header (its metadata, model configuration and declared tensors) checked without reading a
-    tensor, as the report checks every pack's; its model ids. UnreadableWeights names the file and what is wrong."""
-    meta, _config, _tensors = _read_pack_weights(path, tensors=False)
-    return list(meta["model_ids"])
+    tensor, as the report checks every pack's; its model ids and model configuration. UnreadableWeights names the
+    file and what is wrong."""
+    meta, config, _tensors = _read_pack_weights(path, tensors=False)
+    return list(meta["model_ids"]), config
 
 
 def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWeights:
