@@ -1708,11 +1708,14 @@ def test_resume_refuses_the_checkpoint_of_another_pack_of_the_same_shapes(pack_0
 
 
 def test_the_untampered_half_finished_sweep_resumes(half_finished, tmp_path):
-    """The cases above spoil a folder that resumes: they fail for what they change."""
+    """The cases above spoil a folder that resumes: they fail for what they change. A checkpoint beside a finished
+    pack (a kill as it finished, or another pack's put there) is never read, and removed."""
     folder = tmp_path / "run"
     shutil.copytree(half_finished, folder, symlinks=True)
+    shutil.copy(run_folder.checkpoint_path(folder, 1), run_folder.checkpoint_path(folder, 0))
     assert sweep_main(["--resume", "--out", str(folder), "--no-report"]) == 0
     assert sorted(pd.read_parquet(folder / "results.parquet")["model_id"]) == [0, 1]
+    assert sorted(p.name for p in (folder / "packs").iterdir()) == ["0", "1"]
 
 
 @pytest.fixture(scope="module")

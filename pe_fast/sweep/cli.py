@@ -179,6 +179,9 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
             folder.start_folder(s, out, task, models, packs)
         executor = executors.EXECUTORS[s.executor]
         finished = run_folder.finished_packs(out)
+        for index in finished:  # a finished pack's checkpoint or step file: left by a kill as it finished, or put
+            run_folder.checkpoint_path(out, index).unlink(missing_ok=True)  # there; never read, removed
+            run_folder.step_path(out, index).unlink(missing_ok=True)
         todo = [i for i in range(len(packs)) if i not in finished]
         executor.prepare_folder(out, todo)
         if task.data_line is not None:
