@@ -476,9 +476,9 @@ class PackTrainer:
 
     def state_problem(self, state: dict) -> str | None:
         """What in a checkpoint's state (loaded safely, its keys and value kinds checked: run_folder.check_checkpoint)
-        this pack's training could not have left, or None: its evaluation window of another size, a step its curves
-        and window do not add up to (a step rewritten runs fewer steps than the results would record), a curves row
-        of a model the pack lacks."""
+        this pack's training could not have left, or None: its evaluation window of another size, a curves row of a
+        model the pack lacks, the initial PE of other models (drawn from the seeds: another pack's checkpoint), a step
+        its curves and window do not add up to (a step rewritten runs fewer steps than the results would record)."""
         M = self.model.num_models
         step, filled, curves = state.get("step"), state.get("filled"), state.get("curves")
         buffer = state.get("loss_buffer")
