@@ -939,8 +939,8 @@ def test_a_full_disk_is_one_line_and_resume_continues(unfinished, tmp_path, caps
 
 
 @pytest.fixture(scope="module")
-def half_finished(tmp_path_factory):
-    """A netsim sweep of two packs stopped after its first: packs/0/ finished, pack 1 still to train."""
+def half_finished_netsim(tmp_path_factory):
+    """A netsim sweep of two packs stopped after its first, with the ground truth it wrote at its start."""
     out = tmp_path_factory.mktemp("sweep") / "run"
     threads = torch.get_num_threads()
     try:
@@ -948,7 +948,7 @@ def half_finished(tmp_path_factory):
                            "--out", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
-    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"):
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "packs" / "1")
     return out
@@ -968,30 +968,14 @@ def tamper_seed_as_text(pack: Path):
     (tamper_pe_tables, "pe_tables.npz is not a readable .npz file"),
     (tamper_seed_as_text, "column 'seed' is stored as"),
 ], ids=["curves random bytes", "pe tables of objects", "seed stored as text"])
-def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, must_name, half_finished, tmp_path,
-                                                                        capsys, no_lock):
+def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, must_name, half_finished_netsim,
+                                                                        tmp_path, capsys, no_lock):
     folder = tmp_path / "run"
-    shutil.copytree(half_finished, folder)
+    shutil.copytree(half_finished_netsim, folder)
     tamper(folder / "packs" / "0")
     before = snapshot(folder)
     assert_one_line(capsys, resume_in_process(folder), must_name)
     assert snapshot(folder) == before  # pack 1 not trained, nothing written
-
-
-@pytest.fixture(scope="module")
-def half_finished_netsim(tmp_path_factory):
-    """A netsim sweep of two packs stopped after its first, with the ground truth it wrote at its start."""
-    out = tmp_path_factory.mktemp("sweep") / "run"
-    threads = torch.get_num_threads()
-    try:
-        assert sweep_main([*without(NETSIM, "--sigmas"), "--sigmas", "0.5,1", "--max-pack", "1", "--threads", "1",
-                           "--out", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
-    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
-        (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / "packs" / "1")
-    return out
 
 
 def test_a_ground_truth_edited_in_a_half_finished_folder_stops_the_resume(half_finished_netsim, tmp_path, capsys,
