@@ -100,7 +100,6 @@ class Run:
         if not path.is_file():
             raise ReportError(f"{self.path}: pack {index} has no {run_folder.WEIGHTS} (trained with --no-weights, "
                               f"by a pe_fast from before weights were kept, or not finished yet)")
-        check_digests(path.parent)  # the folder's record, whether or not the pack's results still read
         try:
             loaded = weights.load_pack_weights(path, device)
         except weights.UnreadableWeights as error:
@@ -776,8 +775,7 @@ def check_models_listed(directory: Path, results: pd.DataFrame, models, settings
             if (value is None or allowed is None or (key == "sigma" and entry.get("pe") not in SIGMA_PES)
                     or not isinstance(allowed, list)):
                 continue
-            if not any(value == a or (isinstance(value, float) and isinstance(a, (int, float)) and not isinstance(
-                    a, bool) and np.isclose(value, a, rtol=1e-6, atol=0)) for a in allowed):
+            if all(differing_key({key: value}, {key: a}) is not None for a in allowed):
                 flag = "--sigmas" if key == "sigma" else f"--{key.replace('_', '-')}"
                 raise ReportError(f"{directory / run_folder.CONFIG}: models lists model "
                                   f"{_shown(entry.get('model_id'))} with {key} {_shown(value)}, which its settings' "

@@ -85,8 +85,12 @@ def check_models_recorded(recorded, s: Settings, path: Path):
         raise UsageError(f"--resume: {path}: models do not list the {len(grid_models)} models of its settings' grid")
     for entry, model in zip(recorded, grid_models):
         wanted = {**model, "pack": pack_of[model["model_id"]]}
-        key = (reading.differing_key(wanted, entry) if isinstance(entry, dict) and set(entry) == set(wanted)
-               else next(iter(set(entry) ^ set(wanted)), "its keys") if isinstance(entry, dict) else "its kind")
+        if not isinstance(entry, dict):
+            key = "its kind"
+        elif set(entry) != set(wanted):
+            key = sorted(set(entry) ^ set(wanted))[0]  # a key missing or one no sweep writes
+        else:
+            key = reading.differing_key(wanted, entry)
         if key is not None:
             raise UsageError(f"--resume: {path}: models lists model {model['model_id']} with {key} "
                              f"{entry.get(key) if isinstance(entry, dict) else entry!r:.40}, where its settings' grid "
