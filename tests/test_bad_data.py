@@ -2,6 +2,7 @@
 line on stderr naming the flag and the file or the problem, no traceback, no results folder (issue 42). The
 pattern and the tiny flag sets are tests/test_bad_input.py's; the cases that need files of their own are here."""
 import os
+import subprocess
 from pathlib import Path
 
 import h5py
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from test_bad_input import FMRI, LST, NETSIM, assert_one_line, fill, inputs, without
+from sweep_harness import sweep_command, without_read_override
 from test_user_data import save_dlabel, save_dtseries, write_table
 
 from pe_fast.compare_lst_logs import main as compare_main
@@ -236,3 +238,18 @@ def test_chunked_h5_values_are_judged_as_the_same_values_stored_contiguously(tmp
         contiguous, chunked = (load_user_data(tmp_path / f"{layout}.h5") for layout in ("contiguous", "chunked"))
         for a, b in zip(contiguous.runs, chunked.runs):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("flag", ["--data", "--regions"])
+def test_a_data_file_the_user_may_not_read_is_one_line_naming_its_flag(flag, tmp_path):
+    """A mode-000 --data file once ended in exit 1, "free the space or fix the folder", as if a disk had filled."""
+    files = {"--data": tmp_path / "x.npy", "--regions": tmp_path / "regions.csv"}
+    np.save(files["--data"], np.random.default_rng(0).standard_normal((4, 60, 12)).astype(np.float32))
+    write_table(files["--regions"], [f"r{i},{i},0,0,n{i % 3}" for i in range(12)])
+    files[flag].chmod(0)
+    done = subprocess.run([*without_read_override(), *sweep_command(
+        "--task", "fmri", "--data", str(files["--data"]), "--regions", str(files["--regions"]), "--steps", "2",
+        "--out", str(tmp_path / "run"))], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-1500:]
+    assert done.stderr.startswith(f"error: {flag} {files[flag]}") and "Permission denied" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()

@@ -2,8 +2,12 @@
 pe_fast.load_run, python -m pe_fast.compare_lst_logs): what the third hostile round got past some of them is one
 error naming the file, and the report writes nothing before it."""
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,7 +17,7 @@ import pe_fast
 from pe_fast import compare_lst_logs, report
 from pe_fast.results import run_folder
 from pe_fast.results.reading import ReportError
-from sweep_harness import sweep_in_process
+from sweep_harness import sweep_in_process, without_read_override
 
 LST = ["--task", "lst", "--width", "8", "--depth", "1", "--mlp-width", "16", "--steps", "4", "--eval-every", "2",
        "--batch-size", "8", "--seeds", "1", "--pe", "learned,sin2d", "--sigmas", "0.1", "--no-report"]
@@ -308,3 +312,49 @@ def test_every_reader_refuses_settings_the_resume_refuses(tamper, finished, tmp_
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
     with pytest.raises(ReportError, match=must_name):
         pe_fast.load_run(folder)
+
+
+# The readers as a user who may not read the file: called in a process of its own, without_read_override.
+READ_AS_ANOTHER_USER = """
+import contextlib, io, json, sys
+import pe_fast
+from pe_fast import compare_lst_logs, report
+from sweep_harness import sweep_in_process, without_read_override
+folder = sys.argv[1]
+answers = {}
+readers = (("report", lambda: report.main([folder])), ("compare_lst_logs", lambda: compare_lst_logs.main([folder])))
+for name, call in readers:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        answers[name] = [call(), err.getvalue()]
+resumed = sweep_in_process("--resume", "--out", folder, "--no-report")
+answers["resume"] = [resumed.returncode, resumed.stderr]
+try:
+    pe_fast.load_run(folder)
+    answers["load_run"] = [0, ""]
+except Exception as error:
+    answers["load_run"] = [type(error).__name__, str(error) + "\\n"]
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.parametrize("hidden", ["config.json", "packs", "packs/0/weights.safetensors", "packs/1/curves.parquet"])
+def test_a_file_the_user_may_not_read_is_one_line_from_every_reader(hidden, finished, tmp_path):
+    """A mode-000 file or folder in someone else's results folder: once a PermissionError traceback from load_run
+    and compare_lst_logs, and --resume's exit 1 telling the user to free space."""
+    folder = copy_of(finished, tmp_path)
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    (folder / hidden).chmod(0)
+    done = subprocess.run([*without_read_override(), sys.executable, "-c", READ_AS_ANOTHER_USER, str(folder)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                                           os.environ.get("PYTHONPATH", "")])})
+    (folder / hidden).chmod(0o755 if (folder / hidden).is_dir() else 0o644)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout.splitlines()[-1])
+    for reader in ("report", "compare_lst_logs", "resume"):
+        code, err = answers[reader]
+        assert code == 2 and err.count("\n") == 1 and str(folder / hidden) in err and "Permission denied" in err, \
+            (reader, err[-800:])
+    assert answers["load_run"][0] == "ReportError" and f"{folder / hidden}: Permission denied" in answers["load_run"][1]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written

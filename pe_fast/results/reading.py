@@ -507,6 +507,14 @@ def read_run(directory: Path) -> Run:
     """Top-level files when the sweep has finished; otherwise the finished packs (DIR/packs/<index>/).
     Without results.parquet but with curves.parquet, each model's last evaluation stands in for its results."""
     try:
+        return _read_run(directory)
+    except OSError as error:  # a file or folder this user may not read (mode 000, another owner's)
+        raise ReportError(f"{error.filename or directory}: {error.strerror or error}; the results folder cannot be "
+                          f"read") from None
+
+
+def _read_run(directory: Path) -> Run:
+    try:
         folder = directory.is_dir()
     except OSError as error:  # a name longer than the file system takes: is_dir raises rather than answers
         raise ReportError(f"{directory}: {error.strerror or error}; pass a sweep's results folder") from None

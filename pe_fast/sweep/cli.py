@@ -52,8 +52,20 @@ def check_against_task(s: Settings, task):
             raise UsageError(f"--pe {kind}: {error}")
 
 
+def unreadable(error: OSError, out: Path) -> UsageError:
+    """A file or folder in DIR this user may not read (mode 000, another owner's), found before the lock."""
+    return UsageError(f"{error.filename or out}: {error.strerror or error}; the folder cannot be read")
+
+
 def check_folder(out: Path, resume: bool):
     """A new sweep's folder is empty (but for our own lock); a resumed one has no link leading out of it."""
+    try:
+        _check_folder(out, resume)
+    except OSError as error:
+        raise unreadable(error, out) from None
+
+
+def _check_folder(out: Path, resume: bool):
     if not out.is_dir():
         return
     if not resume and any(p.name != run_folder.LOCK for p in out.iterdir()):  # the lock: ours, or stale
@@ -158,7 +170,10 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     packs = grid.pack_models(s, models)
     s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
     if resume:  # before the lock (a refusal writes nothing); a sweep resuming beside it would write its own packs
-        check_resumable(out, s, packs, task)
+        try:
+            check_resumable(out, s, packs, task)
+        except OSError as error:
+            raise unreadable(error, out) from None
         check_writable(out)
     created = not out.exists()
     try:

@@ -13,6 +13,8 @@ def load_task(s: Settings):
         return KINDS[s.task].load(s)
     except (DataError, ValueError) as error:  # pe_fast.tasks.lst_puzzles.PuzzleFileError is a ValueError
         raise UsageError(with_flag(str(error), s))
+    except OSError as error:  # a file this user may not read (mode 000, another owner's)
+        raise UsageError(with_flag(f"{error.filename}: {error.strerror or error}", s)) from None
 
 
 def with_flag(message: str, s: Settings) -> str:
