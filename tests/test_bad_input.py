@@ -1,12 +1,12 @@
 """Every kind of bad input to the sweep and the report, through the real command-line entry points: exit code 2,
 exactly one line on stderr naming the flag or file, no traceback, no results folder created, and an existing
 folder left byte for byte as it was. One case per line in CASES / RESUME_CASES: add yours there."""
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import re
@@ -340,7 +340,8 @@ def test_another_programs_config_json_in_a_parent_folder_is_no_results_folder(tm
 
 
 @pytest.mark.parametrize("service, must_name", [("silent", "does not answer as a Ray cluster within 1 s"),
-                                                ("http", "the service there is not a Ray cluster")])
+                                                ("http", "the service there is not a Ray cluster"),
+                                                ("http2", "does not answer as a Ray cluster within 1 s")])
 def test_a_ray_address_of_another_service_is_refused_within_seconds(service, must_name, tmp_path, capsys,
                                                                      monkeypatch):
     """A TCP service that is not Ray's: ray.init would wait for it for ever, after the folder was written."""
@@ -356,6 +357,8 @@ def test_a_ray_address_of_another_service_is_refused_within_seconds(service, mus
                 connection, _ = listener.accept()
                 if service == "http":
                     connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                if service == "http2":  # an empty SETTINGS frame, as any HTTP/2 server's first words
+                    connection.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
                 stop.wait(3)
                 connection.close()
 
@@ -369,6 +372,24 @@ def test_a_ray_address_of_another_service_is_refused_within_seconds(service, mus
         thread.join()
         listener.close()
     assert_one_line(capsys, code, must_name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ray_address_of_a_grpc_server_not_rays_is_refused(tmp_path, capsys):
+    """A gRPC server answers HTTP/2's preface as Ray's GCS does; its answer to Ray's own call tells them apart
+    (once ray.init hung there, after the folder was written)."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("ray.core.generated.gcs_service_pb2_grpc")
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        code = sweep_main(LST + ["--executor", "ray", "--ray-address", f"127.0.0.1:{port}", "--out",
+                                 str(tmp_path / "run")])
+    finally:
+        server.stop(None)
+    assert_one_line(capsys, code, f"--ray-address 127.0.0.1:{port}: the service there is not a Ray cluster "
+                                  f"(UNIMPLEMENTED)")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -5,6 +5,7 @@ local executor's results, Ray also when a worker is killed mid-pack and the swee
 preempted and requeued, or its driver killed and rerun."""
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import pickle
@@ -29,7 +30,7 @@ from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
-from sweep_harness import TINY_NETSIM, ray_alone, run_sweep, same_results, start_sweep, sweep_command
+from sweep_harness import TINY_NETSIM, ray_alone, refuse_sweep, run_sweep, same_results, start_sweep, sweep_command
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
 # Long enough (160 steps a pack) that the kills below land before the end. Two learning rates: the middle pack
@@ -189,8 +190,17 @@ def test_ray_executor_joins_a_running_cluster(tmp_path, reference):
     out = tmp_path / "run"
     with ray_cluster() as env:
         proc = run_sweep(*NETSIM, "--executor", "ray", "--ray-address", "auto", "--out", str(out), env=env)
+        # The cluster by its address: ray.init sends its token only with RAY_AUTH_MODE=token (auto finds it
+        # unasked), and without it fails after the folder was written; refused before, saying so
+        token_auth = importlib.util.find_spec("ray._private.authentication") is not None
+        named = refuse_sweep(*NETSIM, "--executor", "ray", "--ray-address", "127.0.0.1:6379", "--out",
+                             str(tmp_path / "named"))
     assert proc.returncode == 0, proc.stderr
     assert_same_results(out, reference)
+    if token_auth and "RAY_AUTH_MODE" not in os.environ:
+        assert named.returncode == 2 and named.stderr.count("\n") == 1, named.stderr
+        assert "wants a token this machine does not send; set RAY_AUTH_MODE=token" in named.stderr, named.stderr
+        assert not (tmp_path / "named").exists()
 
 
 def pack_workers() -> list[int]:

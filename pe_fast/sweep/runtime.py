@@ -34,7 +34,8 @@ def check_ray_address(address: str | None, name: str = "--ray-address"):
     if not address.strip():  # ray.init would fail on it after the folder was written
         raise UsageError(f"{name} {address!r} names no cluster: give auto or HOST:PORT, or leave it out for a "
                          f"local Ray instance")
-    if address == "auto":
+    found_by_auto = address == "auto"
+    if found_by_auto:
         address = running_ray_cluster()
         if address is None:
             return
@@ -53,6 +54,52 @@ def check_ray_address(address: str | None, name: str = "--ray-address"):
         raise UsageError(f"{name} {address}: no Ray cluster answers there ({error.strerror or error}); {advice}")
     if len(reply) < 4 or reply[3] != 4:
         raise UsageError(f"{name} {address}: the service there is not a Ray cluster; {advice}")
+    check_ray_protocol(address, name, advice, found_by_auto)
+
+
+def ray_token(found_by_auto: bool) -> tuple[tuple[str, str], ...]:
+    """The token ray.init would send a cluster with token authentication (Ray 2.5x's default for ray start): with
+    $RAY_AUTH_MODE=token, or, for an address found by auto with $RAY_AUTH_MODE unset, wherever one is saved."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader
+    except ImportError:  # a Ray without token authentication
+        return ()
+    loader = AuthenticationTokenLoader.instance()
+    unset = os.environ.get("RAY_AUTH_MODE") is None
+    if not loader.has_token(ignore_auth_mode=found_by_auto and unset):
+        return ()
+    return tuple(loader.get_token_for_http_header().items())
+
+
+def check_ray_protocol(address: str, name: str, advice: str, found_by_auto: bool):
+    """Any gRPC or HTTP/2 server answers the preface: one call of Ray's own protocol tells Ray's from another's (the
+    cluster's id from its GCS; a ping of the Ray Client server behind ray://). Without Ray, nothing: --executor ray
+    refuses that next."""
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc, ray_client_pb2, ray_client_pb2_grpc
+    except ImportError:
+        return
+    token = ray_token(found_by_auto)
+    with grpc.insecure_channel(address.removeprefix("ray://")) as channel:
+        try:
+            if address.startswith("ray://"):
+                ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(
+                    ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),
+                    timeout=RAY_CONNECT_TIMEOUT_S, metadata=token)
+            else:
+                gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                    gcs_service_pb2.GetClusterIdRequest(), timeout=RAY_CONNECT_TIMEOUT_S, metadata=token)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise UsageError(f"{name} {address}: the service there does not answer as a Ray cluster within "
+                                 f"{RAY_CONNECT_TIMEOUT_S} s; {advice}") from None
+            if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise UsageError(f"{name} {address}: the Ray cluster there wants a token this machine does not send; "
+                                 f"set RAY_AUTH_MODE=token and the cluster's token in $RAY_AUTH_TOKEN or "
+                                 f"~/.ray/auth_token, as ray.init needs them") from None
+            raise UsageError(f"{name} {address}: the service there is not a Ray cluster ({error.code().name}); "
+                             f"{advice}") from None
 
 
 def check_kernels():
