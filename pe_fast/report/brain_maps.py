@@ -149,8 +149,10 @@ def draw(rows: list[tuple[str, np.ndarray]], regions: np.ndarray, label: str, pa
                 ax.text(0.5, -0.08, f"{hemi} {view}", transform=ax.transAxes, ha="center", fontsize=9)
     bar = fig.colorbar(cm.ScalarMappable(norm, cmap), ax=fig.axes, shrink=0.6, fraction=0.02, pad=0.01)
     bar.set_label(label)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:  # atomic, as every figure: a hard link in its place (to a file outside the folder) is replaced, not written
+        run_folder.write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def brain_figures(results: pd.DataFrame, pe_tables: dict, truth: dict, regions: np.ndarray,
