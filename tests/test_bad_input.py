@@ -25,6 +25,7 @@ from pe_fast.models.transformer import compute_path_problem, compute_paths
 from pe_fast.report.cli import main as report_main
 from pe_fast.results import run_folder
 from pe_fast.results.settings import FLAGS, LIST_SETTINGS, Settings
+from pe_fast.sweep import executors
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
 from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
@@ -1474,6 +1475,16 @@ def test_a_pooled_folder_whose_sources_lead_back_to_it_is_one_error(tmp_path):
             load_run(start).model(0)
 
 
+def without_trained_with(folder: Path):
+    """The folder as a pe_fast before 2026-12-07 wrote it: no pack recorded the settings it trained with, so an
+    edited config.json reaches the checks after load_run's."""
+    for record in folder.glob("packs/*/" + run_folder.TRAINED_WITH):
+        record.unlink()
+        digests = json.loads((record.parent / run_folder.DIGESTS).read_text())
+        del digests[run_folder.TRAINED_WITH]
+        (record.parent / run_folder.DIGESTS).write_text(json.dumps(digests))
+
+
 def test_data_a_folder_names_that_cannot_be_loaded_is_a_value_error(tmp_path, capsys):
     """run.task_inputs loads the task from config.json's settings: data that is not a readable file is a
     ValueError naming it (DataError was an Exception of its own, which a caller's `except ValueError` missed)."""
@@ -1484,6 +1495,7 @@ def test_data_a_folder_names_that_cannot_be_loaded_is_a_value_error(tmp_path, ca
         assert sweep_main(FMRI + ["--data", files["NPY"], "--out", str(tmp_path / "run")]) == 0
     finally:
         torch.set_num_threads(threads)
+    without_trained_with(tmp_path / "run")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     config["settings"]["data"] = "/dev/zero"
     (tmp_path / "run" / "config.json").write_text(json.dumps(config))
@@ -1562,12 +1574,16 @@ def half_finished(tmp_path_factory):
         for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "report.md"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "packs" / "1")
-        s = dataclasses.replace(settings_of(*flags), max_pack=1)  # one model a PE kind: the sweep's packs
+        recorded = json.loads((out / "config.json").read_text())["settings"]["max_pack"]
+        s = dataclasses.replace(settings_of(*flags), max_pack=recorded)  # one model a PE kind: the sweep's packs
         task = load_task(s)
         packs = grid.pack_models(s, grid.expand_grid(s))
-        trainer = grid.pack_trainer(s, task, packs[1])
-        trainer.run(checkpoint=lambda: trainer.step == 2 and run_folder.save_checkpoint(out, 1, trainer.state_dict()),
-                    checkpoint_every=2)  # the checkpoint the sweep takes at step 2 of 4
+
+        def stop_after_the_first_checkpoint(step):  # the sweep checkpoints after each evaluation (step 2 of 4)
+            if step == 3:
+                raise InterruptedError
+        with pytest.raises(InterruptedError):
+            executors.train_and_store_pack(s, 1, packs[1], out, task, on_step=stop_after_the_first_checkpoint)
     finally:
         torch.set_num_threads(threads)
     return out
@@ -1662,6 +1678,13 @@ HALF_FINISHED_CASES = [
     ("pack 0 relabelled as pack 1", relabel_pack_0(pack=1), "have pack 1, where this sweep's pack 0 has 0"),
     ("pack 0 claiming more steps", relabel_pack_0(steps=999), "steps 999, beyond this sweep's --steps 4"),
     ("pack 0 with another seed", relabel_pack_0(seed=6312), "has seed 6312"),
+    # config.json's settings edited in what trains but no model lists: the packs' own records of them tell
+    ("config.json's warmup edited", config_with(warmup=3),
+     "config.json says --warmup 3, not 0 as {folder}/packs/0/trained_with.json records"),
+    ("config.json's schedule edited, pack 0 gone", lambda f: (config_with(schedule="cosine")(f),
+                                                              shutil.rmtree(f / "packs" / "0")),
+     "config.json says --schedule cosine, not constant as {folder}/packs/1.checkpoint.pt records"),
+    ("config.json's ntk_items edited", config_with(ntk_items=1), "says --ntk-items 1, not 8"),
 ]
 
 
@@ -1672,7 +1695,7 @@ def test_resume_refuses_a_tampered_pack_before_training(spoil, must_name, half_f
     shutil.copytree(half_finished, folder, symlinks=True)
     spoil(folder)
     before = snapshot(folder)
-    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), must_name)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder)]), must_name.format(folder=folder))
     assert snapshot(folder) == before
 
 
@@ -1788,6 +1811,7 @@ def test_a_pooled_folder_whose_sources_are_not_its_models_is_one_error(two_finis
     # a source that trained otherwise (its steps here) with the same task, PE, σ and seeds: once opened as the model
     other = tmp_path / "other"
     shutil.copytree(first, other)
+    without_trained_with(other)
     other_config = json.loads((other / "config.json").read_text())
     other_config["settings"]["steps"] = 99
     (other / "config.json").write_text(json.dumps(other_config))

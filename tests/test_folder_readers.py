@@ -168,6 +168,8 @@ TAMPERS = {
     # config.json's settings edited in what trains: the models it lists, the weights' shape say otherwise
     "the settings' learning rate edited": (config_settings(lr=[0.123]), "models lists model 0 with lr 0.001"),
     "the settings' width edited": (config_settings(width=16), "its models have width 8, where config.json's"),
+    # ... and in what no model lists: each pack's record of its settings (trained_with.json) says otherwise
+    "the settings' warmup edited": (config_settings(warmup=7), "says --warmup 7, not 0 as"),
     # config.json's list of models as no sweep writes it (the readers and --resume each say "models lists ...")
     "a models entry with a key no sweep writes": (config_model_0(lambda m: m.update(evil=1)), "models lists"),
     "a models entry without its seed": (config_model_0(lambda m: m.pop("seed")), "models lists"),

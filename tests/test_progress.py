@@ -91,7 +91,7 @@ def test_worker_reports_its_step_at_most_every_few_seconds(tmp_path, monkeypatch
 def test_step_report_leaves_with_the_finished_pack_and_garbage_reads_as_none(tmp_path):
     run_folder.write_step(tmp_path, 0, 42)
     frame = pd.DataFrame({"model_id": [0]})
-    run_folder.write_pack(tmp_path, 0, frame, frame, {})
+    run_folder.write_pack(tmp_path, 0, frame, frame, {}, {})
     assert not run_folder.step_path(tmp_path, 0).exists()
     assert run_folder.read_step(tmp_path, 0) is None
     run_folder.step_path(tmp_path, 1).write_text("not a step")

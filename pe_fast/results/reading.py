@@ -3,6 +3,7 @@ Run, its settings as the record (of any pe_fast version), and whether folders po
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 import os
 import re
@@ -21,7 +22,7 @@ from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
 from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingError, Settings, check_choices, check_packs,
                                       check_executor_flags, check_range, check_ranges, check_task_rules, check_text,
-                                      check_types)
+                                      check_types, trained_with)
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
 from pe_fast.train import OPTIMIZERS, UNTIL
@@ -524,7 +525,7 @@ def _read_run(directory: Path) -> Run:
         run_folder.check_inside(directory)
     except run_folder.LeavesFolder as error:
         raise ReportError(str(error)) from None
-    config = {}
+    config, settings = {}, {}
     if _present(directory / run_folder.CONFIG):
         regular_file(directory / run_folder.CONFIG)  # a FIFO would be taken as no config.json at all
         try:
@@ -611,14 +612,48 @@ def _read_run(directory: Path) -> Run:
     # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
     # every check of its kind)
     packs_folder = directory / "packs"  # every pack's folder, its results readable or not (Run.pack opens either)
+    recorded = trained_with(settings) if settings else None
     for pack in sorted(packs_folder.iterdir()) if packs_folder.is_dir() else ():
         if run_folder.PACK_NAME.fullmatch(pack.name) and pack.is_dir() and not pack.is_symlink():
             check_digests(pack)
             check_pack_files(pack)
+            if recorded is not None:
+                check_trained_with(directory / run_folder.CONFIG, recorded, pack)
     if not check_digests(directory) and _present(directory / run_folder.RESULTS):
         notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
                      f"finished): its files could not be checked against what the sweep wrote.")
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+def trained_with_problem(recorded, settings: dict) -> str | None:
+    """The first setting whose value config.json's settings (trained_with(), by name) give otherwise than the
+    record of what a pack trained with (a finished pack's TRAINED_WITH, a checkpoint's), as "--name X, not Y";
+    None where they agree."""
+    if not isinstance(recorded, dict):
+        return "a record that is not one of settings"
+    name = next((key for key in sorted(set(recorded) | set(settings)) if recorded.get(key) != settings.get(key)),
+                None)
+    if name is None:
+        return None
+    return f"--{name.replace('_', '-')} {str(settings.get(name))[:60]}, not {str(recorded.get(name))[:60]}"
+
+
+def check_trained_with(config_path: Path, settings: dict, folder: Path):
+    """A finished pack trained with config.json's settings (ReportError naming the first that differs: config.json
+    edited since, which a --resume would follow and the report describe); a pack of an older pe_fast has no record."""
+    path = folder / run_folder.TRAINED_WITH
+    if not _present(path):
+        return
+    regular_file(path)
+    if path.stat().st_size > 64 * 1024:  # the settings of one pack: a few KB
+        raise ReportError(f"{path} is not a record of settings a pe_fast writes")
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ReportError(f"{path} is not a record of settings a pe_fast writes") from None
+    if (problem := trained_with_problem(recorded, settings)) is not None:
+        raise ReportError(f"{config_path} says {problem} as {path} records: its pack trained with other settings "
+                          f"(config.json edited since)")
 
 
 def check_digests(folder: Path) -> bool:

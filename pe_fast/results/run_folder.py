@@ -52,7 +52,10 @@ WEIGHTS = "weights.safetensors"  # each finished pack's trained models (weights.
 DIGESTS = "digests.json"
 # config.json not among them: it is written at the start, and every reader checks it against the settings' rules
 # and the results it lists
-DIGESTED = (GROUND_TRUTH, RESULTS, CURVES, PE_TABLES, SUMMARY, WEIGHTS)
+# a finished pack's settings, Settings.trained_with(): config.json edited since the pack trained is found out
+TRAINED_WITH = "trained_with.json"
+CHECKPOINT_TRAINED_WITH = "trained_with"  # the same, as JSON text, under this key of each checkpoint
+DIGESTED = (GROUND_TRUTH, RESULTS, CURVES, PE_TABLES, SUMMARY, WEIGHTS, TRAINED_WITH)
 # config.json of a folder that pools finished sweeps (pe_fast.report.pooling) names them under this key: no packs
 POOLED_FROM = "pooled_from"
 # pe_tables.npz holds, per model id i, its PE tables under "model_<i>" (learned / random / fixed PEs) and its mean
@@ -596,9 +599,11 @@ def check_checkpoint(out: Path, index: int, keys: tuple[str, ...], steps: int) -
 
 
 def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFrame,
-               pe_tables: dict[str, np.ndarray], save_weights: Callable[[Path], None] | None = None):
+               pe_tables: dict[str, np.ndarray], trained_with: dict,
+               save_weights: Callable[[Path], None] | None = None):
     """DIR/packs/<index>/ appears whole or not at all; the pack's checkpoint and step file are removed after.
-    save_weights(path): writes the pack's trained models there (weights.py), unless --no-weights."""
+    trained_with: the settings it trained with (TRAINED_WITH). save_weights(path): writes the pack's trained models
+    there (weights.py), unless --no-weights."""
     (out / "packs").mkdir(parents=True, exist_ok=True)
     # Assembled beside packs/, not in it: a reader of packs/*/ (the report) must never see a partial pack.
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
@@ -607,6 +612,7 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
         write_parquet(results, tmp / RESULTS)
         write_parquet(curves, tmp / CURVES)
         np.savez_compressed(tmp / PE_TABLES, **pe_tables)
+        (tmp / TRAINED_WITH).write_text(json.dumps(trained_with, indent=2))
         if save_weights is not None:
             save_weights(tmp / WEIGHTS)
             os.chmod(tmp / WEIGHTS, 0o666 & ~_umask())  # safetensors writes 0600; results follow the umask

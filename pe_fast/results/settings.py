@@ -257,6 +257,10 @@ class Settings:
         """The settings as config.json holds them (the packs are written beside them)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.flat().items() if k != "packs"}
 
+    def trained_with(self) -> dict:
+        """What a pack's training depends on (trained_with of the settings as config.json holds them)."""
+        return trained_with(self.to_json())
+
     @classmethod
     def from_json(cls, settings: dict, packs) -> "Settings":
         """config.json's settings as this pe_fast writes them (migrate.settings reads older ones so), unvalidated:
@@ -273,6 +277,16 @@ class Settings:
 FLAGS: dict[str, Flag] = {field.name: field.metadata["flag"] for field in dataclasses.fields(Settings)
                           if "flag" in field.metadata}
 HINTS = typing.get_type_hints(Settings)
+# how and where a sweep runs (--resume may change them), the folder's name, and the preset's (its values are the
+# other settings'): no pack's training depends on them
+NOT_TRAINING = frozenset({"out", "preset", *(name for name, flag in FLAGS.items() if flag.runtime)})
+
+
+def trained_with(record: dict) -> dict:
+    """What a pack's training depends on, of config.json's settings: every one but NOT_TRAINING. Recorded with each
+    checkpoint and finished pack, so that a config.json edited since is found out."""
+    return {name: list(value) if isinstance(value, tuple) else value  # lists, as JSON reads them back
+            for name, value in record.items() if name not in NOT_TRAINING}
 
 
 def value_type(name: str) -> type:

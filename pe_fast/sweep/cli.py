@@ -125,6 +125,7 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
             folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
             reading.check_pack_weights(out, index, [m["model_id"] for m in packs[index]],
                                        {name: getattr(s, name) for name in reading.MODEL_SHAPE})
+            reading.check_trained_with(out / run_folder.CONFIG, s.trained_with(), run_folder.pack_folder(out, index))
             reading.check_digests(run_folder.pack_folder(out, index))  # last: the checks above say what is wrong
             reading.check_pack_files(run_folder.pack_folder(out, index))
         except reading.ReportError as error:

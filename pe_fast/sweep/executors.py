@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from pe_fast import memory, precision
-from pe_fast.results import run_folder, weights
+from pe_fast.results import reading, run_folder, weights
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, live_curves
 from pe_fast.sweep.grid import pack_trainer
@@ -47,6 +47,15 @@ def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index:
     state = run_folder.load_checkpoint(out, index)
     if state is None:
         return
+    if run_folder.CHECKPOINT_TRAINED_WITH in state:  # (a checkpoint of a pe_fast before 2026-12-07 has none)
+        try:
+            recorded = json.loads(state[run_folder.CHECKPOINT_TRAINED_WITH])
+        except (TypeError, ValueError, RecursionError):
+            recorded = None
+        if (problem := reading.trained_with_problem(recorded, s.trained_with())) is not None:
+            raise run_folder.UnreadableCheckpoint(
+                f"{out / run_folder.CONFIG} says {problem} as {run_folder.checkpoint_path(out, index)} records: "
+                f"pack {index} began training with other settings (config.json edited since)")
     with torch.random.fork_rng(devices=[]):  # building a model must not move the sweep's random stream
         trainer = pack_trainer(s, task, pack)
     model = trainer.model
@@ -74,7 +83,9 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
         trainer.load_state_dict(state)
     first_step = trainer.step
     live = LiveCurves(out, pack, live_curves.varying_axes(s), first_step) if s.tensorboard else None
-    result = trainer.run(on_step, checkpoint=lambda: run_folder.save_checkpoint(out, index, trainer.state_dict()),
+    trained_with = s.trained_with()  # beside the state: config.json edited before a --resume is found out
+    result = trainer.run(on_step, checkpoint=lambda: run_folder.save_checkpoint(
+                             out, index, {**trainer.state_dict(), run_folder.CHECKPOINT_TRAINED_WITH: json.dumps(trained_with)}),
                          checkpoint_every=s.checkpoint_every, on_evaluate=live and live.evaluation)
     if live is not None:
         live.finish(result.final, trainer.step)
@@ -95,7 +106,7 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
         pe_tables[run_folder.attention_map_key(model['model_id'])] = result.attention_maps[local]
     def save_weights(path: Path):
         weights.save_pack_weights(path, trainer.model, [m["model_id"] for m in pack], trainer.step, task.coordinates)
-    run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables,
+    run_folder.write_pack(out, index, pd.DataFrame(final_rows), pd.DataFrame(curve_rows), pe_tables, trained_with,
                           None if s.no_weights else save_weights)
     return {"trained_steps": result.steps - first_step}
 
