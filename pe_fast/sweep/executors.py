@@ -84,8 +84,11 @@ def train_and_store_pack(s: Settings, index: int, pack: list[dict], out: Path, t
     first_step = trainer.step
     live = LiveCurves(out, pack, live_curves.varying_axes(s), first_step) if s.tensorboard else None
     trained_with = s.trained_with()  # beside the state: config.json edited before a --resume is found out
-    result = trainer.run(on_step, checkpoint=lambda: run_folder.save_checkpoint(
-                             out, index, {**trainer.state_dict(), run_folder.CHECKPOINT_TRAINED_WITH: json.dumps(trained_with)}),
+
+    def checkpoint():
+        state = {**trainer.state_dict(), run_folder.CHECKPOINT_TRAINED_WITH: json.dumps(trained_with)}
+        run_folder.save_checkpoint(out, index, state)
+    result = trainer.run(on_step, checkpoint=checkpoint,
                          checkpoint_every=s.checkpoint_every, on_evaluate=live and live.evaluation)
     if live is not None:
         live.finish(result.final, trainer.step)
