@@ -437,6 +437,24 @@ def test_a_compiler_cache_folder_that_cannot_be_made_is_refused_naming_the_varia
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("link", ["dangling", "loop"])
+def test_a_compiler_cache_folder_behind_a_link_to_nothing_is_refused(link, tmp_path, capsys, monkeypatch):
+    """A link to no folder passed the check (its parent was writable); torch then failed to make the folder, after
+    config.json was written, and the message blamed the results folder."""
+    cache = tmp_path / "cache"
+    if link == "dangling":
+        cache.symlink_to(tmp_path / "gone" / "dir")
+    else:
+        cache.symlink_to(tmp_path / "other")
+        (tmp_path / "other").symlink_to(cache)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    code = sweep_main(LST + ["--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"$TORCHINDUCTOR_CACHE_DIR {str(cache)!r}: {cache} is a link that leads to no "
+                                  f"folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_kernels_that_pe_fast_kernels_names_and_that_did_not_load_are_refused(tmp_path, capsys, monkeypatch):
     """import pe_fast warns and runs the reference (a library import must not fail); the sweep refuses."""
     from pe_fast.ops import extension

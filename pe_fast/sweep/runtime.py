@@ -126,7 +126,9 @@ def check_inductor_cache():
     folder = Path(path).absolute()
     existing = folder
     try:
-        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
+        if not existing.exists():  # torch would fail to make the folder a link leads nowhere from (or in a loop)
+            raise UsageError(f"{name}: {existing} is a link that leads to no folder; {advice}")
         if not existing.is_dir():
             raise UsageError(f"{name}: {existing} is a file, not a folder; {advice}")
         tempfile.TemporaryDirectory(dir=existing).cleanup()
