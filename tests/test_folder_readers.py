@@ -52,6 +52,10 @@ def duplicated_curves_row(name, frame):
     return pd.concat([frame, frame.iloc[:1]], ignore_index=True) if name == run_folder.CURVES else frame
 
 
+def mathtext_probe_column(name, frame):
+    return frame.assign(**{"attn_l0_h0_probe_$x^{$": 0.5}) if name == run_folder.CURVES else frame
+
+
 def stray_curves_model(name, frame):
     return frame.assign(model_id=frame["model_id"] + 77) if name == run_folder.CURVES else frame
 
@@ -137,6 +141,9 @@ TAMPERS = {
     "a baseline name 200,000 characters long": (lambda f: rewrite_tables(f, long_baseline_name), "column pe"),
     "a curves row twice": (lambda f: rewrite_tables(f, duplicated_curves_row), "two rows at step"),
     "curves of a model the results lack": (lambda f: rewrite_tables(f, stray_curves_model), "do not hold"),
+    # matplotlib read it as mathtext, and the report ended in an 82-line traceback with its figures half made
+    "a probe column named in mathtext": (lambda f: rewrite_tables(f, mathtext_probe_column),
+                                         "has a column named 'attn_l0_h0_probe_"),
     "negative steps": (lambda f: rewrite_tables(f, negative_steps), "column steps"),
     "a σ other than config.json's": (lambda f: rewrite_tables(f, sigma_changed), "not this run's results"),
     # every key config.json lists a model by, not its PE and σ only

@@ -729,6 +729,10 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
         raise ReportError(f"{directory}: {table} {what}; not a pe_fast results folder")
 
     for table, frame in (("results", results), ("curves", curves)):
+        # a name, as every column a sweep writes (a probe column '$x^{$' reached matplotlib's mathtext)
+        if (odd := next((n for n in frame.columns if not (isinstance(n, str) and run_folder.CURVES_KEY.fullmatch(n))),
+                        None)) is not None:
+            refuse(table, f"has a column named {_shown(odd)}, not a name a sweep writes")
         if task is not None and "task" in frame and (other := frame["task"][frame["task"] != task]).size:
             refuse(table, f"column task holds {str(other.iloc[0])[:40]!r}, where config.json records --task {task}")
         # a sweep computes in float32 at most: a larger finite number was not trained, and its squares and
