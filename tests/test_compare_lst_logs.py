@@ -55,7 +55,8 @@ def write_run(directory, test_offset: float, trained_seeds=SEEDS[:3], **settings
     curves[curves["step"] == curves["step"].max()].to_parquet(directory / "results.parquet")
     recorded = sweep_settings.from_flags(sweep_settings.build_parser().parse_args(
         ["--task", "lst", "--preset", "paper-e200"])).to_json()  # as the sweep writes it
-    settings = {k: v for k, v in {**recorded, "batch_size": BATCH, "pe_dropout": 0.1, **settings}.items()
+    settings = {k: v for k, v in {**recorded, "batch_size": BATCH, "pe_dropout": 0.1,
+                                  "steps": int(curves["step"].max()), **settings}.items()
                 if v is not None}  # None: a setting config.json files from before it lack
     config = {"settings": settings, "task": {"sizes": {"train": TRAIN}}}
     (directory / "config.json").write_text(json.dumps(config))

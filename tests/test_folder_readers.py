@@ -56,6 +56,11 @@ def mathtext_probe_column(name, frame):
     return frame.assign(**{"attn_l0_h0_probe_$x^{$": 0.5}) if name == run_folder.CURVES else frame
 
 
+def column_set(column, value, table=None):
+    """rewrite_tables' change: one column of every row set to value (in one table, or both)."""
+    return lambda name, frame: frame.assign(**{column: value}) if table in (None, name) else frame
+
+
 def stray_curves_model(name, frame):
     return frame.assign(model_id=frame["model_id"] + 77) if name == run_folder.CURVES else frame
 
@@ -152,6 +157,14 @@ TAMPERS = {
     # where config.json lists none, each grid axis within its flag's range
     "a learning rate of 0": (unlisted_with("lr", 0.0), "column lr: --lr must be finite and > 0"),
     "a negative weight decay": (unlisted_with("weight_decay", -1.0), "column weight_decay"),
+    # numbers no sweep of these settings writes, whatever the record of the files' digests says
+    "an accuracy of a million": (lambda f: rewrite_tables(f, column_set("test_acc", 1e6)),
+                                 "column test_acc holds 1000000.0, an accuracy beyond 0…1"),
+    "more steps than the settings": (lambda f: rewrite_tables(f, column_set("steps", 10**12, run_folder.RESULTS)),
+                                     "column steps holds 1000000000000, a step beyond the settings' --steps 4"),
+    "a pack beyond config.json's": (lambda f: rewrite_tables(f, column_set("pack", 99)), "a pack beyond"),
+    "a negative training time": (lambda f: rewrite_tables(f, column_set("train_seconds", -1.0, run_folder.RESULTS)),
+                                 "column train_seconds holds -1.0, a negative value"),
     # a number edited passes every check of its kind: the folder's record of its files tells
     "a score edited in results.parquet": (lambda f: rewrite_tables(f, score_edited),
                                           "results.parquet has changed since it was written"),

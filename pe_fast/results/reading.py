@@ -595,6 +595,7 @@ def _read_run(directory: Path) -> Run:
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
     check_models_listed(directory, results, config.get("models"), config.get("settings") or {})
+    check_values(directory, results, curves, config.get("settings") or {}, config.get("packs"))
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
     diverged = sorted(key for key, table in pe_tables.items() if not np.isfinite(table).all())
@@ -800,6 +801,32 @@ MODEL_IDENTITY = frozenset({"pe", "sigma", "seed", *GRID_AXES})
 # the keys of config.json's models: those every pe_fast wrote, and those some did (the grid axes came later)
 MODEL_REQUIRED = frozenset({"model_id", "pe", "sigma", "seed"})
 MODEL_KEYS = MODEL_REQUIRED | MODEL_IDENTITY | {"pack", run_folder.POOLED_FROM}
+
+
+NON_NEGATIVE = frozenset({"lr_last", "train_seconds", "train_loss"})  # and every mean squared error (*_mse)
+
+
+def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, settings: dict, packs):
+    """Numbers no sweep of these settings writes, each a ReportError naming its column: an accuracy beyond 0…1, a
+    negative error, rate, loss or time, a step beyond --steps, a pack beyond config.json's packs (the record of the
+    files' digests is no signature: whoever edits a number can rewrite it). NaN passes: a diverged model's."""
+    steps = settings.get("steps")
+    for table, frame in (("results", results), ("curves", curves)):
+        for name in frame.columns.difference(TEXT_COLUMNS):
+            numbers = pd.to_numeric(frame[name], errors="coerce")
+            if name.endswith("_acc") or "_acc_" in name:
+                bad, what = (numbers < 0) | (numbers > 1), "an accuracy beyond 0…1"
+            elif name.endswith("_mse") or name in NON_NEGATIVE:
+                bad, what = numbers < 0, "a negative value"
+            elif name in ("step", "steps") and type(steps) is int:
+                bad, what = numbers > steps, f"a step beyond the settings' --steps {steps}"
+            elif name == "pack" and isinstance(packs, list) and packs:
+                bad, what = numbers >= len(packs), f"a pack beyond config.json's {len(packs)}"
+            else:
+                continue
+            if bad.any():
+                raise ReportError(f"{directory}: {table} column {name} holds {_shown(numbers[bad].iloc[0])}, "
+                                  f"{what}; not a pe_fast results folder")
 
 
 def check_models_listed(directory: Path, results: pd.DataFrame, models, settings: dict):
