@@ -413,6 +413,16 @@ def test_a_malformed_ray_address_variable_is_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ray_address_auto_names_the_variable_it_joins(tmp_path, capsys, monkeypatch):
+    """auto joins $RAY_ADDRESS first: where nothing answers there, the message named the flag and a rewritten
+    address only, not the variable the user set."""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    code = sweep_main(LST + ["--executor", "ray", "--ray-address", "auto", "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "--ray-address auto, from $RAY_ADDRESS '127.0.0.1:1',")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ray_address_auto_with_a_malformed_ray_address_variable_is_refused(tmp_path, capsys, monkeypatch):
     pytest.importorskip("ray")
     monkeypatch.setenv("RAY_ADDRESS", "not an address")  # what --ray-address auto reads first

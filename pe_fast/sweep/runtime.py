@@ -36,9 +36,12 @@ def check_ray_address(address: str | None, name: str = "--ray-address"):
                          f"local Ray instance")
     found_by_auto = address == "auto"
     if found_by_auto:
-        address = running_ray_cluster()
+        variable = os.environ.get("RAY_ADDRESS")
+        address = running_ray_cluster()  # $RAY_ADDRESS first, as ray.init reads it
         if address is None:
             return
+        if variable and variable.strip() != "auto":  # the culprit of a refusal is the variable, as its user wrote it
+            name = f"--ray-address auto, from $RAY_ADDRESS {variable!r},"
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"{name} {address!r}: expected auto or HOST:PORT")
