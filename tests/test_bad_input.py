@@ -1873,3 +1873,17 @@ def test_a_pe_table_of_two_axes_is_one_blocks_table(tmp_path, capsys):
     np.savez(folder / "pe_tables.npz", model_0=table, model_1=table[::-1].copy())
     np.testing.assert_array_equal(load_run(folder).pe_table(0), table[None])
     assert report_main([str(folder)]) == 0
+
+
+def test_a_refused_out_folder_that_exists_is_left_untouched(two_finished_lst_runs, tmp_path, capsys):
+    """--out naming someone's non-empty folder: refused in one line, but the write probe (a folder made and removed
+    in it) ran first and changed the folder's modification time."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    os.utime(taken, ns=(10**18, 10**18))
+    first, second = two_finished_lst_runs
+    for refused in (lambda: sweep_main(LST + ["--out", str(taken)]),
+                    lambda: report_main([str(first), str(second), "--out", str(taken)])):
+        assert_one_line(capsys, refused(), f"--out {taken}")
+        assert taken.stat().st_mtime_ns == 10**18 and [p.name for p in taken.iterdir()] == ["notes.txt"]

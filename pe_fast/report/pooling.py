@@ -77,11 +77,12 @@ def pool(directories: list[Path], out: Path) -> Path:
         raise ReportError("pooling needs two or more results folders (one folder: python -m pe_fast.report DIR)")
     check_named_once(directories)
     try:
-        run_folder.check_out_folder(out)
+        run_folder.check_out_folder(out, probe=False)
+        if out.exists() and any(out.iterdir()):  # before the write probe: a refused folder is left untouched
+            raise ReportError(f"--out {out} exists and is not an empty folder; the pooled run goes to a new one")
+        run_folder.check_writable(out)
     except run_folder.OutFolderError as error:
         raise ReportError(f"--out {error}")
-    if out.exists() and any(out.iterdir()):
-        raise ReportError(f"--out {out} exists and is not an empty folder; the pooled run goes to a new one")
     runs = {d: read_run(d) for d in directories}
     for directory, run in runs.items():
         if not run_folder.is_finished(directory):

@@ -143,7 +143,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
     resume = s.packs is not None
     name = s.out if s.out is not None else str(Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    check_out_folder(name, probe=not resume)  # a resumed folder is probed after the checks of what it holds
+    check_out_folder(name, probe=False)  # probed after the checks of what it holds: a refused folder is untouched
     out = Path(name)
     s = dataclasses.replace(s, out=str(out))
     holder = run_folder.lock_holder(out) if out.is_dir() else None
@@ -151,6 +151,8 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
                          f"wait for it or stop it")
     check_folder(out, resume)
+    if not resume:
+        check_writable(out)
     # a results.parquet that does not read is not finished: the top-level files are made again from the packs,
     # each checked against its own record
     if resume and run_folder.is_finished(out):
