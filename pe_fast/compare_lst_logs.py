@@ -97,8 +97,24 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
     if missing:  # the comparison reads each; other phases (the authors' human108) are left aside
         raise CompareError(f"{path}: column phase holds no {' and no '.join(missing)} rows of condition average; "
                            f"the comparison needs {' and '.join(COMPARED_PHASES)}")
-    return logs.pivot_table(index=["pe", "sigma", "seed", "epoch"], columns="phase", values="accuracy",
-                            dropna=False).reset_index()
+    # one accuracy per seed, epoch and phase: two were averaged into one, a missing one compared as NaN
+    keys = ["pe", "sigma", "seed", "epoch"]
+    twice = logs[logs.duplicated([*keys, "phase"], keep=False)]
+    if not twice.empty:
+        raise CompareError(f"{path}: two rows of condition average for {logged_row(twice.iloc[0])}, phase "
+                           f"{str(twice.iloc[0]['phase'])[:20]!r}; give one accuracy each")
+    compared = logs[logs["phase"].isin(COMPARED_PHASES)]
+    phases = compared.groupby(keys, dropna=False)["phase"].nunique()
+    if (phases < len(COMPARED_PHASES)).any():
+        lacking = phases[phases < len(COMPARED_PHASES)].index[0]
+        raise CompareError(f"{path}: {logged_row(dict(zip(keys, lacking)))} has a row of condition average for "
+                           f"only one of {' and '.join(COMPARED_PHASES)}; the comparison needs both")
+    return logs.pivot_table(index=keys, columns="phase", values="accuracy", dropna=False).reset_index()
+
+
+def logged_row(row) -> str:
+    """A logs row's PE, σ, seed and epoch, for a message."""
+    return (f"pe {str(row['pe'])[:20]!r}, σ {row['sigma']:g}, seed {row['seed']:g}, epoch {row['epoch']:g}")
 
 
 def our_epochs(directory: Path, config: dict, settings: Settings, curves: pd.DataFrame) -> pd.Series:

@@ -330,6 +330,10 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     # a KeyError's traceback once
     (lambda logs: logs.assign(phase="zzz"), "column phase holds no train and no test rows"),
     (lambda logs: logs.assign(phase=logs["phase"].replace("test", "validation")), "column phase holds no test rows"),
+    # two accuracies for one seed, epoch and phase were averaged into one; a missing one compared as nan ± nan
+    (lambda logs: pd.concat([logs, logs.iloc[[0]].assign(accuracy=0.9)]), "two rows of condition average for pe "),
+    (lambda logs: logs.drop(logs.index[(logs["phase"] == "test") & (logs["condition"] == "average")][:1]),
+     "has a row of condition average for only one of train and test"),
 ])
 def test_logs_of_numbers_no_log_holds_are_one_line(spoil, message, tmp_path, capsys):
     write_logs(tmp_path / "logs.csv")
