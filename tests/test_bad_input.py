@@ -688,6 +688,9 @@ RESUME_CASES = [
      "--ray-address"),
     ("recorded ray address that does not answer", config_with(executor="ray", ray_address="127.0.0.1:1"), [],
      "--ray-address"),
+    # refused as a flag, once accepted as a record: the same rule for both
+    ("recorded momentum with adam", config_with(momentum=[0.5]), [],
+     "--momentum applies to --optimizer sgd only (here --optimizer adam)"),
     ("recorded slurm option with a line break",
      config_with(executor="slurm", slurm_local=True, slurm_option=["qos=short\ntouch PWNED"]), [], "--slurm-option"),
     ("recorded sigma nan", config_with(sigmas=[float("nan")]), [], "--sigmas"),
