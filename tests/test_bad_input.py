@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
+import pe_fast
 from pe_fast.models.transformer import compute_path_problem, compute_paths
 from pe_fast.report.cli import main as report_main
 from pe_fast.results import run_folder
@@ -445,6 +446,15 @@ def test_a_compiler_cache_folder_that_cannot_be_made_is_refused_naming_the_varia
     assert_one_line(capsys, code, f"$TORCHINDUCTOR_CACHE_DIR {os.environ['TORCHINDUCTOR_CACHE_DIR']!r}: "
                                   f"{must_name.replace('FILE', files['FILE'])}")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_compiler_cache_folder_inside_the_package_is_refused(tmp_path, capsys, monkeypatch):
+    """--out there is refused; torch's cache was made there, its files mixed with pe_fast's code."""
+    cache = Path(pe_fast.__file__).parent / "inductor-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    code = sweep_main(LST + ["--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"$TORCHINDUCTOR_CACHE_DIR {str(cache)!r}: {cache}: inside the pe_fast package's")
+    assert not cache.exists() and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("link", ["dangling", "loop"])

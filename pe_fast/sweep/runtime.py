@@ -15,6 +15,7 @@ import torch
 from pe_fast import precision
 from pe_fast.models.transformer import compute_path_problem
 from pe_fast.ops import extension
+from pe_fast.results import run_folder
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.executors import EXECUTORS
 from pe_fast.train import compile_problem
@@ -134,7 +135,10 @@ def check_inductor_cache():
             raise UsageError(f"{name}: {existing} is a link that leads to no folder; {advice}")
         if not existing.is_dir():
             raise UsageError(f"{name}: {existing} is a file, not a folder; {advice}")
+        run_folder.check_outside_package(folder)  # torch's cache files would mix with pe_fast's code
         tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except run_folder.OutFolderError as error:
+        raise UsageError(f"{name}: {error}") from None
     except OSError as error:
         raise UsageError(f"{name}: cannot write in {existing} ({error.strerror or error}); {advice}") from None
 
