@@ -4,6 +4,7 @@ error naming the file, and the report writes nothing before it."""
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -228,6 +229,24 @@ def test_the_report_and_load_run_refuse_a_tampered_folder_alike(tamper, finished
     assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1 and named in resumed.stderr, \
         resumed.stderr[:500]
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+
+def test_a_sweep_killed_before_its_record_is_finished_by_resume(finished, tmp_path):
+    """Killed between the top-level files and digests.json: --resume said "finished; nothing to resume", and the
+    folder kept no record of its files (the readers could not check them) and its dead sweep's lock."""
+    folder = copy_of(finished, tmp_path)
+    (folder / run_folder.DIGESTS).unlink()
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # its pid, a dead sweep's
+    (folder / run_folder.LOCK).write_text(json.dumps({"pid": ended.pid, "host": socket.gethostname(),
+                                                        "started": "2026-12-07 05:00:00"}))
+    results = pe_fast.load_run(folder).results
+    resumed = sweep_in_process("--resume", "--out", str(folder), "--no-report")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (folder / run_folder.DIGESTS).is_file() and not (folder / run_folder.LOCK).exists()
+    run = pe_fast.load_run(folder)
+    assert not any("digests.json" in note for note in run.notes)
+    pd.testing.assert_frame_equal(run.results.drop(columns="train_seconds"), results.drop(columns="train_seconds"))
 
 
 def test_a_link_out_of_the_folder_is_refused_by_every_reader(finished, tmp_path, capsys):

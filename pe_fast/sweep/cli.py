@@ -154,8 +154,9 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     if not resume:
         check_writable(out)
     # a results.parquet that does not read is not finished: the top-level files are made again from the packs,
-    # each checked against its own record
-    if resume and run_folder.is_finished(out):
+    # each checked against its own record; so too where the record of the top-level files is missing (a sweep
+    # killed between them and it: its lock left behind)
+    if resume and run_folder.is_finished(out) and (out / run_folder.DIGESTS).is_file():
         try:  # read as the report and load_run will: a tampered finished folder is not "finished", it is refused
             reading.read_run(out)
         except reading.ReportError as error:
