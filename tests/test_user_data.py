@@ -238,6 +238,10 @@ def test_regions_table_problems(tmp_path):
     raises("'r0' is empty or repeated", ts, write_table(tmp_path / "dup.csv", rows))
     rows = [f"r{i},0,north,0,a" for i in range(6)]
     raises("non-numeric x, y or z", ts, write_table(tmp_path / "str.csv", rows))
+    # Python's float() reads 1_0 as 10 and a full-width digit as its digit; a number of a table is a flag's
+    for odd in ("1_0", "\uff11"):
+        rows = [f"r{i},{odd if i == 3 else i},0,0,a" for i in range(6)]
+        raises("'r3' has a non-numeric x, y or z", ts, write_table(tmp_path / "odd.csv", rows))
     rows = [f"r{i},0,0,0,{'' if i == 2 else 'a'}" for i in range(6)]
     raises("'r2' has no network", ts, write_table(tmp_path / "nonet.csv", rows))
 

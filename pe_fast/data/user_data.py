@@ -47,6 +47,7 @@ import numpy as np
 
 from pe_fast.data.declared_size import inflation, stored_bytes
 from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_centroid_distance
+from pe_fast.number_text import check_ascii_number
 
 PathLike = str | os.PathLike
 
@@ -475,11 +476,10 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         labels = list(parcel_names)
     centroids = None
     if xyz:
-        try:
-            centroids = np.array([[float(r[c]) for c in "xyz"] for r in rows])
-        except ValueError:
-            bad = next(r["label"] for r in rows if not all(_is_float(r[c]) for c in "xyz"))
-            raise DataError(f"{p}: region {bad!r} has a non-numeric x, y or z: give coordinates in mm") from None
+        bad = next((r["label"] for r in rows if not all(_is_float(r[c]) for c in "xyz")), None)
+        if bad is not None:
+            raise DataError(f"{p}: region {bad!r} has a non-numeric x, y or z: give coordinates in mm")
+        centroids = np.array([[float(r[c]) for c in "xyz"] for r in rows])
         if not np.isfinite(centroids).all():
             raise DataError(f"{p}: the x, y, z columns hold NaN or Inf: give finite coordinates in mm")
         if np.abs(centroids).max() > MAX_COORDINATE_MM:  # squared distances would overflow to inf
@@ -516,6 +516,7 @@ def _refuse_coinciding(p: Path, labels: list[str], centroids: np.ndarray):
 
 def _is_float(s: str) -> bool:
     try:
+        check_ascii_number(s)  # a table's number as a flag's: "1_0" is no 10
         float(s)
         return True
     except ValueError:
@@ -524,6 +525,7 @@ def _is_float(s: str) -> bool:
 
 def _is_int(s: str) -> bool:
     try:
+        check_ascii_number(s)
         int(s)
         return True
     except ValueError:

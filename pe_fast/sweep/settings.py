@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 import pe_fast
+from pe_fast.number_text import check_ascii_number
 from pe_fast.program_exit import brief
 from pe_fast.results.settings import (FLAGS, KEEP, LIST_SETTINGS, OPTIONAL_LISTS, Flag, Settings, default_of, is_list,
                                       value_type)
@@ -52,17 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted sweep in --out with its own settings")
     return p
-
-
-def check_ascii_number(text):
-    """A number's text is ASCII without underscores: Python's int() and float() read any Unicode digit (--steps ２, a
-    full-width 2), which a command line shows as something other than the number it is, and underscores between
-    digits (--steps 1_000), which no other program reads as a number. The rule of every numeric flag's text:
-    the parser's (OneLineParser) and parse_list's, for comma-separated ones (ascii_number)."""
-    if isinstance(text, str) and not text.isascii():
-        raise ValueError(f"{text!r}: a number is written in ASCII digits only")
-    if isinstance(text, str) and "_" in text:  # int("1_000") is 1000, float("1_0.5") 10.5: Python's, not a number's
-        raise ValueError(f"{text!r}: a number is written without underscores")
 
 
 def ascii_number(convert, text):
