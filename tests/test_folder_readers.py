@@ -166,6 +166,11 @@ TAMPERS = {
     "a pack beyond config.json's": (lambda f: rewrite_tables(f, column_set("pack", 99)), "a pack beyond"),
     "a negative training time": (lambda f: rewrite_tables(f, column_set("train_seconds", -1.0, run_folder.RESULTS)),
                                  "column train_seconds holds -1.0, a negative value"),
+    # the record of the digests rewritten (it is no signature) over a score edited at the top level only: the packs
+    "a top-level score edited, its record rewritten": (
+        lambda f: (pd.read_parquet(f / run_folder.RESULTS).assign(test_acc=0.99).to_parquet(f / run_folder.RESULTS),
+                   run_folder.write_digests(f)),
+        "results.parquet: its test_acc is not its packs'"),
     # a number edited passes every check of its kind: the folder's record of its files tells
     "a score edited in results.parquet": (lambda f: rewrite_tables(f, score_edited),
                                           "results.parquet has changed since it was written"),

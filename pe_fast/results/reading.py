@@ -562,6 +562,7 @@ def _read_run(directory: Path) -> Run:
         curves = _read_parquet(top[run_folder.CURVES]) if _present(top[run_folder.CURVES]) else pd.DataFrame()
         if top[run_folder.RESULTS].is_file():
             results = _read_parquet(top[run_folder.RESULTS])
+            top_results, top_curves = results.copy(), curves.copy()  # as written: compared with the packs' below
         elif {"model_id", "step"} <= set(curves.columns):
             results = _last_evaluation(curves)
             notes.append("no results.parquet: each model's results are its last evaluation in curves.parquet.")
@@ -610,6 +611,10 @@ def _read_run(directory: Path) -> Run:
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
+    finished = sorted(run_folder.finished_packs(directory))
+    if top[run_folder.RESULTS].is_file() and finished:  # a finished sweep's tables: its packs'
+        check_made_of_packs(directory, top_results, top_curves,
+                            [run_folder.pack_folder(directory, index) for index in finished])
     # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
     # every check of its kind)
     packs_folder = directory / "packs"  # every pack's folder, its results readable or not (Run.pack opens either)
@@ -655,6 +660,31 @@ def check_trained_with(config_path: Path, settings: dict, folder: Path):
     if (problem := trained_with_problem(recorded, settings)) is not None:
         raise ReportError(f"{config_path} says {problem} as {path} records: its pack trained with other settings "
                           f"(config.json edited since)")
+
+
+def check_made_of_packs(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, packs: list[Path]):
+    """The top-level results and curves of a finished sweep are its packs' (the sweep writes them from the packs;
+    the record of their digests is no signature: a top-level table edited under a rewritten digests.json passed).
+    ReportError naming the first model whose rows differ from its pack's."""
+    for name, top in ((run_folder.RESULTS, results), (run_folder.CURVES, curves)):
+        parts = [_read_parquet(pack / name) for pack in packs if _present(pack / name)]
+        if not parts or "model_id" not in top:
+            continue
+        ours = pd.concat(parts, ignore_index=True)
+        if "model_id" not in ours:
+            continue
+        trained = top[top["model_id"].isin(ours["model_id"])]
+        keys = ["model_id", "step"] if "step" in ours and "step" in trained else ["model_id"]
+        columns = [c for c in ours.columns if c in trained.columns]
+        a = trained[columns].sort_values(keys, kind="stable").reset_index(drop=True)
+        b = ours[columns].sort_values(keys, kind="stable").reset_index(drop=True)
+        same = len(a) == len(b) and all(
+            a[c].equals(b[c]) or (a[c].isna() & b[c].isna() | (a[c] == b[c])).all() for c in columns)
+        if not same:
+            differs = next((c for c in columns if len(a) == len(b) and not (a[c].isna() & b[c].isna() |
+                                                                           (a[c] == b[c])).all()), "rows")
+            raise ReportError(f"{directory / name}: its {differs} is not its packs' (packs/<i>/{name}); the top-level "
+                              f"tables are made of the packs")
 
 
 def check_digests(folder: Path) -> bool:
