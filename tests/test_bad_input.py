@@ -448,6 +448,14 @@ def test_a_compiler_cache_folder_that_cannot_be_made_is_refused_naming_the_varia
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_an_empty_compiler_cache_variable_is_refused(tmp_path, capsys, monkeypatch):
+    """torch read it as the working folder and wrote its compiled kernels there."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    code = sweep_main(LST + ["--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "$TORCHINDUCTOR_CACHE_DIR '' names no folder")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_compiler_cache_folder_inside_the_package_is_refused(tmp_path, capsys, monkeypatch):
     """--out there is refused; torch's cache was made there, its files mixed with pe_fast's code."""
     cache = Path(pe_fast.__file__).parent / "inductor-cache"
@@ -1726,6 +1734,8 @@ HALF_FINISHED_CASES = [
                                                               shutil.rmtree(f / "packs" / "0")),
      "config.json says --schedule cosine, not constant as {folder}/packs/1.checkpoint.pt records"),
     ("config.json's ntk_items edited", config_with(ntk_items=1), "says --ntk-items 1, not 8"),
+    ("checkpoint's record of settings forged", checkpoint_of_pack_1_with(lambda s: s.update(trained_with="[]")),
+     "1.checkpoint.pt holds a record of settings no pe_fast writes; delete it to retrain pack 1"),
 ]
 
 

@@ -163,7 +163,14 @@ TAMPERS = {
                                  "column test_acc holds 1000000.0, an accuracy beyond 0…1"),
     "more steps than the settings": (lambda f: rewrite_tables(f, column_set("steps", 10**12, run_folder.RESULTS)),
                                      "column steps holds 1000000000000, a step beyond the settings' --steps 4"),
-    "a pack beyond config.json's": (lambda f: rewrite_tables(f, column_set("pack", 99)), "a pack beyond"),
+    "a pack beyond config.json's": (lambda f: rewrite_tables(f, column_set("pack", 99)), "not one of config.json's"),
+    "a trained model in the baselines' pack": (lambda f: rewrite_tables(f, column_set("pack", -1)),
+                                               "column pack holds -1, not one of config.json's 2 packs"),
+    "a fraction above 1": (lambda f: rewrite_tables(f, column_set("pe_pc1_share", 4.0)),
+                           "column pe_pc1_share holds 4.0, a fraction beyond 0…1"),
+    "a negative drift": (lambda f: rewrite_tables(f, column_set("pe_drift", -2.0)),
+                         "column pe_drift holds -2.0, a negative value"),
+    "an R² above 1": (lambda f: rewrite_tables(f, column_set("pe_row_axis_r2", 5.0)), "an R² above 1"),
     "a negative training time": (lambda f: rewrite_tables(f, column_set("train_seconds", -1.0, run_folder.RESULTS)),
                                  "column train_seconds holds -1.0, a negative value"),
     # the record of the digests rewritten (it is no signature) over a score edited at the top level only: the packs
@@ -404,3 +411,21 @@ def test_a_file_the_user_may_not_read_is_one_line_from_every_reader(hidden, fini
             (reader, err[-800:])
     assert answers["load_run"][0] == "ReportError" and f"{folder / hidden}: Permission denied" in answers["load_run"][1]
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize("record, must_name", [
+    ([], "trained_with.json is not a record of settings a pe_fast writes"),
+    ({"foo": 1}, "trained_with.json is not a record of settings a pe_fast writes"),
+    # Python's == took False for 0
+    ("warmup false", "says --warmup 0, not False as"),
+])
+def test_a_forged_record_of_a_pack_s_settings_is_named(record, must_name, finished, tmp_path, capsys):
+    folder = copy_of(finished, tmp_path)
+    path = folder / "packs" / "0" / run_folder.TRAINED_WITH
+    if record == "warmup false":
+        record = {**json.loads(path.read_text()), "warmup": False}
+    path.write_text(json.dumps(record))
+    run_folder.write_digests(path.parent)  # rewritten with it: the record of digests is no signature
+    assert report.main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and must_name in err, err

@@ -631,13 +631,13 @@ def _read_run(directory: Path) -> Run:
     return Run(config, results, curves, pe_tables, notes, path=directory)
 
 
-def trained_with_problem(recorded, settings: dict) -> str | None:
+def trained_with_problem(recorded: dict, settings: dict) -> str | None:
     """The first setting whose value config.json's settings (trained_with(), by name) give otherwise than the
     record of what a pack trained with (a finished pack's TRAINED_WITH, a checkpoint's), as "--name X, not Y";
     None where they agree."""
-    if not isinstance(recorded, dict):
-        return "a record that is not one of settings"
-    name = next((key for key in sorted(set(recorded) | set(settings)) if recorded.get(key) != settings.get(key)),
+    # as JSON text: Python's == takes False for 0 and 0.0 for 0, which config.json's rules tell apart
+    name = next((key for key in sorted(set(recorded) | set(settings))
+                 if json.dumps(recorded.get(key), sort_keys=True) != json.dumps(settings.get(key), sort_keys=True)),
                 None)
     if name is None:
         return None
@@ -657,6 +657,8 @@ def check_trained_with(config_path: Path, settings: dict, folder: Path):
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ReportError(f"{path} is not a record of settings a pe_fast writes") from None
+    if not (isinstance(recorded, dict) and set(recorded) <= set(settings)):  # the record itself is not a pe_fast's
+        raise ReportError(f"{path} is not a record of settings a pe_fast writes")
     if (problem := trained_with_problem(recorded, settings)) is not None:
         raise ReportError(f"{config_path} says {problem} as {path} records: its pack trained with other settings "
                           f"(config.json edited since)")
@@ -833,7 +835,9 @@ MODEL_REQUIRED = frozenset({"model_id", "pe", "sigma", "seed"})
 MODEL_KEYS = MODEL_REQUIRED | MODEL_IDENTITY | {"pack", run_folder.POOLED_FROM}
 
 
-NON_NEGATIVE = frozenset({"lr_last", "train_seconds", "train_loss"})  # and every mean squared error (*_mse)
+# and every mean squared error, drift, distance, entropy and Procrustes residual (check_values: by their names)
+NON_NEGATIVE = frozenset({"lr_last", "train_seconds", "train_loss"})
+ROUNDING = 1e-6  # a bound's float rounding (a correlation of 1.0000000000000002)
 
 
 def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, settings: dict, packs):
@@ -846,12 +850,20 @@ def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, s
             numbers = pd.to_numeric(frame[name], errors="coerce")
             if name.endswith("_acc") or "_acc_" in name:
                 bad, what = (numbers < 0) | (numbers > 1), "an accuracy beyond 0…1"
-            elif name.endswith("_mse") or name in NON_NEGATIVE:
-                bad, what = numbers < 0, "a negative value"
+            elif name.endswith(("_share", "_prob")):
+                bad, what = (numbers < -ROUNDING) | (numbers > 1 + ROUNDING), "a fraction beyond 0…1"
+            elif name.endswith("_corr"):
+                bad, what = numbers.abs() > 1 + ROUNDING, "a correlation beyond −1…1"
+            elif name.endswith("_r2"):
+                bad, what = numbers > 1 + ROUNDING, "an R² above 1"
+            elif name.endswith(("_mse", "_drift", "_distance", "_entropy", "_procrustes")) or name in NON_NEGATIVE:
+                bad, what = numbers < -ROUNDING, "a negative value"
             elif name in ("step", "steps") and type(steps) is int:
                 bad, what = numbers > steps, f"a step beyond the settings' --steps {steps}"
             elif name == "pack" and isinstance(packs, list) and packs:
-                bad, what = numbers >= len(packs), f"a pack beyond config.json's {len(packs)}"
+                trained = ~frame["pe"].astype(str).str.startswith("baseline:") if "pe" in frame else True
+                bad = (numbers >= len(packs)) | ((numbers < 0) & trained)  # -1: the baselines' own
+                what = f"not one of config.json's {len(packs)} packs"
             else:
                 continue
             if bad.any():

@@ -123,10 +123,12 @@ def check_inductor_cache():
     written (else the first pack failed after it, blaming the results folder). The probe is a real one, made and
     removed: permission bits do not bind root, and /proc takes no folder."""
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not path:
+    if path is None:
         return
     name = f"$TORCHINDUCTOR_CACHE_DIR {path!r}"
     advice = "torch keeps its compiler's caches there: name a writable folder, or unset it"
+    if not path.strip():  # torch would write its caches into the working folder
+        raise UsageError(f"{name} names no folder; {advice}")
     folder = Path(path).absolute()
     existing = folder
     try:
