@@ -605,13 +605,13 @@ def _read_run(directory: Path) -> Run:
                      f"{', '.join(diverged[:4])}{' …' if len(diverged) > 4 else ''}); left out of the figures and RSA.")
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
     packs = config.get("packs")
-    for index in sorted(run_folder.finished_packs(directory)):  # the models load_run(DIR).model(i) would build
+    finished = sorted(run_folder.finished_packs(directory))
+    for index in finished:  # the models load_run(DIR).model(i) would build
         check_pack_weights(directory, index, list(packs[index]) if isinstance(packs, list) and index < len(packs)
                            else None, config.get("settings"))
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
-    finished = sorted(run_folder.finished_packs(directory))
     if top[run_folder.RESULTS].is_file() and finished:  # a finished sweep's tables: its packs'
         check_made_of_packs(directory, top_results, top_curves,
                             [run_folder.pack_folder(directory, index) for index in finished])
@@ -629,6 +629,12 @@ def _read_run(directory: Path) -> Run:
         notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
                      f"finished): its files could not be checked against what the sweep wrote.")
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+def is_trained_with(recorded, settings: dict) -> bool:
+    """Whether a record of what a pack trained with (TRAINED_WITH, a checkpoint's) is one a pe_fast writes: settings
+    by name, each one of these."""
+    return isinstance(recorded, dict) and set(recorded) <= set(settings)
 
 
 def trained_with_problem(recorded: dict, settings: dict) -> str | None:
@@ -657,7 +663,7 @@ def check_trained_with(config_path: Path, settings: dict, folder: Path):
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ReportError(f"{path} is not a record of settings a pe_fast writes") from None
-    if not (isinstance(recorded, dict) and set(recorded) <= set(settings)):  # the record itself is not a pe_fast's
+    if not is_trained_with(recorded, settings):
         raise ReportError(f"{path} is not a record of settings a pe_fast writes")
     if (problem := trained_with_problem(recorded, settings)) is not None:
         raise ReportError(f"{config_path} says {problem} as {path} records: its pack trained with other settings "
@@ -680,11 +686,9 @@ def check_made_of_packs(directory: Path, results: pd.DataFrame, curves: pd.DataF
         columns = [c for c in ours.columns if c in trained.columns]
         a = trained[columns].sort_values(keys, kind="stable").reset_index(drop=True)
         b = ours[columns].sort_values(keys, kind="stable").reset_index(drop=True)
-        same = len(a) == len(b) and all(
-            a[c].equals(b[c]) or (a[c].isna() & b[c].isna() | (a[c] == b[c])).all() for c in columns)
-        if not same:
-            differs = next((c for c in columns if len(a) == len(b) and not (a[c].isna() & b[c].isna() |
-                                                                           (a[c] == b[c])).all()), "rows")
+        differs = "rows" if len(a) != len(b) else next(
+            (c for c in columns if not (a[c].isna() & b[c].isna() | (a[c] == b[c])).all()), None)
+        if differs is not None:
             raise ReportError(f"{directory / name}: its {differs} is not its packs' (packs/<i>/{name}); the top-level "
                               f"tables are made of the packs")
 

@@ -52,11 +52,12 @@ def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index:
             recorded = json.loads(state[run_folder.CHECKPOINT_TRAINED_WITH])
         except (TypeError, ValueError, RecursionError):
             recorded = None
-        if not (isinstance(recorded, dict) and set(recorded) <= set(s.trained_with())):
+        settings = s.trained_with()
+        if not reading.is_trained_with(recorded, settings):
             raise run_folder.UnreadableCheckpoint(
                 f"{run_folder.checkpoint_path(out, index)} holds a record of settings no pe_fast writes; delete it to "
                 f"retrain pack {index} from its start")
-        if (problem := reading.trained_with_problem(recorded, s.trained_with())) is not None:
+        if (problem := reading.trained_with_problem(recorded, settings)) is not None:
             raise run_folder.UnreadableCheckpoint(
                 f"{out / run_folder.CONFIG} says {problem} as {run_folder.checkpoint_path(out, index)} records: "
                 f"pack {index} began training with other settings (config.json edited since)")

@@ -108,11 +108,12 @@ def check_ranges(s: dict, args: argparse.Namespace | None = None):
                                     if row.applies_only_with):
         values = s[values] if isinstance(values, str) else values
         chosen = s[setting] if isinstance(s[setting], (tuple, list)) else (s[setting],)
-        # a record (config.json) holds every setting: one other than its default (where the row has one) was given
-        default, value = results_settings.default_of(flag), s.get(flag)
-        recorded = default is not dataclasses.MISSING and (tuple(value) if isinstance(value, list) else value) \
-            not in (default, None)
-        given = getattr(args, flag, None) is not None if args is not None else recorded
+        if args is not None:
+            given = getattr(args, flag, None) is not None
+        else:  # a record (config.json) holds every setting: one other than its row's default (if any) was given
+            default, value = results_settings.default_of(flag), s.get(flag)
+            given = default is not dataclasses.MISSING and \
+                (tuple(value) if isinstance(value, list) else value) not in (default, None)
         if given and not set(chosen) & set(values):
             raise UsageError(f"--{flag.replace('_', '-')} applies to --{setting} {' or '.join(values)} only "
                              f"(here --{setting} {','.join(chosen)}), where it would be ignored")
