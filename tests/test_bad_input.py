@@ -22,11 +22,12 @@ import pytest
 import torch
 
 import pe_fast
+import pe_fast.sweep
 from pe_fast.models.transformer import compute_path_problem, compute_paths
 from pe_fast.report.cli import main as report_main
 from pe_fast.results import run_folder
 from pe_fast.results.settings import FLAGS, LIST_SETTINGS, Settings
-from pe_fast.sweep import executors
+from pe_fast.sweep import UsageError, executors
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
 from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
@@ -774,6 +775,35 @@ def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monke
     assert snapshot(folder) == before
     assert snapshot(tmp_path) == beside  # nothing written beside the folder either (through a link)
     assert not (tmp_path / "PWNED").exists()
+
+
+RESUME_FLAG_CASES = [
+    (["--threads", "0"], "--threads must be finite and ≥ 1"),
+    (["--checkpoint-every", "0"], "--checkpoint-every"),
+    (["--device", "tpu"], "--device"),
+]
+
+
+@pytest.mark.parametrize("flags, message", RESUME_FLAG_CASES, ids=[" ".join(c[0]) for c in RESUME_FLAG_CASES])
+def test_a_bad_flag_given_with_resume_is_the_flags_fault(flags, message, unfinished, tmp_path, capsys, no_lock):
+    """A runtime flag given with --resume is checked alone: its error names the flag, not config.json (--threads 0
+    once read "--resume: run/config.json: --threads must be ...", blaming a record that holds 1)."""
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    code = sweep_main(["--resume", "--out", str(folder), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert message in err and "config.json" not in err, err
+
+
+@pytest.mark.parametrize("value", [4.0, "4", True])
+def test_resume_from_python_takes_a_repeated_setting_of_its_type_only(value, unfinished, tmp_path, no_lock):
+    """run(resume=True, steps=...) holds a repeated setting to its type, as run() without resume does: steps=4.0
+    was taken as the recorded 4, and steps="4" refused as "--steps 4 differs from its 4"."""
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    with pytest.raises(UsageError, match=f"--steps: expected int, got {re.escape(repr(value))}"):
+        pe_fast.sweep.run(resume=True, out=str(folder), steps=value)
 
 
 def test_a_refused_record_is_refused_before_the_inductor_cache_is_probed(unfinished, tmp_path, capsys, monkeypatch):

@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from pe_fast.results import migrate, reading, run_folder
-from pe_fast.results.settings import EXECUTOR_FLAGS, LIST_SETTINGS, RUNTIME_FLAGS, SettingError, Settings, default_of
+from pe_fast.results.settings import (EXECUTOR_FLAGS, HINTS, LIST_SETTINGS, RUNTIME_FLAGS, SettingError, Settings,
+                                     check_choices, check_ranges, check_text, check_types, default_of)
 from pe_fast.sweep.settings import parse_list
 from pe_fast.sweep import UsageError, grid
-from pe_fast.sweep.validation import conform, validate
+from pe_fast.sweep.validation import another_tasks, conform, validate
 from pe_fast.tasks import KINDS
 
 RESUME_FLAGS = ("out", "resume", *RUNTIME_FLAGS)
@@ -19,13 +20,30 @@ MAY_CHANGE = ", ".join([*(f"--{name.replace('_', '-')}" for name in RUNTIME_FLAG
 
 
 def as_recorded(name: str, value, task: str):
-    """A flag's value as config.json records it, to compare a flag given with --resume."""
+    """A flag's value as config.json records it, to compare a flag given with --resume; of its setting's type, as
+    without --resume (a Python caller's steps=3000.0 is refused, not taken as 3000)."""
     if name in LIST_SETTINGS:
         return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
-    files = {setting.name: setting for setting in KINDS[task].settings if setting.files} if task in KINDS else {}
-    if name in files:
-        return ",".join(str(Path(path).resolve()) for path in files[name].paths(value))
-    return value
+    own = {setting.name: setting for setting in KINDS[task].settings} if task in KINDS else {}
+    if name in own and own[name].files:
+        return ",".join(str(Path(path).resolve()) for path in own[name].paths(value))
+    if name not in own and name not in HINTS:
+        raise another_tasks(name)
+    return conform(name, value, own[name].type if name in own else HINTS[name])
+
+
+def check_runtime_flags(given: dict, task):
+    """The runtime flags given with --resume, checked alone before they join the recorded settings: a bad one is
+    the flag's fault, not config.json's."""
+    flags = {"task": task, **given} if task in KINDS else dict(given)
+    try:
+        check_types(flags, complete=False)
+        check_text(flags)
+        check_ranges(flags)
+        if task in KINDS:
+            check_choices(flags)
+    except SettingError as error:
+        raise UsageError(str(error)) from None
 
 
 def from_resume(args: argparse.Namespace) -> Settings:
@@ -63,9 +81,11 @@ def from_resume(args: argparse.Namespace) -> Settings:
     if args.executor not in (None, s.get("executor")):  # the recorded executor's own flags go with it
         for name in EXECUTOR_FLAGS:
             s[name] = default_of(name)
-    for name in RUNTIME_FLAGS:
-        if getattr(args, name) is not None and getattr(args, name) is not False:  # 0 == False: --threads 0 given
-            s[name] = getattr(args, name)
+    # 0 == False: --threads 0 is given
+    runtime = {name: getattr(args, name) for name in RUNTIME_FLAGS
+               if getattr(args, name) is not None and getattr(args, name) is not False}
+    check_runtime_flags(runtime, s.get("task"))
+    s.update(runtime)
     s["out"] = args.out
     try:
         settings = validate(s, packs=config["packs"])

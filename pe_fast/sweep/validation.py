@@ -29,8 +29,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     given = {name for name, value in vars(args).items() if value is not None and value is not False} if args else set()
     for flag in dict.fromkeys(f for other in KINDS.values() for f in other.flags):
         if flag not in kind.flags and flag in given:
-            owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
-            raise UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
+            raise another_tasks(flag)
     as_usage_error(results_settings.check_task_rules, s, given)
     check_executor_flags(s)
     for setting in kind.settings:
@@ -41,6 +40,12 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
         s["packs"] = check_packs(packs, models)
     runtime.resolve(s)  # last: it probes the machine (and makes and removes a folder in $TORCHINDUCTOR_CACHE_DIR)
     return Settings.from_flat(s)
+
+
+def another_tasks(flag: str) -> UsageError:
+    """The error for a task's own flag given with another task."""
+    owners = " and ".join(name for name, other in KINDS.items() if flag in other.flags)
+    return UsageError(f"--{flag.replace('_', '-')} applies to --task {owners} only")
 
 
 # ---- each setting of its type, choices, text and range ----
