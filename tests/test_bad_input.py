@@ -877,6 +877,20 @@ def test_the_readers_apply_the_rules_resume_applies_to_a_record(settings, must_n
         pe_fast.load_run(folder)
 
 
+def test_the_readers_refuse_a_recorded_compile_mode_its_device_cannot_run(unfinished, tmp_path, capsys):
+    """A sweep records the --compile mode it ran; CUDA graphs on the CPU never ran (--resume chooses the mode anew
+    and is not asked)."""
+    import pe_fast
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    config_with(compile="graphs", device="cpu")(folder)
+    assert_one_line(capsys, report_main([str(folder)]), "--compile graphs: CUDA graphs need a CUDA device")
+    with pytest.raises(ValueError, match="--compile graphs: CUDA graphs need a CUDA device, not cpu"):
+        pe_fast.load_run(folder)
+    config_with(compile="graphs", device="cuda")(folder)  # a GPU sweep's record, read on this machine
+    assert "CUDA" not in str(pytest.raises(ValueError, pe_fast.load_run, folder).value)  # no results yet, only
+
+
 @pytest.mark.parametrize("settings", [{"steps": "twenty"}, {"sigmas": "abc"}, {"seeds": "x"},
                                       {"sigmas": [float("inf")]}, {"lr": [float("nan")]}])
 def test_load_run_refuses_a_setting_of_a_wrong_type_as_a_value_error(settings, unfinished, tmp_path):

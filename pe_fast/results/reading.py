@@ -25,7 +25,7 @@ from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingErro
                                       check_types, trained_with)
 from pe_fast.precision import PRECISIONS
 from pe_fast.tasks import KINDS
-from pe_fast.train import OPTIMIZERS, UNTIL
+from pe_fast.train import COMPILE_MODES, OPTIMIZERS, UNTIL, compile_problem
 
 
 class ReportError(ValueError):
@@ -548,6 +548,10 @@ def _read_run(directory: Path) -> Run:
                     check_task_rules(settings)  # task_inputs would load (or simulate) the task they describe
                 if "executor" in settings:
                     check_executor_flags(settings)
+                if settings.get("device") in ("cpu", "cuda") and settings.get("compile") in COMPILE_MODES:
+                    # a sweep records the mode it ran: one its device cannot run is not a sweep's record
+                    if (why := compile_problem(settings["compile"], torch.device(settings["device"]))) is not None:
+                        raise ValueError(f"--compile {settings['compile']}: {why}")
                 if isinstance(config.get("packs"), list):
                     check_packs(config["packs"])
             except (KeyError, TypeError, ValueError) as error:
