@@ -1,6 +1,7 @@
 """`python -m pe_fast.report A B ... --out DIR`: sweeps of one configuration pooled as one run. The reference is a
 sweep that trained the same models together: pooled folders must give its models, PE tables and paired
 differences. Folders that did not train alike are refused with one line, before anything is written."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import pe_fast
 from pe_fast import report
 from pe_fast.results import run_folder
 from pe_fast.report.numbers import paired_difference
@@ -105,3 +107,21 @@ def test_folders_that_did_not_train_alike_are_refused(runs, tmp_path, capsys):
     assert "not an empty folder" in capsys.readouterr().err
     assert sorted(p.name for p in not_empty.iterdir()) == ["notes.txt"]
     assert report.main([learned, random_1, "--out"]) == 2 and "usage" in capsys.readouterr().err
+
+
+def test_a_pooled_folder_whose_config_was_edited_is_refused(runs, tmp_path, capsys):
+    """A pooled folder records what its models trained with (trained_with.json, in its digests), as each pack of a
+    sweep does: a config.json edited since (steps, lr) was read by the report and load_run as if the models had
+    trained so; only run.model, which opens the source folders, refused it."""
+    out = tmp_path / "pooled"
+    assert report.main([str(runs / "learned"), str(runs / "random-1"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert pe_fast.load_run(out).results["model_id"].is_unique  # untouched, it reads
+    config = run_folder.read_config(out)
+    config["settings"]["steps"] = 5000
+    (out / run_folder.CONFIG).write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="says --steps 5000, not 12 as .*trained_with.json records"):
+        pe_fast.load_run(out)
+    assert report.main([str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--steps 5000, not 12" in err, err

@@ -141,6 +141,8 @@ def pool(directories: list[Path], out: Path) -> Path:
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     out.mkdir(parents=True, exist_ok=True)
     run_folder.write_start(out, config, truth)
+    # what its models trained with, the settings merged: an edited config.json is found out (digests.json lists it)
+    run_folder.write_json(out / run_folder.TRAINED_WITH, merged.trained_with())
     table = summary_table(results, KINDS[merged.task].summary)
     run_folder.write_final(out, results, curves, pe_tables, table.to_string(index=False) + "\n")
     return out

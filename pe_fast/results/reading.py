@@ -629,6 +629,8 @@ def _read_run(directory: Path) -> Run:
             check_pack_files(pack)
             if recorded is not None:
                 check_trained_with(directory / run_folder.CONFIG, recorded, pack)
+    if recorded is not None and run_folder.POOLED_FROM in config:  # a pooled folder's record is its own
+        check_trained_with(directory / run_folder.CONFIG, recorded, directory)
     if not check_digests(directory) and _present(directory / run_folder.RESULTS):
         notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
                      f"finished): its files could not be checked against what the sweep wrote.")
@@ -655,8 +657,9 @@ def trained_with_problem(recorded: dict, settings: dict) -> str | None:
 
 
 def check_trained_with(config_path: Path, settings: dict, folder: Path):
-    """A finished pack trained with config.json's settings (ReportError naming the first that differs: config.json
-    edited since, which a --resume would follow and the report describe); a pack of an older pe_fast has no record."""
+    """A finished pack (or a pooled folder) trained with config.json's settings (ReportError naming the first that
+    differs: config.json edited since, which a --resume would follow and the report describe); a pack of an older
+    pe_fast has no record."""
     path = folder / run_folder.TRAINED_WITH
     if not _present(path):
         return
@@ -670,7 +673,7 @@ def check_trained_with(config_path: Path, settings: dict, folder: Path):
     if not is_trained_with(recorded, settings):
         raise ReportError(f"{path} is not a record of settings a pe_fast writes")
     if (problem := trained_with_problem(recorded, settings)) is not None:
-        raise ReportError(f"{config_path} says {problem} as {path} records: its pack trained with other settings "
+        raise ReportError(f"{config_path} says {problem} as {path} records: its models trained with other settings "
                           f"(config.json edited since)")
 
 
