@@ -47,6 +47,9 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     layout[...] = h5py.VirtualSource(tmp_path / "source.h5", "timeseries", shape=series.shape)
     with h5py.File(tmp_path / "virtual.h5", "w") as f:
         f.create_virtual_dataset("timeseries", layout)
+    with h5py.File(tmp_path / "linked.h5", "w") as f:  # its time series a link into source.h5
+        f["timeseries"] = h5py.ExternalLink(str(tmp_path / "source.h5"), "/timeseries")
+    files.update(LINKED=str(tmp_path / "linked.h5"), SOURCE=str(tmp_path / "source.h5"))
     with h5py.File(tmp_path / "huge.h5", "w") as f:  # a few kB on disk, 4 PiB declared
         f.create_dataset("timeseries", shape=(10**6, 10**6, 1000), dtype="f4", chunks=(1, 100, 100))
     with h5py.File(tmp_path / "null.h5", "w") as f:  # a null dataspace: no shape, no size
@@ -109,6 +112,9 @@ CASES = [
      "--data {NO_TIME}: subject 'subject0' has shape (0, 10)"),
     ("h5 data in an external file", FMRI + ["--data", "EXTERNAL"],
      "--data {EXTERNAL}: dataset 'timeseries' keeps its data in an external file"),
+    # passed by when the file was searched for datasets: "cannot tell which of its datasets [] holds ..."
+    ("h5 external link", FMRI + ["--data", "LINKED"],
+     "--data {LINKED}: 'timeseries' is an external link to {SOURCE}:/timeseries, data of another file"),
     ("h5 virtual dataset", FMRI + ["--data", "VIRTUAL"],
      "--data {VIRTUAL}: dataset 'timeseries' is a virtual dataset, mapping data of other files"),
     ("h5 dataset with a null dataspace", FMRI + ["--data", "NULL"],

@@ -255,6 +255,14 @@ def _read_h5(p: Path, name: str | None):
     except Exception as e:
         raise DataError(f"{p}: not a readable HDF5 file ({_why(e)}): check the file or save it with h5py") from None
     with f:
+        # an external link names another file: its data are not this file's (and visititems passes it by)
+        links = []
+        f.visititems_links(lambda key, link: links.append((key, link))
+                           if isinstance(link, h5py.ExternalLink) else None)
+        if links:
+            key, link = links[0]
+            raise DataError(f"{p}: {key!r} is an external link to {link.filename}:{link.path}, data of another file: "
+                            f"save the time series in the file itself")
         found = []
         f.visititems(lambda key, obj: found.append(key) if isinstance(obj, h5py.Dataset) else None)
         if name is not None:
