@@ -209,6 +209,18 @@ def test_finite_values_too_large_to_correlate_are_refused_in_one_line(tmp_path):
     assert "rescale the series" in msg
 
 
+def test_a_region_too_faint_to_correlate_is_refused_not_called_constant(tmp_path):
+    """Variation of 1e-300 is real, but its squares underflow: the sd read 0 and the series was refused as "every
+    region ... is constant". Data with a large offset and small variation (BOLD around 1e4) still read."""
+    faint = SERIES.astype(np.float64) * 1e-300
+    np.save(tmp_path / "faint.npy", faint)
+    msg = raises(r"region 0 of subject 'subject0' run0 varies by only .*e-300, below 1e-150", tmp_path / "faint.npy")
+    assert "rescale the series" in msg and "constant" not in msg
+    offset = 1e4 + SERIES.astype(np.float64) * 1e-6
+    np.save(tmp_path / "offset.npy", offset)
+    assert len(load_user_data(tmp_path / "offset.npy").runs) == len(SERIES)
+
+
 def test_float32_series_read_without_a_warning(tmp_path):
     """The size check compares in float64: 1e150 cast to float32 warned "overflow encountered in cast" on stderr at
     every float32 --data, two lines above any refusal's one."""

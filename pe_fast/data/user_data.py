@@ -54,6 +54,9 @@ PathLike = str | os.PathLike
 _CHUNK_ELEMENTS = 1 << 22  # values per slice when scanning a run (32 MB of float64)
 # the FC sums T squared values in float64: |x| at most 1e150 keeps even 1e8 time points finite
 MAX_ABS_VALUE = 1e150
+# and a region's spread at least 1e-150, so that its squares stay normal floats (1e-300 > 2.2e-308): less would
+# underflow to a sd of 0 and read as a constant region
+MIN_SPREAD = 1 / MAX_ABS_VALUE
 # What each file the user names must be, for the message that refuses a folder or a missing file
 DATA_FILE = "a .npy, .npz, .h5/.hdf5 or .dtseries.nii file"
 REGIONS_FILE = "a regions table, a CSV file with the header line label[,x,y,z][,network]"
@@ -435,6 +438,11 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
                 raise DataError(f"{where}: {x[t, k]:g} at subject {s!r} {name}, time {a + t}, region {k}: "
                                 f"values beyond ±{MAX_ABS_VALUE:g} overflow the correlations; rescale the series")
             lo, hi = np.minimum(lo, x.min(0)), np.maximum(hi, x.max(0))
+        faint = np.flatnonzero((hi > lo) & (hi - lo < MIN_SPREAD))
+        if faint.size:
+            k = faint[0]
+            raise DataError(f"{where}: region {k} of subject {s!r} {name} varies by only {hi[k] - lo[k]:.3g}, below "
+                            f"{MIN_SPREAD:g}, where its squares underflow the correlations; rescale the series")
         flat = np.flatnonzero(lo == hi)
         if flat.size:
             raise DataError(f"{where}: region {flat[0]} is constant in subject {s!r} {name} "
