@@ -18,7 +18,7 @@ import torch
 import pe_fast
 import pe_fast.sweep
 from pe_fast.models.transformer import PE_KINDS
-from pe_fast.results import run_folder
+from pe_fast.results import run_folder, weights
 from pe_fast.results.reading import ModelNotFound, ReportError
 
 LST_KINDS = ("learned", "random", "sin1d", "sin2d", "none", "rope", "rope2d", "relative")
@@ -278,6 +278,32 @@ def test_a_spoiled_weights_file_is_one_error_naming_it(spoil, tmp_path, lst_run)
     model_id = lst_run.config["packs"][0][0]
     with pytest.raises(ReportError, match=run_folder.WEIGHTS):
         pe_fast.load_run(folder).model(model_id)
+
+
+def test_models_swapped_inside_a_weights_file_are_found_out(tmp_path, lst_run):
+    """Two models' tensors swapped along the model axis, digests.json rewritten to match (it is no signature): each
+    opened as the other. Their PEs are not the ones pe_tables.npz holds for their ids."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    index, ids = next((i, pack) for i, pack in enumerate(lst_run.config["packs"]) if len(pack) >= 2
+                      and lst_run.results.set_index("model_id").loc[pack[0], "pe"] == "learned")
+    folder = tmp_path / "swapped"
+    shutil.copytree(lst_run.path, folder)
+    path = folder / "packs" / str(index) / run_folder.WEIGHTS
+    with safe_open(str(path), "pt") as file:
+        metadata = file.metadata()
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    models = len(ids)
+    swapped = {name: tensor[[1, 0, *range(2, models)]].contiguous()
+               if tensor.ndim and tensor.shape[0] == models and name != weights.COORDINATES else tensor
+               for name, tensor in tensors.items()}
+    save_file(swapped, str(path), metadata=metadata)
+    run_folder.write_digests(path.parent)
+    run = pe_fast.load_run(folder)  # the header is as it was
+    with pytest.raises(ReportError, match=f"its models have for model {ids[0]} a PE other than the one "
+                                          f"pe_tables.npz holds for it: not this run's pack"):
+        run.model(ids[0])
+    assert pe_fast.load_run(lst_run.path).model(ids[0]) is not None  # untouched, it opens
 
 
 def test_weights_follow_the_umask(lst_run):

@@ -127,6 +127,13 @@ class Run:
             for model_id, seed in zip(loaded.model_ids, loaded.model.seeds):
                 if recorded.get(model_id) != seed:
                     return f"model {model_id} seeded {seed!r}, where the run's results say {recorded.get(model_id)!r}"
+        # each model's PE as pe_tables.npz holds it (written from the same state): models swapped inside the file,
+        # under a digests.json rewritten to match, opened under each other's ids
+        tables = [table.detach().cpu().numpy() for table in loaded.model.pe_tables()]
+        for m, model_id in enumerate(loaded.model_ids):
+            table = self.pe_tables.get(run_folder.pe_table_key(model_id))
+            if tables and table is not None and not np.array_equal(np.stack([t[m] for t in tables]), table):
+                return f"for model {model_id} a PE other than the one {run_folder.PE_TABLES} holds for it"
         maps = self.pe_tables.get(run_folder.attention_map_key(loaded.model_ids[0]))
         if maps is not None:
             wanted["num_tokens"] = maps.shape[-1]
