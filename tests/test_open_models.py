@@ -185,6 +185,8 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
     (torch.zeros(2, 16, 5, device="meta"), ValueError, "meta"),  # torch's RuntimeError
     # a view of no memory whose attention would need terabytes: it once ran until the allocator failed
     (torch.zeros(1, 16, 5).expand(10**9, 16, 5), ValueError, "1,000,000,000 items need about .* GiB"),
+    # its attention was NaN, returned without a word
+    (torch.zeros(3, 16, 5).index_fill_(0, torch.tensor([2]), float("nan")), ValueError, "item 2 holds NaN or Inf"),
 ])
 def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_run):
     with pytest.raises(error, match=f"inputs.*{why}"):

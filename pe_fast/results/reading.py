@@ -169,6 +169,9 @@ class Run:
                              f"{model_id}'s attention, more than half the free memory ({free / 2**30:,.1f} GiB); "
                              f"pass at most {max(1, free // 2 // per_item // model.embed.weight.element_size()):,} "
                              f"at a time")
+        if not (finite := torch.isfinite(tokens).flatten(1).all(1)).all():  # the pattern would be NaN, silently
+            raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} holds NaN or Inf; the model's attention "
+                             f"needs finite tokens")
         return model.attention(tokens)
 
     def _packs(self) -> list[list[int]]:
