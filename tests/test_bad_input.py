@@ -55,6 +55,9 @@ def without(flags: list[str], flag: str) -> list[str]:
 # replaced by files made for the case (inputs()).
 CASES = [
     ("weight decay nan", LST + ["--weight-decay", "nan"], "--weight-decay"),
+    # argparse took "-0.1,0.2" for a flag: "argument --sigmas: expected one argument"
+    ("a list starting with a negative σ", LST + ["--sigmas", "-0.1,0.2"], "--sigmas: every σ must be a number in"),
+    ("a negative number in exponent form", LST + ["--steps", "-1e3"], "--steps: invalid int value: '-1e3'"),
     ("init gamma negative", LST + ["--init-gamma", "0.5,-1"], "--init-gamma"),
     ("init gamma past its range", LST + ["--init-gamma", "5"], "--init-gamma"),
     ("init gamma nan", LST + ["--init-gamma", "nan"], "--init-gamma"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import numpy as np
 
@@ -27,6 +28,9 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # a value that starts with a minus and a digit is a value (no flag does): argparse's own test takes
+        # "-0.1,0.2" or "-1e3" for a flag and says "expected one argument", not what is wrong with the number
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def _get_value(self, action: argparse.Action, arg_string: str):
         """A numeric flag's text through ascii_number, its type (int, float) left as the flag's for --help."""
