@@ -91,8 +91,8 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
     if bad is not None:
         raise CompareError(f"{path}: column {bad} holds {'infinite' if np.isinf(logs[bad]).any() else 'missing'} "
                            f"values in rows of condition average")
-    if not logs["accuracy"].between(0, 1).all() or (logs["epoch"] < 0).any():
-        raise CompareError(f"{path}: an accuracy outside [0, 1] or a negative epoch")
+    if not logs["accuracy"].between(0, 1).all() or (logs["epoch"] < 0).any() or (logs["sigma"] <= 0).any():
+        raise CompareError(f"{path}: an accuracy outside [0, 1], a negative epoch or a σ not above 0")
     missing = [phase for phase in COMPARED_PHASES if phase not in set(logs["phase"])]
     if missing:  # the comparison reads each; other phases (the authors' human108) are left aside
         raise CompareError(f"{path}: column phase holds no {' and no '.join(missing)} rows of condition average; "

@@ -327,6 +327,7 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     (lambda logs: logs.assign(epoch=logs["epoch"].astype(float).where(logs["epoch"] != 200, np.inf)),
      "column epoch holds infinite values"),
     (lambda logs: logs.assign(accuracy=logs["accuracy"] * 100), "an accuracy outside [0, 1]"),
+    (lambda logs: logs.assign(sigma=-logs["sigma"]), "a σ not above 0"),  # matched no σ of ours, silently
     # a KeyError's traceback once
     (lambda logs: logs.assign(phase="zzz"), "column phase holds no train and no test rows"),
     (lambda logs: logs.assign(phase=logs["phase"].replace("test", "validation")), "column phase holds no test rows"),
