@@ -71,6 +71,27 @@ def progress_marks(out):
     return set(checkpoints(out).items()) | run_folder.finished_packs(out)
 
 
+def test_a_terminated_sweep_releases_its_lock_and_resumes_equal(tmp_path, reference, capsys):
+    """SIGTERM (kill's default, a scheduler's stop) ends the sweep as Ctrl-C does: one line saying how to continue,
+    exit 143, its lock released (the default action left DIR/.lock for the resume to take over with a notice)."""
+    out = tmp_path / "run"
+    proc = start_sweep(*NETSIM, "--out", str(out))
+    wait_for(lambda: checkpoints(out), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == (f"terminated; the finished packs and checkpoints are kept: continue "
+                                            f"with python -m pe_fast.sweep --resume --out {out}"), err
+    assert not (out / ".lock").exists()
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--resume", "--out", str(out), "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "stale lock" not in capsys.readouterr().err
+    assert_same_results(out, reference)
+
+
 def test_killed_twice_and_resumed_equals_uninterrupted(tmp_path, reference, capsys):
     rng = random.Random()
     out = tmp_path / "run"

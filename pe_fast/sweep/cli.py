@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -226,7 +228,34 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     return out
 
 
+class Terminated(BaseException):
+    """SIGTERM (kill, a scheduler's stop): the sweep ends as on Ctrl-C, its lock released."""
+
+
+def terminate(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def ends_on_sigterm():
+    """SIGTERM raises Terminated in the main thread while the sweep runs: its default killed the process where it
+    stood, leaving DIR/.lock for the next --resume to take over with a notice."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None, write_report: Callable[[Path], object] | None = None) -> int:
+    with ends_on_sigterm():
+        return _main(argv, write_report)
+
+
+def _main(argv: list[str] | None, write_report: Callable[[Path], object] | None) -> int:
     try:
         args = settings.build_parser().parse_args(argv)  # one line and 2 for an unknown flag; 0 after --help
     except SystemExit as exit_:
@@ -250,8 +279,8 @@ def main(argv: list[str] | None = None, write_report: Callable[[Path], object] |
               f"free the space or fix the folder, then continue with python -m pe_fast.sweep --resume --out {out}",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; the finished packs and checkpoints are kept: continue with "
-              f"python -m pe_fast.sweep --resume --out {out}", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as stop:
+        print(f"\n{'terminated' if isinstance(stop, Terminated) else 'interrupted'}; the finished packs and "
+              f"checkpoints are kept: continue with python -m pe_fast.sweep --resume --out {out}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
     return 0
