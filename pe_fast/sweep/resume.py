@@ -19,12 +19,17 @@ MAY_CHANGE = ", ".join([*(f"--{name.replace('_', '-')}" for name in RUNTIME_FLAG
                         "the executor's own flags"])
 
 
-def as_recorded(name: str, value, task: str):
+def known_task(task) -> bool:
+    """Whether config.json's task is one of pe_fast's (a record may hold anything there; validate() says what)."""
+    return isinstance(task, str) and task in KINDS
+
+
+def as_recorded(name: str, value, task):
     """A flag's value as config.json records it, to compare a flag given with --resume; of its setting's type, as
     without --resume (a Python caller's steps=3000.0 is refused, not taken as 3000)."""
     if name in LIST_SETTINGS:
         return list(parse_list(value, LIST_SETTINGS[name], f"--{name.replace('_', '-')}"))
-    own = {setting.name: setting for setting in KINDS[task].settings} if task in KINDS else {}
+    own = {setting.name: setting for setting in KINDS[task].settings} if known_task(task) else {}
     if name in own and own[name].files:
         return ",".join(str(Path(path).resolve()) for path in own[name].paths(value))
     if name not in own and name not in HINTS:
@@ -35,12 +40,12 @@ def as_recorded(name: str, value, task: str):
 def check_runtime_flags(given: dict, task):
     """The runtime flags given with --resume, checked alone before they join the recorded settings: a bad one is
     the flag's fault, not config.json's."""
-    flags = {"task": task, **given} if task in KINDS else dict(given)
+    flags = {"task": task, **given} if known_task(task) else dict(given)
     try:
         check_types(flags, complete=False)
         check_text(flags)
         check_ranges(flags)
-        if task in KINDS:
+        if known_task(task):
             check_choices(flags)
     except SettingError as error:
         raise UsageError(str(error)) from None
