@@ -1875,7 +1875,10 @@ def test_a_weights_file_of_another_run_is_one_error(two_finished_lst_runs, tmp_p
     assert load_run(two_finished_lst_runs[0]).model(0).config.num_tokens == 16  # the file it replaced opens
     with pytest.raises(ReportError, match=r"weights.safetensors has changed since it was written"):
         load_run(folder)  # the pack's record of its files says so first
-    (folder / "packs" / "0" / run_folder.DIGESTS).unlink()  # a folder without one (an older pe_fast's): the models
+    # a folder without the records (an older pe_fast's, which wrote no digests nor trained_with.json): the models
+    for record in [folder / run_folder.DIGESTS, *folder.glob(f"packs/*/{run_folder.DIGESTS}"),
+                   *folder.glob(f"packs/*/{run_folder.TRAINED_WITH}")]:
+        record.unlink()
     with pytest.raises(ReportError, match=r"weights.safetensors: its models have .*: not this run's pack"):
         load_run(folder).model(0)
     # the same sweep's file with another seed: its own record says so

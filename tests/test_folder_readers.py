@@ -123,6 +123,21 @@ def config_settings(**changes):
     return spoil
 
 
+def config_with_models(models):
+    def spoil(folder):
+        config = json.loads((folder / run_folder.CONFIG).read_text())
+        config["models"] = models
+        (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    return spoil
+
+
+def pack_0_a_link(folder):
+    """packs/0 moved beside packs/ and linked back, its weights edited (its digests.json now stale, never read)."""
+    (folder / "packs" / "0").rename(folder / "pack-0")
+    (folder / "packs" / "0").symlink_to(Path("..") / "pack-0", target_is_directory=True)
+    weights_scaled_keeping_their_header(folder)
+
+
 def config_model_0(change):
     """config.json's entry of model 0 changed (change(entry))."""
     def spoil(folder):
@@ -209,10 +224,25 @@ TAMPERS = {
     # the report drew from the folder without opening the weights load_run(DIR).model(i) builds from
     "a weights header of 2**63 bytes": (lying_weights_header, run_folder.WEIGHTS),
     "another pack's weights": (swapped_weights, "not this run's pack"),
+    # round 5: a pack stripped of its record, a pack that is a link or a copy under another name, packs/ a file,
+    # config.json's models emptied, a top-level file a folder: each passed the readers or the finished --resume
+    "a pack's digests.json removed, its weights edited": (
+        lambda f: ((f / "packs" / "0" / run_folder.DIGESTS).unlink(), weights_scaled_keeping_their_header(f)),
+        "packs/0/digests.json is missing"),
+    "a pack folder a link to its copy, its weights edited": (pack_0_a_link, "packs/0 is a link"),
+    "a pack copied under another name": (lambda f: shutil.copytree(f / "packs" / "0", f / "packs" / "00"),
+                                         "packs/00 is not one of this sweep's packs or checkpoints"),
+    "packs a file": (lambda f: (shutil.rmtree(f / "packs"), (f / "packs").write_text("x")),
+                     "packs is not a folder"),
+    "config.json's models emptied": (config_with_models([]), "which config.json does not list"),
+    "digests.json a folder": (lambda f: ((f / run_folder.DIGESTS).unlink(), (f / run_folder.DIGESTS).mkdir()),
+                              "digests.json is not"),
+    "results.parquet a folder": (lambda f: ((f / run_folder.RESULTS).unlink(), (f / run_folder.RESULTS).mkdir()),
+                                 "results.parquet is not a"),
 }
 
 
-UNLISTED = {"a learning rate of 0", "a negative weight decay"}
+UNLISTED = {"a learning rate of 0", "a negative weight decay", "config.json's models emptied"}
 REMADE_BY_RESUME = {"results.parquet removed and a score edited in curves.parquet", "results.parquet damaged"}
 
 
@@ -241,6 +271,25 @@ def test_the_report_and_load_run_refuse_a_tampered_folder_alike(tamper, finished
     assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1 and named in resumed.stderr, \
         resumed.stderr[:500]
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+
+def test_a_pack_folder_is_not_taken_for_a_results_folder(finished, tmp_path, capsys):
+    """The report wrote report.md and figures/ into a finished pack given as DIR, and the sweep's own readers then
+    refused the sweep ("figures was added to a finished pack's folder"); a copy of a pack taken out is no run
+    either."""
+    folder = copy_of(finished, tmp_path)
+    pack = folder / "packs" / "0"
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    assert report.main([str(pack)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {pack} is pack 0 of the sweep {folder.resolve()}; pass that folder\n", err
+    with pytest.raises(ReportError, match="is pack 0 of the sweep"):
+        pe_fast.load_run(pack)
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    taken_out = shutil.copytree(pack, tmp_path / "pack")
+    with pytest.raises(ReportError, match="is a sweep's pack .*pass the sweep's folder"):
+        pe_fast.load_run(taken_out)
+    assert pe_fast.load_run(folder).results["model_id"].is_unique
 
 
 def test_a_sweep_killed_before_its_record_is_finished_by_resume(finished, tmp_path):
@@ -317,9 +366,11 @@ def test_compare_lst_logs_writes_nothing_into_the_package(finished, capsys):
 
 def test_compare_lst_logs_refuses_a_folder_without_curves(finished, tmp_path, capsys):
     folder = copy_of(finished, tmp_path)
-    # an older pe_fast's folder, without a record of its files (with one, the record names the missing file)
+    # an older pe_fast's folder, without a record of its files or settings (with one, the record names the missing
+    # file)
     for path in [folder / run_folder.CURVES, *folder.glob(f"packs/*/{run_folder.CURVES}"),
-                 folder / run_folder.DIGESTS, *folder.glob(f"packs/*/{run_folder.DIGESTS}")]:
+                 folder / run_folder.DIGESTS, *folder.glob(f"packs/*/{run_folder.DIGESTS}"),
+                 *folder.glob(f"packs/*/{run_folder.TRAINED_WITH}")]:
         path.unlink()
     assert compare_lst_logs.main([str(folder)]) == 2
     err = capsys.readouterr().err

@@ -535,6 +535,7 @@ def _read_run(directory: Path) -> Run:
         run_folder.check_inside(directory)
     except run_folder.LeavesFolder as error:
         raise ReportError(str(error)) from None
+    check_not_a_pack(directory)
     config, settings = {}, {}
     if _present(directory / run_folder.CONFIG):
         regular_file(directory / run_folder.CONFIG)  # a FIFO would be taken as no config.json at all
@@ -567,6 +568,10 @@ def _read_run(directory: Path) -> Run:
             except (KeyError, TypeError, ValueError) as error:
                 raise ReportError(f"{directory / run_folder.CONFIG} has settings this pe_fast cannot read "
                                   f"({error})") from None
+    packs_listed = config.get("packs")
+    if (problem := run_folder.packs_problem(directory, len(packs_listed) if isinstance(packs_listed, list)
+                                            else None)) is not None:
+        raise ReportError(problem)
     notes: list[str] = []
     top = {name: directory / name for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES)}
     for path in top.values():  # a FIFO or a folder in its place: refused, not taken as absent (the packs read instead)
@@ -609,7 +614,8 @@ def _read_run(directory: Path) -> Run:
     check_columns(directory, results, curves, (config.get("settings") or {}).get("task"))
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
-    check_models_listed(directory, results, config.get("models"), config.get("settings") or {})
+    check_models_listed(directory, results, config.get("models"), config.get("settings") or {},
+                        required=isinstance(config.get("packs"), list))
     check_values(directory, results, curves, config.get("settings") or {}, config.get("packs"))
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
@@ -632,19 +638,38 @@ def _read_run(directory: Path) -> Run:
     # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
     # every check of its kind)
     packs_folder = directory / "packs"  # every pack's folder, its results readable or not (Run.pack opens either)
+    pack_folders = [pack for pack in sorted(packs_folder.iterdir()) if run_folder.PACK_NAME.fullmatch(pack.name)] \
+        if packs_folder.is_dir() else []  # packs_problem: each a folder, none a link
+    # a pe_fast that records digests records them for every pack: one without was stripped of its check
+    digested = _present(directory / run_folder.DIGESTS) or any(_present(p / run_folder.DIGESTS) for p in pack_folders)
     recorded = trained_with(settings) if settings else None
-    for pack in sorted(packs_folder.iterdir()) if packs_folder.is_dir() else ():
-        if run_folder.PACK_NAME.fullmatch(pack.name) and pack.is_dir() and not pack.is_symlink():
-            check_digests(pack)
-            check_pack_files(pack)
-            if recorded is not None:
-                check_trained_with(directory / run_folder.CONFIG, recorded, pack)
+    for pack in pack_folders:
+        if not check_digests(pack) and (digested or _present(pack / run_folder.TRAINED_WITH)):
+            raise ReportError(f"{pack / run_folder.DIGESTS} is missing, where the sweep that wrote {pack} records one "
+                              f"for every pack: its files cannot be checked (delete the pack and --resume retrains it)")
+        check_pack_files(pack)
+        if recorded is not None:
+            check_trained_with(directory / run_folder.CONFIG, recorded, pack)
     if recorded is not None and run_folder.POOLED_FROM in config:  # a pooled folder's record is its own
         check_trained_with(directory / run_folder.CONFIG, recorded, directory)
     if not check_digests(directory) and _present(directory / run_folder.RESULTS):
         notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
                      f"finished): its files could not be checked against what the sweep wrote.")
     return Run(config, results, curves, pe_tables, notes, path=directory)
+
+
+def check_not_a_pack(directory: Path):
+    """A finished pack's folder (DIR/packs/<i>, or a copy of one) is part of its sweep, not a results folder: the
+    report wrote its figures into one, and the sweep's own readers then refused the sweep."""
+    if _present(directory / run_folder.CONFIG):
+        return
+    parent = directory.resolve().parent.parent
+    if (run_folder.PACK_NAME.fullmatch(directory.resolve().name) and directory.resolve().parent.name == "packs"
+            and run_folder.is_results_folder(parent)):
+        raise ReportError(f"{directory} is pack {directory.resolve().name} of the sweep {parent}; pass that folder")
+    if _present(directory / run_folder.TRAINED_WITH) or _present(directory / run_folder.WEIGHTS):
+        raise ReportError(f"{directory} is a sweep's pack (it holds {run_folder.TRAINED_WITH} or "
+                          f"{run_folder.WEIGHTS}, and no {run_folder.CONFIG}); pass the sweep's folder")
 
 
 def is_trained_with(recorded, settings: dict) -> bool:
@@ -892,12 +917,15 @@ def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, s
                                   f"{what}; not a pe_fast results folder")
 
 
-def check_models_listed(directory: Path, results: pd.DataFrame, models, settings: dict):
+def check_models_listed(directory: Path, results: pd.DataFrame, models, settings: dict, required: bool):
     """Each trained model of the results is one config.json lists, as it lists it (MODEL_IDENTITY: a relabelled PE,
     σ or learning rate passed every reader but --resume); ReportError naming the first that is not. Baselines are
-    listed nowhere."""
-    if not isinstance(models, list) or not models:
-        return
+    listed nowhere. required: config.json is a sweep's (or a pooling's), which lists its models; a hand-made one
+    need not (a sweep's with its list emptied or removed passed every reader)."""
+    if not isinstance(models, list):
+        if not required:
+            return
+        models = []
     for entry in models:  # as a sweep (grid.expand_grid, with its pack) or pooling (with pooled_from) lists it
         keys = set(entry) if isinstance(entry, dict) else set()
         if not (MODEL_REQUIRED <= keys <= MODEL_KEYS):

@@ -498,6 +498,33 @@ def read_step(out: Path, index: int) -> int | None:
 PACK_NAME = re.compile(r"0|[1-9][0-9]*")
 
 
+def packs_problem(out: Path, count: int | None) -> str | None:
+    """What in DIR/packs a sweep of `count` packs (None: not known) did not write there, in words, or None: packs a
+    file, a name no sweep writes (packs/00 beside packs/0), a pack beyond the sweep's, a pack folder that is a file
+    or a link (a link would count one pack's results twice, escape the digests' check, or be removed as a tree when
+    the pack is written). The same for --resume and for every reader."""
+    packs = out / "packs"
+    if not packs.exists() and not packs.is_symlink():
+        return None
+    if not packs.is_dir():
+        return f"{packs} is not a folder; delete it to retrain every pack"
+    has = "" if count is None else f" (it has {count}: packs/0{f' … packs/{count - 1}' if count > 1 else ''})" \
+        if count else " (it has none)"
+    for path in sorted(packs.iterdir()):
+        index = path.name.split(".")[0]
+        if PARTIAL in path.name:  # a writer's temporary file or folder, killed mid-write: removed on --resume
+            continue
+        if not (PACK_NAME.fullmatch(index) and path.name in (index, f"{index}.checkpoint.pt", f"{index}.step")):
+            return f"{path} is not one of this sweep's packs or checkpoints{has}; move it out of {packs}"
+        if count is not None and int(index) >= count:
+            return f"{path} is not a pack of this sweep{has}; move it out of {packs}"
+        if path.name == index and path.is_symlink():
+            return f"{path} is a link; a pack folder is the sweep's own: delete the link to retrain pack {index}"
+        if path.name == index and not path.is_dir():
+            return f"{path} is not a folder; delete it to retrain pack {index}"
+    return None
+
+
 def finished_packs(out: Path) -> set[int]:
     folder = out / "packs"
     return {int(p.name) for p in folder.iterdir() if PACK_NAME.fullmatch(p.name) and readable_table(p / RESULTS)} \

@@ -59,15 +59,16 @@ def unreadable(error: OSError, out: Path) -> UsageError:
     return UsageError(f"{error.filename or out}: {error.strerror or error}; the folder cannot be read")
 
 
-def check_folder(out: Path, resume: bool):
-    """A new sweep's folder is empty (but for our own lock); a resumed one has no link leading out of it."""
+def check_folder(out: Path, resume: bool, packs: int | None = None):
+    """A new sweep's folder is empty (but for our own lock); a resumed one (of `packs` packs) has no link leading
+    out of it, and nothing in packs/ that the sweep did not write."""
     try:
-        _check_folder(out, resume)
+        _check_folder(out, resume, packs)
     except OSError as error:
         raise unreadable(error, out) from None
 
 
-def _check_folder(out: Path, resume: bool):
+def _check_folder(out: Path, resume: bool, packs: int | None):
     if not out.is_dir():
         return
     if not resume and any(p.name != run_folder.LOCK for p in out.iterdir()):  # the lock: ours, or stale
@@ -75,12 +76,14 @@ def _check_folder(out: Path, resume: bool):
         raise UsageError(f"--out {out} already exists and is not empty; choose a new folder{hint}")
     # the sweep writes each pack into packs/<index>/ only after training it: a file in either place would fail
     # that write, and the training before it would be lost
-    packs = out / "packs"
-    if packs.exists() and not packs.is_dir():
-        raise UsageError(f"{packs} is not a folder; delete it to retrain every pack")
-    for pack in packs.iterdir() if packs.is_dir() else ():
-        if run_folder.PACK_NAME.fullmatch(pack.name) and not pack.is_dir():
-            raise UsageError(f"{pack} is not a folder; delete it to retrain pack {pack.name}")
+    if (problem := run_folder.packs_problem(out, packs)) is not None:
+        raise UsageError(problem)
+    # the files a resume makes again (a finished sweep's top-level files, their record): a folder or FIFO in
+    # one's place failed that write after the others were rewritten (exit 1, "Is a directory")
+    for name in (*run_folder.DIGESTED, run_folder.DIGESTS) if resume else ():
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise UsageError(f"{path} is not a file; delete it and --resume makes it again from the packs")
     try:
         run_folder.check_inside(out)
     except run_folder.LeavesFolder as error:
@@ -88,27 +91,10 @@ def _check_folder(out: Path, resume: bool):
 
 
 def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
-    """What --resume finds in DIR/packs is this sweep's and readable: no foreign or linked pack folder, every
-    finished pack's results this pack's models, every checkpoint loading safely and of this pack's shapes. Read
-    only, before the lock is taken: a refusal writes nothing."""
+    """What --resume finds in DIR/packs is readable (check_folder: and the sweep's own, no foreign or linked pack
+    folder): every finished pack's results this pack's models, every checkpoint loading safely and of this pack's
+    shapes. Read only, before the lock is taken: a refusal writes nothing."""
     finished = run_folder.finished_packs(out)
-    foreign = sorted(finished - set(range(len(packs))))
-    if foreign:
-        raise UsageError(f"{run_folder.pack_folder(out, foreign[0])} is not a pack of this sweep (it has "
-                         f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
-    # (a finished pack's checkpoint is one a kill left between its folder and the checkpoint's removal: never read)
-    ours = {name for i in range(len(packs)) for name in (str(i), f"{i}.checkpoint.pt", f"{i}.step")}
-    stray = sorted(p.name for p in (out / "packs").iterdir()
-                   if p.name not in ours and run_folder.PARTIAL not in p.name) if (out / "packs").is_dir() else []
-    if stray:  # a renamed pack (packs/00) was left beside its retrained self, which the readers then took alone
-        raise UsageError(f"{out / 'packs' / stray[0]} is not one of this sweep's packs or checkpoints (it has "
-                         f"{len(packs)}: packs/0 … packs/{len(packs) - 1}); move it out of {out / 'packs'}")
-    # a pack folder is the sweep's own: a link (to another pack, to the folder itself) would count one pack's
-    # results twice, or be removed as a tree when the pack is written
-    linked = next((i for i in range(len(packs)) if run_folder.pack_folder(out, i).is_symlink()), None)
-    if linked is not None:
-        raise UsageError(f"{run_folder.pack_folder(out, linked)} is a link; a pack folder is the sweep's own: "
-                         f"delete the link to retrain pack {linked}")
     expected = task.ground_truth()  # what the sweep wrote at its start: the folder's figures and alignments read it
     if expected and (out / run_folder.GROUND_TRUTH).exists():
         path = out / run_folder.GROUND_TRUTH
@@ -152,7 +138,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     if holder is not None:
         raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
                          f"wait for it or stop it")
-    check_folder(out, resume)
+    check_folder(out, resume, None if s.packs is None else len(s.packs))
     if not resume:
         check_writable(out)
     # a results.parquet that does not read is not finished: the top-level files are made again from the packs,
@@ -188,7 +174,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         raise UsageError(str(error))
     try:
         try:  # again under the lock: another sweep may have written the folder since the first look
-            check_folder(out, resume)
+            check_folder(out, resume, None if s.packs is None else len(s.packs))
         except UsageError:
             run_folder.release_lock(out)
             if created:
