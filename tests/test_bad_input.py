@@ -499,10 +499,21 @@ def test_kernels_that_pe_fast_kernels_names_and_that_did_not_load_are_refused(tm
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(tmp_path):
+def test_a_backend_whose_kernels_are_not_built_is_named_with_why(tmp_path, capsys, monkeypatch):
+    """--backend cpp where pe_fast._C did not build read "--backend 'cpp' is not one of them; choose from ..."."""
+    from pe_fast.ops import backends
+    monkeypatch.setitem(backends.UNAVAILABLE, "cpp", (("cpu",), "pe_fast's C++ CPU kernels are not built (No "
+                                                               "module named 'pe_fast._C')"))
+    code = sweep_main(LST + ["--backend", "cpp", "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, "--backend cpp is not available here: pe_fast's C++ CPU kernels are not built")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags", [[], ["--backend", "cpp"]])  # with cpp asked for, it blamed --backend
+def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(flags, tmp_path):
     """The command: the one error line (no warning of the import before it), exit 2, nothing written."""
     env = {**os.environ, "PE_FAST_KERNELS": "/etc/passwd"}
-    done = run_sweep(*LST, "--out", str(tmp_path / "run"), env=env, timeout=300)
+    done = run_sweep(*LST, *flags, "--out", str(tmp_path / "run"), env=env, timeout=300)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(
         "error: $PE_FAST_KERNELS '/etc/passwd': its kernels did not load"), done.stderr

@@ -21,6 +21,7 @@ def validate(s: dict, args: argparse.Namespace | None = None, packs=None) -> Set
     gave), a resumed config.json (with its packs) or a Python caller. Nothing has been read or written yet; a
     broken rule is a UsageError naming the setting as its flag."""
     check_types(s)
+    check_backend_loaded(s.get("backend"))
     check_choices(s)
     check_text(s)
     check_ranges(s, args)
@@ -67,6 +68,14 @@ def as_usage_error(rule, *args):
         return rule(*args)
     except results_settings.SettingError as error:
         raise UsageError(str(error)) from None
+
+
+def check_backend_loaded(backend: str | None):
+    """A backend of pe_fast's whose kernels did not load is named with why (it was "not one of them")."""
+    from pe_fast.ops.backends import UNAVAILABLE  # the ops load the compiled kernels: only when asked
+    if backend in UNAVAILABLE:
+        runtime.check_kernels()  # $PE_FAST_KERNELS named a build that did not load: that variable is the cause
+        raise UsageError(f"--backend {backend} is not available here: {UNAVAILABLE[backend][1]}")
 
 
 def check_task(task):
