@@ -207,3 +207,18 @@ def test_all_meta_arguments_infer_shapes_or_name_the_device(target):
     assert out.device.type == stats.device.type == "meta"
     assert out.shape == (M, B, N, D) and stats.shape == (M, H, 3 + K)
 
+
+
+def test_attention_maps_beyond_the_machines_memory_are_a_value_error_naming_x(monkeypatch):
+    """The reference materialises [M,B,H,N,N] maps: 100,000 tokens asked torch's allocator for 80 GB and ended in
+    its RuntimeError (a machine with swap would page first). The kernels, which never hold a map, still run."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("pe_fast.ops.pe_attention"), "MACHINE_BYTES", 24 * 2**30)  # this test's machine, whatever runs it
+    x = torch.randn(1, 1, 1, 16).expand(1, 1, 100_000, 16)
+    w_qkv = torch.randn(1, 16, 48)
+    with pytest.raises(ValueError, match=r"x \[M,B,N,D\] \[1, 1, 100000, 16\]: the reference's attention maps of "
+                                         r"100,000 tokens need about 224 GiB, more than this machine's memory \(24 GiB\)"):
+        pe_attention(x, None, w_qkv, None, 2, backend="reference")
+    if "cpp" in BACKENDS:
+        out, _ = pe_attention(x[:, :, :2000], None, w_qkv, None, 2, backend="cpp")
+        assert out.shape == (1, 1, 2000, 16)

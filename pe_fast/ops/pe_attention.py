@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 from typing import NamedTuple
 
 import torch
@@ -57,12 +58,31 @@ def own_dtypes(device: torch.device):
     return contextlib.nullcontext()
 
 
+# The machine's memory: the reference materialises every attention map, and an allocation beyond it fails in
+# torch's allocator with a RuntimeError of its own (or, with swap, pages for minutes first)
+MACHINE_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+REFERENCE_MAPS = 3  # the logits, probabilities and their logarithms, [M,B,H,N,N] each
+
+
+def check_reference_fits(i: OpInputs) -> None:
+    """ValueError naming x where the reference's attention maps would not fit in the machine's memory (CPU)."""
+    M, B, N, _ = i.x.shape
+    needed = REFERENCE_MAPS * M * B * i.num_heads * N * N * reference.accumulation_dtype(i.x).itemsize
+    if i.x.device.type == "cpu" and needed > MACHINE_BYTES:
+        raise ValueError(f"x [M,B,N,D] {list(i.x.shape)}: the reference's attention maps of {N:,} tokens need about "
+                         f"{needed / 2**30:,.0f} GiB, more than this machine's memory ({MACHINE_BYTES / 2**30:,.0f} "
+                         f"GiB); pass fewer items (B) at a time")
+
+
 def _forward(*args):
     # every backend returns out, stats and what its backward needs: a projection [M,B,N,3D] (the reference's
     # qkv; the kernels' x @ w) and the log-sum-exp of every row
     i = OpInputs(*args)
+    chosen = implementation(i.backend, i.x, i.num_heads, i.bias)
+    if chosen is BACKENDS["reference"]:
+        check_reference_fits(i)
     with own_dtypes(i.x.device):
-        outputs = implementation(i.backend, i.x, i.num_heads, i.bias).forward(*i[:-1])
+        outputs = chosen.forward(*i[:-1])
     return tuple(t.contiguous() for t in outputs)
 
 
