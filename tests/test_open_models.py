@@ -181,6 +181,7 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
 @pytest.mark.parametrize("inputs, error, why", [
     ("abc", TypeError, "not a tensor"),
     (torch.zeros(2, 16, 5, dtype=torch.complex64), TypeError, "complex"),  # its imaginary part once dropped
+    (torch.zeros(2, 16, 5).to_sparse(), TypeError, "a sparse_coo tensor; pass a dense one"),  # torch's RuntimeError
     (torch.zeros(2, 7), ValueError, "must be"),  # the model's own message named `tokens`
     (torch.zeros(2, 16, 5, device="meta"), ValueError, "meta"),  # torch's RuntimeError
     # a view of no memory whose attention would need terabytes: it once ran until the allocator failed

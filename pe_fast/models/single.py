@@ -171,6 +171,9 @@ class SingleTransformer(nn.Module):
             except (TypeError, ValueError, RuntimeError) as error:  # a str, a ragged list, an object array
                 raise TypeError(f"{name}: not a tensor or array of numbers ({str(error).splitlines()[0][:120]})") \
                     from None
+        if tokens.layout != torch.strided:  # sparse or mkldnn: the blocks' reshapes fail inside the model
+            raise TypeError(f"{name}: a {str(tokens.layout).removeprefix('torch.')} tensor; pass a dense one "
+                            f"(tokens.to_dense())")
         if tokens.is_complex():  # a cast would drop the imaginary part with a warning only
             raise TypeError(f"{name}: {tokens.dtype} values are complex, the model takes real ones")
         if tokens.device.type == "meta":
