@@ -56,6 +56,9 @@ def data_files(tmp_path: Path) -> dict[str, str]:
         f.create_dataset("timeseries", data=h5py.Empty("f8"))
     files.update(EXTERNAL=str(tmp_path / "external.h5"), VIRTUAL=str(tmp_path / "virtual.h5"),
                  HUGE=str(tmp_path / "huge.h5"), NULL=str(tmp_path / "null.h5"))
+    files["TWO_ANSWER_COLUMNS"] = str(tmp_path / "two_answer_columns.csv")  # the second says otherwise
+    Path(files["TWO_ANSWER_COLUMNS"]).write_text("ID,LST_num,condition,puzzles,solutions,solutions\n"
+                                                 "0,,Binary,2000500234001000,4,1\n")
     files["NOT_LATIN"] = str(tmp_path / "not_latin.csv")  # its second puzzle shows shape 1 twice in its first row
     Path(files["NOT_LATIN"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,2000500234001000,4\n"
                                         "1,,Binary,1100500000000000,2\n")
@@ -132,6 +135,9 @@ CASES = [
     ("data a folder", FMRI + ["--data", "."], "--data {TMP}: a folder, not a file"),
     ("puzzle folder of other CSV files", LST + ["--lst-train", "."],  # mostly.csv: the first CSV file by name
      "--lst-train {TMP}/mostly.csv:1: missing column(s) condition, puzzles, solutions"),
+    # the first was read, the second ignored
+    ("generalisation puzzles with two answer columns", LST + ["--lst-ood", "TWO_ANSWER_COLUMNS"],
+     "--lst-ood {TWO_ANSWER_COLUMNS}:1: its header names column solutions twice: give each column once"),
     ("generalisation puzzle not a Latin square", LST + ["--lst-ood", "NOT_LATIN"],
      "--lst-ood {NOT_LATIN}:3: puzzle 2 of the file, '1100500000000000': no Latin square completes it (shape 1 twice in row 1)"),
     ("generalisation puzzle with two answers", LST + ["--lst-ood", "AMBIGUOUS"],

@@ -150,6 +150,9 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
                 # the header unquoted: the file a folder's config.json names may be anyone's (a secret's first line)
                 raise PuzzleFileError(path, 1, f"missing column(s) {', '.join(missing)} in its header line of "
                                                f"{len(header)} fields (expected the header {','.join(CSV_HEADER)})")
+            repeated = next((name for name in _REQUIRED_COLUMNS if header.count(name) > 1), None)
+            if repeated is not None:  # the first would be read and the second, which may say otherwise, ignored
+                raise PuzzleFileError(path, 1, f"its header names column {repeated} twice: give each column once")
             column = {name: header.index(name) for name in _REQUIRED_COLUMNS}
             conditions_by_name = {name.lower(): k for k, name in enumerate(CONDITIONS)}
 
