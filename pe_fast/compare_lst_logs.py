@@ -284,8 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.out and home is not None and "packs" in out.resolve().relative_to(home).parts[:1]:
                 raise CompareError(f"--out {out} lies in the packs of the results folder {home}; write the table "
                                    f"elsewhere")
-            # a file it holds, or one a sweep writes there (a new ground_truth.npz would spoil it for its readers)
-            ours = out is not None and out.name in (run_folder.CONFIG, run_folder.DIGESTS, *run_folder.DIGESTED)
+            # a file it holds, or one a sweep writes there (a new ground_truth.npz would spoil it for its readers; a
+            # table over .lock kept every later --resume out, and a live sweep from releasing it)
+            ours = out is not None and out.name in (run_folder.CONFIG, run_folder.DIGESTS, run_folder.LOCK,
+                                                    *run_folder.DIGESTED)
             if args.out and home is not None and not own_table and (out.exists() or out.is_symlink() or ours):
                 raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a "
                                    f"new name")

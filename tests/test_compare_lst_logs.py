@@ -299,7 +299,8 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "is a file of the results folder" in err, err
     assert results.read_bytes() == before
-    for name in ("ground_truth.npz", "digests.json"):  # a name a sweep writes, though the folder lacks it
+    # a name a sweep writes, though the folder lacks it (.lock: the table kept every later --resume out)
+    for name in ("ground_truth.npz", "digests.json", ".lock"):
         (tmp_path / "run" / name).unlink(missing_ok=True)
         target = tmp_path / "run" / name
         code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(target)])
