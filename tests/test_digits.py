@@ -115,6 +115,12 @@ def test_a_small_training_set_keeps_the_first_images_and_the_whole_test_set(tmp_
     from sweep_harness import refuse_sweep
     refused = refuse_sweep("--task", "fmri", "--train-images", "300", "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "--train-images applies to --task digits and digits_class only" in refused.stderr
+    # the first image alone is one class: the logistic baseline failed after training, leaving a folder no --resume
+    # could finish (the dataset's first image is a 0, its second a 1)
+    refused = refuse_sweep("--task", "digits_class", "--train-images", "1", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "--train-images 1: the first 1 training image(s) show the digit 0 only" in \
+        refused.stderr and not (tmp_path / "x").exists()
+    assert len(DigitClassTask(2).splits["train"]) == 2
 
 
 def test_the_report_lays_a_pe_out_on_its_square_grid(tmp_path):

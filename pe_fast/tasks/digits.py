@@ -37,7 +37,7 @@ def grid_probes(grid: np.ndarray) -> torch.Tensor:
 
 
 # --train-images: the first N training images only (both digit tasks)
-TRAIN_IMAGES = TaskSetting("train_images", int, "train on the first N of the 1,348 training images (default all)",
+TRAIN_IMAGES = TaskSetting("train_images", int, "train on the first N of the 1,349 training images (default all)",
                            range=(1, None, "[)"))
 
 
@@ -155,6 +155,10 @@ class DigitClassTask:
         self.num_tokens, self.token_dim = x.shape[1:]
         y = torch.from_numpy(digits)
         kept = cut if train_images is None else check_train_images(train_images, cut)
+        if len(shown := y[:kept].unique()) < 2:  # the logistic baseline's fit, after training, failed on one class
+            raise ValueError(f"--train-images {kept}: the first {kept} training image(s) show the digit "
+                             f"{int(shown[0])} only; a classifier needs two classes or more (the first 2 images "
+                             f"show {len(y[:2].unique())})")
         self.splits = {"train": DigitSplit(x[:kept], y[:kept]), "test": DigitSplit(x[cut:], y[cut:])}
         # the masked task's measures on the same tokens: the grid, the tokens' correlation, the quadrants
         self.measures = DigitsTask(load_digit_regions(images), "digits", tokens=tokens)
