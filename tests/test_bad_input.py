@@ -1972,3 +1972,16 @@ def test_a_refused_out_folder_that_exists_is_left_untouched(two_finished_lst_run
                     lambda: report_main([str(first), str(second), "--out", str(taken)])):
         assert_one_line(capsys, refused(), f"--out {taken}")
         assert taken.stat().st_mtime_ns == 10**18 and [p.name for p in taken.iterdir()] == ["notes.txt"]
+
+
+def test_an_interrupted_sweep_without_out_names_its_folder(tmp_path, capsys, monkeypatch):
+    """Without --out the sweep writes runs/<task>-<date>-<time>: the line saying how to continue named "DIR"."""
+    from pe_fast.sweep import cli
+
+    def interrupted(s, write_report=None):
+        raise KeyboardInterrupt
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "run", interrupted)
+    assert sweep_main(LST) == 130
+    err = capsys.readouterr().err
+    assert re.search(r"continue with python -m pe_fast.sweep --resume --out runs/lst-\d{8}-\d{6}\n", err), err

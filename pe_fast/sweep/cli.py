@@ -126,11 +126,16 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
             raise UsageError(str(error))
 
 
+def default_out(s: Settings) -> str:
+    """The folder of a sweep started without --out: runs/<task>-<date>-<time>."""
+    return str(Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Path:
     """Train the sweep and write its results folder; then write_report(DIR) unless --no-report. The sweep does not
     import the report: pe_fast.sweep.program, above both, passes pe_fast.report's writer."""
     resume = s.packs is not None
-    name = s.out if s.out is not None else str(Path("runs") / f"{s.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    name = s.out if s.out is not None else default_out(s)
     check_out_folder(name, probe=False)  # probed after the checks of what it holds: a refused folder is untouched
     out = Path(name)
     s = dataclasses.replace(s, out=str(out))
@@ -248,7 +253,11 @@ def _main(argv: list[str] | None, write_report: Callable[[Path], object] | None)
         return exit_.code
     out = args.out or "DIR"
     try:
-        run(resume.from_resume(args) if args.resume else settings.from_flags(args), write_report)
+        s = resume.from_resume(args) if args.resume else settings.from_flags(args)
+        if s.out is None:  # named here, so that the lines below name the folder this sweep writes
+            s = dataclasses.replace(s, out=default_out(s))
+        out = s.out
+        run(s, write_report)
     except UsageError as error:
         print_error(error)
         return 2
