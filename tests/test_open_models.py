@@ -111,6 +111,37 @@ def test_the_hooks_hold_the_forwards_values_and_an_edit_changes_the_output(lst_r
         model.run_with_hooks(x, [("blocks.0.hook_nothing", uniform)])
 
 
+@pytest.mark.parametrize("returned, error, why", [
+    # one item's residual broadcast over every item: accepted, the output changed without a word
+    (lambda v: v[:1], ValueError, r"returned \[1, 16, 16\] torch.float32 on cpu, where the value is \[4, 16, 16\]"),
+    # torch's RuntimeError deep in the forward
+    (lambda v: v[..., :3], ValueError, r"returned \[4, 16, 3\] .*, where the value is"),
+    (lambda v: v.double(), ValueError, "returned .* torch.float64 on cpu, where the value is"),
+    (lambda v: 0.5, TypeError, "returned float; return a tensor"),  # accepted
+    (lambda v: "x", TypeError, "returned str"),
+])
+def test_a_hook_returning_what_its_point_does_not_hold_is_named(returned, error, why, lst_run):
+    model = lst_run.model(int(lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]))
+    x = lst_run.task_inputs("test")[:4]
+    with pytest.raises(error, match=f"fwd_hooks: the hook at blocks.0.hook_resid_pre {why}"):
+        model.run_with_hooks(x, [("blocks.0.hook_resid_pre", lambda v, hook: returned(v))])
+    kept = model.run_with_hooks(x, [("blocks.0.hook_resid_pre", lambda v, hook: None)])  # None keeps the value
+    torch.testing.assert_close(kept, model(x))
+
+
+def test_names_filter_takes_names_or_a_test_and_names_itself_when_wrong(lst_run):
+    """TransformerLens's names_filter is a name, names or a test; a wrong one blamed fwd_hooks, which the caller
+    never passed."""
+    model = lst_run.model(int(lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]))
+    x = lst_run.task_inputs("test")[:2]
+    for names in ("hook_embed", ["hook_embed"], lambda name: name == "hook_embed"):
+        assert set(model.run_with_cache(x, names_filter=names)[1]) == {"hook_embed"}
+    with pytest.raises(ValueError, match="names_filter: no hook point 'nope'"):
+        model.run_with_cache(x, names_filter=["nope"])
+    with pytest.raises(TypeError, match="names_filter: a hook point's name, names, or a test of a name, got 5"):
+        model.run_with_cache(x, names_filter=5)
+
+
 def test_a_model_moves_to_another_dtype_and_device_whole(lst_run):
     """A device move tested as a dtype move (CI has no GPU): every weight and PE buffer goes along."""
     model = lst_run.model(int(lst_run.results.query("pe == 'sin2d'")["model_id"].iloc[0]))

@@ -215,20 +215,32 @@ class SingleTransformer(nn.Module):
                     raise ValueError(f"fwd_hooks: no hook point {chosen!r}; the hook points: {', '.join(points)}")
                 for name in names:
                     handles.append(points[name].register_forward_hook(
-                        lambda module, inputs, output, function=function: function(output, module)))
+                        lambda module, inputs, output, function=function: checked(function(output, module),
+                                                                                  output, module.name)))
             return self(tokens)
         finally:
             for handle in handles:
                 handle.remove()
 
-    def run_with_cache(self, tokens: Tensor, names_filter: Callable[[str], bool] | None = None
+    def run_with_cache(self, tokens: Tensor, names_filter: Callable[[str], bool] | str | Iterable[str] | None = None
                        ) -> tuple[Tensor, dict[str, Tensor]]:
-        """(the output, every hook point's value by name), detached, as TransformerLens's run_with_cache."""
+        """(the output, every hook point's value by name), detached, as TransformerLens's run_with_cache: of the
+        hook points names_filter names (a name, names, or a test of a name; None: all)."""
         cache = {}
 
         def keep(value: Tensor, hook: HookPoint):
             cache[hook.name] = value.detach()
 
+        points = self.hook_points()
+        if isinstance(names_filter, str):
+            names_filter = [names_filter]
+        if names_filter is not None and not callable(names_filter):
+            if not (isinstance(names_filter, (list, tuple, set)) and all(isinstance(n, str) for n in names_filter)):
+                raise TypeError(f"names_filter: a hook point's name, names, or a test of a name, got "
+                                f"{names_filter!r:.80}")
+            if (unknown := next((n for n in names_filter if n not in points), None)) is not None:
+                raise ValueError(f"names_filter: no hook point {unknown!r}; the hook points: {', '.join(points)}")
+            names_filter = set(names_filter).__contains__
         with torch.no_grad():
             out = self.run_with_hooks(tokens, [(names_filter or (lambda name: True), keep)])
         return out, cache
@@ -237,6 +249,20 @@ class SingleTransformer(nn.Module):
         """The attention probabilities of every block: [L, B, H, N, N] (query, key)."""
         _, cache = self.run_with_cache(tokens, lambda name: name.endswith("attn.hook_pattern"))
         return torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(len(self.blocks))])
+
+
+def checked(new, value: Tensor, name: str):
+    """What a hook returned: None (keep the value) or a tensor of the value's shape, dtype and device, which takes
+    its place; else an error naming the hook point (a wrong one broadcast silently, or failed deep in the forward)."""
+    if new is None:
+        return None
+    if not isinstance(new, Tensor):
+        raise TypeError(f"fwd_hooks: the hook at {name} returned {type(new).__name__}; return a tensor of the value's "
+                        f"shape {list(value.shape)} and dtype {value.dtype}, or None to keep it")
+    if (new.shape, new.dtype, new.device) != (value.shape, value.dtype, value.device):
+        raise ValueError(f"fwd_hooks: the hook at {name} returned {list(new.shape)} {new.dtype} on {new.device}, "
+                         f"where the value is {list(value.shape)} {value.dtype} on {value.device}")
+    return new
 
 
 def copy_linear(linear: nn.Linear, stacked, index: int):
