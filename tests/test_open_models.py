@@ -179,6 +179,23 @@ def test_a_pooled_folder_opens_its_models_where_they_were_trained(tmp_path, lst_
         mine = source.results.query(f"sigma == {row.sigma}")["model_id"].iloc[0]
         np.testing.assert_array_equal(pooled.model(int(row.model_id))(x).detach(),
                                       source.model(int(mine))(x).detach())
+    # no packs of its own: it said "has packs 0 to -1"
+    with pytest.raises(ModelNotFound, match="pools finished sweeps and has no packs of its own: open its models "
+                                            r"with run.model\(i\), or the packs of its sources"):
+        pooled.pack(0)
+
+
+def test_models_of_a_stopped_sweep_are_those_of_its_finished_packs(tmp_path, lst_run):
+    """run.models() on a sweep still running or stopped: it failed at the first pack not finished ("pack 1 has no
+    weights.safetensors"), though run.model(i) opened each finished model."""
+    folder = tmp_path / "stopped"
+    shutil.copytree(lst_run.path, folder)
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+        (folder / name).unlink()
+    shutil.rmtree(folder / "packs" / "1")  # pack 1 not finished
+    run = pe_fast.load_run(folder)
+    finished = sorted(i for pack in lst_run.config["packs"][:1] + lst_run.config["packs"][2:] for i in pack)
+    assert [model_id for model_id, _ in run.models()] == finished
 
 
 def test_no_weights_keeps_none_and_says_so(tmp_path):

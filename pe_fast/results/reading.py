@@ -83,16 +83,23 @@ class Run:
         return SingleTransformer(pack.model, position).to(device).eval()
 
     def models(self, device: torch.device | str = "cpu") -> Iterator[tuple[int, SingleTransformer]]:
-        """(model id, model) for every trained model of the run, in id order."""
-        for model_id in sorted(self.model_ids()):
+        """(model id, model) for every trained model of the run, in id order: of a sweep still running or stopped,
+        those of its finished packs (the models its results hold)."""
+        trained = self.results[~self.results["pe"].str.startswith("baseline:")]["model_id"]
+        for model_id in sorted(int(i) for i in trained):
             yield model_id, self.model(model_id, device)
 
     def pack(self, index: int, device: torch.device | str = "cpu") -> weights.PackWeights:
         """Pack `index` as the sweep trained it: the stacked model of all its models (for batch work), their ids
         in its order, and the step its weights were taken at."""
         packs = self._packs()
+        if not packs and run_folder.POOLED_FROM in self.config:
+            raise ModelNotFound(f"pack {index!r}: {self.path} pools finished sweeps and has no packs of its own: open "
+                                f"its models with run.model(i), or the packs of its sources "
+                                f"({', '.join(self.config[run_folder.POOLED_FROM])})")
         if _whole(index) is None or not 0 <= _whole(index) < len(packs):
-            raise ModelNotFound(f"pack {index!r}: {self.path} has packs 0 to {len(packs) - 1}")
+            raise ModelNotFound(f"pack {index!r}: {self.path} has "
+                                + (f"packs 0 to {len(packs) - 1}" if packs else "no packs"))
         index = _whole(index)
         device = _device(device)
         path = run_folder.pack_folder(self.path, index) / run_folder.WEIGHTS
