@@ -63,3 +63,24 @@ def test_without_tensorboard_the_flag_is_one_error_line(tmp_path, capsys, monkey
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "pe_fast[tensorboard]" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("in_the_way", ["tensorboard", "tensorboard/learned"])
+def test_a_file_where_a_run_goes_is_refused_before_the_resume_starts(in_the_way, tmp_path, capsys):
+    """A file at DIR/tensorboard (or deeper, where a model's run goes): the resumed sweep printed its start line,
+    then ended with the disk-full line, exit 1."""
+    import shutil
+    out = tmp_path / "run"
+    assert sweep_main([*TINY, "--out", str(out)]) == 0
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+        (out / name).unlink()
+    shutil.rmtree(out / "packs")  # an unfinished sweep: config.json alone
+    (out / in_the_way).parent.mkdir(parents=True, exist_ok=True)
+    (out / in_the_way).write_text("x")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    capsys.readouterr()
+    assert sweep_main(["--resume", "--tensorboard", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {out / in_the_way} is not a folder; --tensorboard writes each model's curves under " \
+                  f"{out / FOLDER}: move it away\n", err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before

@@ -18,7 +18,7 @@ from pe_fast.models.absolute_pe import SIGMA_PES
 from pe_fast.program_exit import print_error
 from pe_fast.results import reading, run_folder
 from pe_fast.results.settings import Settings
-from pe_fast.sweep import UsageError, executors, folder, grid, resume, settings
+from pe_fast.sweep import UsageError, executors, folder, grid, live_curves, resume, settings
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.train import BatchSampler, PackTrainer
@@ -166,6 +166,8 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         s = dataclasses.replace(s, max_pack=grid.choose_pack_size(s, task))
     packs = grid.pack_models(s, models)
     s = dataclasses.replace(s, packs=tuple(tuple(m["model_id"] for m in pack) for pack in packs))
+    if s.tensorboard and (problem := live_curves.folder_problem(out, models, live_curves.varying_axes(s))):
+        raise UsageError(problem)
     if resume:  # before the lock (a refusal writes nothing); a sweep resuming beside it would write its own packs
         try:
             check_resumable(out, s, packs, task)

@@ -29,6 +29,19 @@ def run_name(model: dict, varying: tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
+def folder_problem(out: Path, models: list[dict], varying: tuple[str, ...]) -> str | None:
+    """What in DIR/tensorboard is in the way of a model's run (a file where its folder goes), in words, or None: a
+    resumed sweep met it after starting, and ended with the disk-full line (exit 1)."""
+    for model in models:
+        path = out / FOLDER
+        for part in run_name(model, varying).split("/"):
+            if (path.exists() or path.is_symlink()) and not path.is_dir():
+                return f"{path} is not a folder; --tensorboard writes each model's curves under {out / FOLDER}: " \
+                       f"move it away"
+            path = path / part
+    return None
+
+
 def tag(column: str) -> str:
     """attn_l0_h0_entropy -> attn/l0_h0_entropy, ood_attn_l0_… -> ood_attn/l0_…; other columns as they are."""
     parsed = columns.parse_attention_column(column)
