@@ -55,6 +55,8 @@ def without(flags: list[str], flag: str) -> list[str]:
 # replaced by files made for the case (inputs()).
 CASES = [
     ("weight decay nan", LST + ["--weight-decay", "nan"], "--weight-decay"),
+    # each simulated run is a subject of its own: the split by run could never work ("needs a subject with 2 runs")
+    ("netsim split by run", NETSIM + ["--split", "run"], "--split 'run' is not one of them; choose from subject"),
     # argparse took "-0.1,0.2" for a flag: "argument --sigmas: expected one argument"
     ("a list starting with a negative σ", LST + ["--sigmas", "-0.1,0.2"], "--sigmas: every σ must be a number in"),
     ("a negative number in exponent form", LST + ["--steps", "-1e3"], "--steps: invalid int value: '-1e3'"),

@@ -92,10 +92,14 @@ def add_task_flags(p: argparse.ArgumentParser):
     owners = {}  # each task's own settings (TaskKind.settings), once however many tasks share one
     for kind in KINDS.values():
         for setting in kind.settings:
-            owners.setdefault(setting.name, (setting, []))[1].append(kind.name)
-    for name, (setting, tasks) in owners.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=setting.type, choices=setting.choices,
-                       help=f"{'/'.join(tasks)}: {setting.help}")
+            owners.setdefault(setting.name, ([], []))
+            owners[setting.name][0].append(setting)
+            owners[setting.name][1].append(kind.name)
+    for name, (shared, tasks) in owners.items():
+        # the values any task takes (netsim's --split is "subject" only): validation checks the task's own
+        choices = None if shared[0].choices is None else tuple(dict.fromkeys(c for s in shared for c in s.choices))
+        p.add_argument(f"--{name.replace('_', '-')}", type=shared[0].type, choices=choices,
+                       help=f"{'/'.join(tasks)}: {shared[0].help}")
 
 
 def parse_list(text, convert, flag: str) -> tuple:

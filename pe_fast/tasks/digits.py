@@ -18,7 +18,7 @@ from pe_fast.models.transformer import PE_KINDS
 from pe_fast.seeds import EVAL_MASK_SEED
 from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView, per_model_cross_entropy
 from pe_fast.tasks.lst import IndexedBatches
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGION_VIEW, MaskedRegionTask,
+from pe_fast.tasks.masked_regions import (BY_SUBJECT_SETTINGS, REGION_DEFAULTS, REGION_VIEW, MaskedRegionTask,
                                           RegionSplit, conditional_expectation, masked_input, probe_matrices,
                                           random_masks, reference_gradients)
 
@@ -228,7 +228,7 @@ KIND = TaskKind(
     presets={"all-pes": dict(pe="learned,sin2d,rope2d,sin1d,random,none"),
              "gpu": {**GPU_PRESET, "steps": 20_000, "eval_every": 500}},
     pe_kinds=PE_KINDS,
-    settings=(*REGION_SETTINGS, TRAIN_IMAGES, TOKENS_SETTING),
+    settings=(*BY_SUBJECT_SETTINGS, TRAIN_IMAGES, TOKENS_SETTING),
     summary=("train_mse", "test_mse", "test_r2", "pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr",
              "pe_modularity", "pe_effective_rank"),
     # the PE against the exact grid first, then against the pixels' correlation and the quadrants; attention

@@ -36,11 +36,15 @@ TRUE_COVARIANCE_BASELINE = "baseline:linear-true"
 # What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
 # sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.
 REGION_PES = tuple(k for k in PE_KINDS if k not in ("sin2d", "rope2d"))
+SPLIT = TaskSetting("split", str, "train/test split (default subject; run: each subject's last run, fmri only)",
+                    default="subject", choices=SPLITS)
 REGION_SETTINGS = (
     TaskSetting("mask_fraction", float, "fraction of tokens masked (default 0.2)", default=0.2, range=(0, 1, "()")),
     TaskSetting("window", int, "time points per token (default 1)", default=1, range=(1, None, "[)")),
-    TaskSetting("split", str, "train/test split (default subject)", default="subject", choices=SPLITS),
+    SPLIT,
 )
+# the network simulation's runs and the digit images are each a subject of its own: no subject has two runs
+BY_SUBJECT_SETTINGS = tuple(dataclasses.replace(s, choices=("subject",)) if s is SPLIT else s for s in REGION_SETTINGS)
 REGION_SUMMARY = ("train_mse", "test_mse", "test_r2", "pe_fc_corr", "pe_coupling_corr", "pe_modularity",
                   "pe_segregation", "pe_dist_spearman", "pe_gradient_corr", "pe_effective_rank", "pe_pc1_share")
 REGION_VIEW = TaskView(

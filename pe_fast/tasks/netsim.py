@@ -6,7 +6,7 @@ import inspect
 
 from pe_fast.data.regions import MIN_REGIONS
 from pe_fast.tasks.base import TaskKind, TaskSetting
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGION_PES, REGION_PRESETS,
+from pe_fast.tasks.masked_regions import (BY_SUBJECT_SETTINGS, REGION_DEFAULTS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
 # The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one); None: its
@@ -95,7 +95,7 @@ KIND = TaskKind(
     defaults={**REGION_DEFAULTS, "steps": 7000, "eval_every": 500},
     presets={**REGION_PRESETS, "all-pes": dict(pe="learned,none,sin1d,random")},
     pe_kinds=REGION_PES,
-    settings=REGION_SETTINGS + NETWORK_SETTINGS,
+    settings=BY_SUBJECT_SETTINGS + NETWORK_SETTINGS,
     summary=REGION_SUMMARY,
     view=REGION_VIEW,
     check=network_size,
