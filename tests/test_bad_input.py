@@ -1786,7 +1786,8 @@ HALF_FINISHED_CASES = [
     # a finished pack relabelled as another sweep's would have joined the results as this one's
     ("pack 0 relabelled as bf16", relabel_pack_0(precision="bf16"), "have precision 'bf16', where this sweep's"),
     ("pack 0 relabelled as pack 1", relabel_pack_0(pack=1), "have pack 1, where this sweep's pack 0 has 0"),
-    ("pack 0 claiming more steps", relabel_pack_0(steps=999), "steps 999, beyond this sweep's --steps 4"),
+    # (its curves end at step 4: that the results are their last evaluation is checked first)
+    ("pack 0 claiming more steps", relabel_pack_0(steps=999), "gives model 0 steps 999, its last evaluation"),
     ("pack 0 with another seed", relabel_pack_0(seed=6312), "has seed 6312"),
     # config.json's settings edited in what trains but no model lists: the packs' own records of them tell
     ("config.json's warmup edited", config_with(warmup=3),

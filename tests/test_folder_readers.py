@@ -92,7 +92,17 @@ def unlisted_with(column, value):
 
 
 def score_edited(name, frame):
-    return frame.assign(test_acc=0.99) if name == run_folder.RESULTS else frame
+    """test_acc 0.99 in the results and in each model's last evaluation, alike (results are that evaluation)."""
+    if name == run_folder.RESULTS:
+        return frame.assign(test_acc=0.99)
+    last = frame["step"] == frame.groupby("model_id")["step"].transform("max")
+    return frame.assign(test_acc=frame["test_acc"].where(~last, 0.99))
+
+
+def top_level_score_edited(folder):
+    for name in (run_folder.RESULTS, run_folder.CURVES):
+        score_edited(name, pd.read_parquet(folder / name)).to_parquet(folder / name)
+    run_folder.write_digests(folder)
 
 
 def pe_table_scaled(folder):
@@ -189,10 +199,15 @@ TAMPERS = {
     "a negative training time": (lambda f: rewrite_tables(f, column_set("train_seconds", -1.0, run_folder.RESULTS)),
                                  "column train_seconds holds -1.0, a negative value"),
     # the record of the digests rewritten (it is no signature) over a score edited at the top level only: the packs
-    "a top-level score edited, its record rewritten": (
-        lambda f: (pd.read_parquet(f / run_folder.RESULTS).assign(test_acc=0.99).to_parquet(f / run_folder.RESULTS),
-                   run_folder.write_digests(f)),
-        "results.parquet: its test_acc is not its packs'"),
+    "a top-level score edited, its record rewritten": (top_level_score_edited,
+                                                        "results.parquet: its test_acc is not its packs'"),
+    # the results edited alone: they are each model's last evaluation in the curves (their digests rewritten)
+    "a result edited alone": (lambda f: (pd.read_parquet(f / run_folder.RESULTS).assign(test_acc=0.99).to_parquet(
+        f / run_folder.RESULTS), run_folder.write_digests(f)), "results.parquet gives model 0 test_acc 0.99, its last "
+                                                                  "evaluation in curves.parquet"),
+    "a curve without its step-0 evaluation": (lambda f: (rewrite_tables(f, lambda name, frame: frame[
+        frame["step"] > 0] if name == run_folder.CURVES else frame), *map(run_folder.write_digests, [
+            f, *f.glob("packs/*")])), "evaluations of model 0 start at step 2, not 0"),
     # a number edited passes every check of its kind: the folder's record of its files tells
     "a score edited in results.parquet": (lambda f: rewrite_tables(f, score_edited),
                                           "results.parquet has changed since it was written"),

@@ -473,6 +473,7 @@ def read_pack(folder: Path, task: str) -> tuple[pd.DataFrame, pd.DataFrame, dict
     if "pe" not in results or "sigma" not in results:
         raise ReportError(f"{folder}: results lack the columns pe and sigma; not a pe_fast pack")
     check_columns(folder, results, curves, task)
+    check_results_are_last_evaluations(folder, results, curves)
     return results, curves, pe_tables
 
 
@@ -624,6 +625,7 @@ def _read_run(directory: Path) -> Run:
     check_models_listed(directory, results, config.get("models"), config.get("settings") or {},
                         required=isinstance(config.get("packs"), list))
     check_values(directory, results, curves, config.get("settings") or {}, config.get("packs"))
+    check_results_are_last_evaluations(directory, results, curves)
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
     diverged = sorted(key for key, table in pe_tables.items() if not np.isfinite(table).all())
@@ -962,6 +964,36 @@ def check_models_listed(directory: Path, results: pd.DataFrame, models, settings
         if (key := differing_key({k: v for k, v in entry.items() if k in MODEL_IDENTITY}, row)) is not None:
             raise ReportError(f"{directory}: the results give model {int(row['model_id'])} {key} "
                               f"{_shown(row.get(key))}, config.json {_shown(entry.get(key))}; not this run's results")
+
+
+def check_results_are_last_evaluations(directory: Path, results: pd.DataFrame, curves: pd.DataFrame):
+    """Each trained model's results row is its last evaluation in the curves (the sweep writes it from that row,
+    with its training time), and its curve starts at step 0: a results or curves file edited alone, its digest
+    rewritten, passed every check of its kind (a test_r2 of 0.5 in the curves beside -1.24 in the results, a steps
+    of 3 beside a curve to step 4, the step-0 evaluation dropped). ReportError naming the first model that is not."""
+    if curves.empty or not {"model_id", "step"} <= set(curves):
+        return
+    ordered = curves.sort_values(["model_id", "step"], kind="stable")
+    first = ordered.groupby("model_id").head(1).set_index("model_id")["step"]
+    last = ordered.groupby("model_id").tail(1).set_index("model_id")
+    trained = results[~results["pe"].astype(str).str.startswith("baseline:")]
+    for row in trained.to_dict("records"):
+        model_id = int(row["model_id"])
+        if model_id not in last.index:
+            raise ReportError(f"{directory}: curves.parquet holds no evaluation of model {model_id}, which "
+                              f"results.parquet holds; not the results of those curves")
+        if first[model_id] != 0:
+            raise ReportError(f"{directory}: curves.parquet's evaluations of model {model_id} start at step "
+                              f"{_shown(first[model_id])}, not 0 (the sweep evaluates every model before training)")
+        final = last.loc[model_id]
+        pairs = [("steps", row.get("steps"), final["step"])] if "steps" in row else []
+        pairs += [(column, value, final[column]) for column, value in row.items()
+                  if column in final.index and column not in ("train_seconds", "model_id")]
+        for column, ours, theirs in pairs:
+            if not (ours == theirs or (pd.isna(ours) and pd.isna(theirs))):
+                raise ReportError(f"{directory}: results.parquet gives model {model_id} {column} {_shown(ours)}, "
+                                  f"its last evaluation in curves.parquet {_shown(theirs)}; not the results of "
+                                  f"those curves")
 
 
 def differing_key(entry: dict, row: dict) -> str | None:
