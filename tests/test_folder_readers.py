@@ -495,3 +495,22 @@ def test_a_forged_record_of_a_pack_s_settings_is_named(record, must_name, finish
     assert report.main([str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and must_name in err, err
+
+
+def test_a_report_of_the_unfinished_sweep_is_removed_when_a_resume_finishes_it(finished, tmp_path, capsys):
+    """report.md said "partial: 1 of 2 packs" after the resumed sweep (--no-report) had finished, and the RDMs of one
+    pack stayed beside it: nothing marked them old."""
+    folder = copy_of(finished, tmp_path)
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+        (folder / name).unlink()
+    shutil.rmtree(folder / "packs" / "1")
+    assert report.main([str(folder)]) == 0
+    assert "partial: 1 of 2 packs" in (folder / run_folder.REPORT).read_text()
+    (folder / run_folder.RDMS).write_bytes(b"the unfinished sweep's")
+    capsys.readouterr()
+    resumed = sweep_in_process("--resume", "--out", str(folder), "--no-report")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"note: removed the report of the unfinished sweep (report.md, figures, rdms.hdf5); python -m " \
+           f"pe_fast.report {folder} writes it for the finished one" in resumed.stderr
+    assert not any((folder / name).exists() for name in (run_folder.REPORT, run_folder.FIGURES, run_folder.RDMS))
+    assert not any("partial" in note for note in pe_fast.load_run(folder).notes)

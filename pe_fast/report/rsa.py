@@ -23,7 +23,7 @@ from pe_fast.metrics.pe_geometry import cosine_similarity_matrix, upper_triangle
 from pe_fast.results.reading import Run, read_ground_truth
 from pe_fast.tasks import KINDS
 
-RDMS_FILE = "rdms.hdf5"
+RDMS_FILE = run_folder.RDMS
 BOOTSTRAP_DRAWS = 2000
 
 

@@ -46,6 +46,7 @@ PARTIAL = ".partial-"  # the infix of temporary files and folders
 CONFIG, GROUND_TRUTH = "config.json", "ground_truth.npz"
 RESULTS, CURVES, PE_TABLES, SUMMARY = "results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt"
 REPORT, FIGURES = "report.md", "figures"
+RDMS = "rdms.hdf5"  # the report's --rdms export
 WEIGHTS = "weights.safetensors"  # each finished pack's trained models (weights.py), unless --no-weights
 # the SHA-256 of each file a folder's writer wrote, beside them: a file changed since (an edit, a damaged copy) is
 # refused by every reader. Not a signature: whoever edits a file can rewrite this record too.
@@ -454,6 +455,22 @@ def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_table
     write_atomic(out / SUMMARY, lambda tmp: tmp.write_text(summary))
     write_atomic(out / RESULTS, lambda tmp: write_parquet(results, tmp))
     write_digests(out)
+
+
+def remove_report(out: Path) -> list[str]:
+    """The report's files (report.md, figures/, the RDMs), removed: a sweep resumed to its end has outgrown the
+    report of its unfinished state. The names removed."""
+    removed = []
+    for name in (REPORT, FIGURES, RDMS):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 def remove_partials(out: Path):
