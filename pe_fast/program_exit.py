@@ -2,8 +2,9 @@
 
 A program that trained has imported torch.compile's stack (torch.optim loads it), and the interpreter's teardown of
 those modules takes about a second of a 2-core machine after the work is done. exit_now ends the process as the
-interpreter would, less that teardown: the other non-daemon threads joined, the atexit handlers run (logging, Ray,
-multiprocessing, temporary files), the standard streams flushed; then it exits with the program's code. Under a
+interpreter would, less that teardown: threading's exit hooks run and the other non-daemon threads joined, the
+atexit handlers run (logging, Ray, multiprocessing, temporary files), the standard streams flushed; then it exits
+with the program's code. Under a
 profiler or a tracer (`python -m cProfile -m pe_fast.sweep`, a debugger, coverage) it exits the usual way, so that
 they can write what they gathered after the program returns.
 """
@@ -20,9 +21,15 @@ from typing import NoReturn
 def exit_now(code: int | None) -> NoReturn:
     if sys.getprofile() is not None or sys.gettrace() is not None:
         sys.exit(code)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # as the interpreter does first: threading's exit hooks (a ThreadPoolExecutor's tells its idle workers to stop:
+    # inductor's compile pool's waited 95 s when they were joined without it), then the non-daemon threads joined
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

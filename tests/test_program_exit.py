@@ -36,3 +36,16 @@ def test_under_a_profiler_the_program_exits_the_usual_way_and_the_profile_is_wri
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert profile.stat().st_size > 0
+
+
+def test_idle_thread_pool_workers_do_not_hold_the_exit():
+    """A ThreadPoolExecutor left open (torch inductor's compile pool, after --compile on the CPU) keeps idle
+    non-daemon workers: joined without threading's exit hook that tells them to stop, the sweep lingered 95 s after
+    "results written" (or for ever)."""
+    program = ("from concurrent.futures import ThreadPoolExecutor\n"
+               "pool = ThreadPoolExecutor(2)\n"
+               "print(pool.submit(lambda: 6 * 7).result(), flush=True)\n"
+               "from pe_fast.program_exit import exit_now\n"
+               "exit_now(3)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and done.stdout == "42\n", done.stderr
