@@ -301,6 +301,10 @@ def test_a_pack_folder_is_not_taken_for_a_results_folder(finished, tmp_path, cap
     with pytest.raises(ReportError, match="is pack 0 of the sweep"):
         pe_fast.load_run(pack)
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    shutil.copy(folder / run_folder.CONFIG, pack / run_folder.CONFIG)  # a config.json beside it makes it no run
+    with pytest.raises(ReportError, match="is pack 0 of the sweep"):
+        pe_fast.load_run(pack)
+    (pack / run_folder.CONFIG).unlink()
     taken_out = shutil.copytree(pack, tmp_path / "pack")
     with pytest.raises(ReportError, match="is a sweep's pack .*pass the sweep's folder"):
         pe_fast.load_run(taken_out)
@@ -507,10 +511,26 @@ def test_a_report_of_the_unfinished_sweep_is_removed_when_a_resume_finishes_it(f
     assert report.main([str(folder)]) == 0
     assert "partial: 1 of 2 packs" in (folder / run_folder.REPORT).read_text()
     (folder / run_folder.RDMS).write_bytes(b"the unfinished sweep's")
+    (folder / run_folder.FIGURES / "my_notes.txt").write_text("mine")  # figures/ may hold the user's own files
     capsys.readouterr()
     resumed = sweep_in_process("--resume", "--out", str(folder), "--no-report")
     assert resumed.returncode == 0, resumed.stderr
-    assert f"note: removed the report of the unfinished sweep (report.md, figures, rdms.hdf5); python -m " \
-           f"pe_fast.report {folder} writes it for the finished one" in resumed.stderr
-    assert not any((folder / name).exists() for name in (run_folder.REPORT, run_folder.FIGURES, run_folder.RDMS))
+    assert f"note: removed the report of the unfinished sweep (report.md, rdms.hdf5); python -m pe_fast.report " \
+           f"{folder} writes it for the finished one (and redraws figures/)" in resumed.stderr
+    assert not any((folder / name).exists() for name in (run_folder.REPORT, run_folder.RDMS))
+    assert (folder / run_folder.FIGURES / "my_notes.txt").read_text() == "mine"
     assert not any("partial" in note for note in pe_fast.load_run(folder).notes)
+
+
+def test_files_a_system_adds_unasked_are_left_alone_and_other_strays_refused(finished, tmp_path, capsys):
+    """Finder's .DS_Store and Jupyter's .ipynb_checkpoints appear without the user doing anything: they were refused
+    in packs/ and in a pack's folder (never read, they are now passed by); a name that merely holds ".partial-" is no
+    writer's temporary file (those start with a dot) and is refused."""
+    folder = copy_of(finished, tmp_path)
+    for made in (folder / "packs" / ".DS_Store", folder / "packs" / "0" / ".DS_Store"):
+        made.write_bytes(b"\0")
+    (folder / "packs" / ".ipynb_checkpoints").mkdir()
+    assert pe_fast.load_run(folder).results["model_id"].is_unique
+    shutil.copytree(folder / "packs" / "0", folder / "packs" / "backup.partial-mine")
+    with pytest.raises(ReportError, match="packs/backup.partial-mine is not one of this sweep's packs"):
+        pe_fast.load_run(folder)

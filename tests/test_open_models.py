@@ -134,8 +134,12 @@ def test_names_filter_takes_names_or_a_test_and_names_itself_when_wrong(lst_run)
     never passed."""
     model = lst_run.model(int(lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]))
     x = lst_run.task_inputs("test")[:2]
-    for names in ("hook_embed", ["hook_embed"], lambda name: name == "hook_embed"):
+    for names in ("hook_embed", ["hook_embed"], lambda name: name == "hook_embed", frozenset({"hook_embed"}),
+                  (n for n in ["hook_embed"]), {"hook_embed": 1}.keys()):
         assert set(model.run_with_cache(x, names_filter=names)[1]) == {"hook_embed"}
+    for none in ([], lambda name: False):  # none selected: an empty cache, as TransformerLens gives
+        out, cache = model.run_with_cache(x, names_filter=none)
+        assert cache == {} and torch.equal(out, model(x).detach())
     with pytest.raises(ValueError, match="names_filter: no hook point 'nope'"):
         model.run_with_cache(x, names_filter=["nope"])
     with pytest.raises(TypeError, match="names_filter: a hook point's name, names, or a test of a name, got 5"):

@@ -211,7 +211,7 @@ class SingleTransformer(nn.Module):
                     raise TypeError(f"fwd_hooks: each item must be (hook name or test, function), got {pair!r:.80}")
                 chosen, function = pair
                 names = [n for n in points if (chosen(n) if callable(chosen) else n == chosen)]
-                if not names:
+                if not names and not callable(chosen):  # a test may select none, as TransformerLens's may
                     raise ValueError(f"fwd_hooks: no hook point {chosen!r}; the hook points: {', '.join(points)}")
                 for name in names:
                     handles.append(points[name].register_forward_hook(
@@ -235,7 +235,9 @@ class SingleTransformer(nn.Module):
         if isinstance(names_filter, str):
             names_filter = [names_filter]
         if names_filter is not None and not callable(names_filter):
-            if not (isinstance(names_filter, (list, tuple, set)) and all(isinstance(n, str) for n in names_filter)):
+            if isinstance(names_filter, Iterable) and not isinstance(names_filter, (bytes, dict)):
+                names_filter = list(names_filter)  # a generator, a set, a dict's keys: any iterable of names
+            if not (isinstance(names_filter, list) and all(isinstance(n, str) for n in names_filter)):
                 raise TypeError(f"names_filter: a hook point's name, names, or a test of a name, got "
                                 f"{names_filter!r:.80}")
             if (unknown := next((n for n in names_filter if n not in points), None)) is not None:

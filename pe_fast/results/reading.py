@@ -670,12 +670,12 @@ def _read_run(directory: Path) -> Run:
 def check_not_a_pack(directory: Path):
     """A finished pack's folder (DIR/packs/<i>, or a copy of one) is part of its sweep, not a results folder: the
     report wrote its figures into one, and the sweep's own readers then refused the sweep."""
-    if _present(directory / run_folder.CONFIG):
-        return
-    parent = directory.resolve().parent.parent
+    parent = directory.resolve().parent.parent  # first: a config.json copied into a pack does not make it a run
     if (run_folder.PACK_NAME.fullmatch(directory.resolve().name) and directory.resolve().parent.name == "packs"
             and run_folder.is_results_folder(parent)):
         raise ReportError(f"{directory} is pack {directory.resolve().name} of the sweep {parent}; pass that folder")
+    if _present(directory / run_folder.CONFIG):
+        return
     if _present(directory / run_folder.TRAINED_WITH) or _present(directory / run_folder.WEIGHTS):
         raise ReportError(f"{directory} is a sweep's pack (it holds {run_folder.TRAINED_WITH} or "
                           f"{run_folder.WEIGHTS}, and no {run_folder.CONFIG}); pass the sweep's folder")

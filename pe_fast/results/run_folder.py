@@ -209,9 +209,16 @@ class ChangedFile(ValueError):
     """A file of a results folder that is not what its writer recorded in DIGESTS, or an unreadable record."""
 
 
+def hidden(name: str) -> bool:
+    """A name a system or tool adds unasked (Finder's .DS_Store, Jupyter's .ipynb_checkpoints), or a writer's
+    temporary one (.<name>.partial-*): never read, so not refused where a results folder holds only its own files."""
+    return name.startswith(".")
+
+
 def check_pack_files(folder: Path):
     """ChangedFile where a finished pack's folder holds a file its writer (write_pack) did not write."""
-    stray = sorted(p.name for p in folder.iterdir() if p.name not in (*DIGESTED, DIGESTS)) if folder.is_dir() else []
+    stray = sorted(p.name for p in folder.iterdir() if p.name not in (*DIGESTED, DIGESTS) and not hidden(p.name)) \
+        if folder.is_dir() else []
     if stray:
         raise ChangedFile(f"{folder / stray[0]} was added to a finished pack's folder, which holds its results, "
                           f"curves, PE tables, weights and {DIGESTS} only")
@@ -458,18 +465,15 @@ def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_table
 
 
 def remove_report(out: Path) -> list[str]:
-    """The report's files (report.md, figures/, the RDMs), removed: a sweep resumed to its end has outgrown the
-    report of its unfinished state. The names removed."""
+    """The report's text and RDMs (report.md, rdms.hdf5), removed: a sweep that finishes has outgrown a report of
+    its unfinished state. figures/ is kept (it may hold the user's own files; the report redraws its figures). The
+    names removed."""
     removed = []
-    for name in (REPORT, FIGURES, RDMS):
+    for name in (REPORT, RDMS):
         path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
+        if path.is_file() or path.is_symlink():
             path.unlink()
-        else:
-            continue
-        removed.append(name)
+            removed.append(name)
     return removed
 
 
@@ -529,7 +533,7 @@ def packs_problem(out: Path, count: int | None) -> str | None:
         if count else " (it has none)"
     for path in sorted(packs.iterdir()):
         index = path.name.split(".")[0]
-        if PARTIAL in path.name:  # a writer's temporary file or folder, killed mid-write: removed on --resume
+        if hidden(path.name):  # a killed writer's temporary file or folder is removed on --resume
             continue
         if not (PACK_NAME.fullmatch(index) and path.name in (index, f"{index}.checkpoint.pt", f"{index}.step")):
             return f"{path} is not one of this sweep's packs or checkpoints{has}; move it out of {packs}"

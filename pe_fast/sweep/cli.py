@@ -209,12 +209,12 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
         progress.close()
         table = folder.finish_folder(s, out, task, models, len(packs))
         # a report of the unfinished sweep (python -m pe_fast.report DIR while it ran) no longer describes it
-        stale = run_folder.remove_report(out) if resume else []
+        stale = run_folder.remove_report(out)
     finally:
         run_folder.release_lock(out)
     if stale and (write_report is None or s.no_report):
         print(f"note: removed the report of the unfinished sweep ({', '.join(stale)}); python -m pe_fast.report "
-              f"{out} writes it for the finished one", file=sys.stderr)
+              f"{out} writes it for the finished one (and redraws {run_folder.FIGURES}/)", file=sys.stderr)
     print(table.to_string(index=False))
     if write_report is not None and not s.no_report:
         try:
