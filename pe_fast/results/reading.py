@@ -20,6 +20,7 @@ from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import migrate, run_folder, weights
+from pe_fast.results.summary import is_baseline
 from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingError, Settings, check_choices, check_packs,
                                       check_executor_flags, check_range, check_ranges, check_task_rules, check_text,
                                       check_types, trained_with)
@@ -85,7 +86,7 @@ class Run:
     def models(self, device: torch.device | str = "cpu") -> Iterator[tuple[int, SingleTransformer]]:
         """(model id, model) for every trained model of the run, in id order: of a sweep still running or stopped,
         those of its finished packs (the models its results hold)."""
-        trained = self.results[~self.results["pe"].str.startswith("baseline:")]["model_id"]
+        trained = self.results[~is_baseline(self.results["pe"])]["model_id"]
         for model_id in sorted(int(i) for i in trained):
             yield model_id, self.model(model_id, device)
 
@@ -859,7 +860,7 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
     unset = sigma.isna() & results["pe"].isin(SIGMA_PES)
     if unset.any():
         refuse("results", f"column sigma is empty for pe {results['pe'][unset].iloc[0]}, whose PE is drawn with a σ")
-    baseline = results["pe"].str.startswith("baseline:")
+    baseline = is_baseline(results["pe"])
     for name, may_be_empty in (("seed", baseline), ("model_id", False)):  # baselines have no seed
         if name in results and (problem := _not_counts(_numbers(results[name]), may_be_empty)):
             refuse("results", f"column {name} holds {problem}")
@@ -916,7 +917,7 @@ def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, s
             elif name in ("step", "steps") and type(steps) is int:
                 bad, what = numbers > steps, f"a step beyond the settings' --steps {steps}"
             elif name == "pack" and isinstance(packs, list) and packs:
-                trained = ~frame["pe"].astype(str).str.startswith("baseline:") if "pe" in frame else True
+                trained = ~is_baseline(frame["pe"]) if "pe" in frame else True
                 bad = (numbers >= len(packs)) | ((numbers < 0) & trained)  # -1: the baselines' own
                 what = f"not one of config.json's {len(packs)} packs"
             else:
@@ -955,7 +956,7 @@ def check_models_listed(directory: Path, results: pd.DataFrame, models, settings
                                   f"{_shown(entry.get('model_id'))} with {key} {_shown(value)}, which its settings' "
                                   f"{flag} do not hold")
     listed = {m["model_id"]: m for m in models if isinstance(m, dict) and type(m.get("model_id")) is int}
-    trained = results[~results["pe"].str.startswith("baseline:")]
+    trained = results[~is_baseline(results["pe"])]
     for row in trained.to_dict("records"):
         entry = listed.get(int(row["model_id"]))
         if entry is None:
@@ -976,7 +977,7 @@ def check_results_are_last_evaluations(directory: Path, results: pd.DataFrame, c
     ordered = curves.sort_values(["model_id", "step"], kind="stable")
     first = ordered.groupby("model_id").head(1).set_index("model_id")["step"]
     last = ordered.groupby("model_id").tail(1).set_index("model_id")
-    trained = results[~results["pe"].astype(str).str.startswith("baseline:")]
+    trained = results[~is_baseline(results["pe"])]
     for row in trained.to_dict("records"):
         model_id = int(row["model_id"])
         if model_id not in last.index:
