@@ -500,3 +500,20 @@ def test_a_configuration_larger_than_its_tensors_is_refused_before_any_model_is_
     assert len(errors) == 1 and isinstance(errors[0], ReportError), errors
     assert run_folder.WEIGHTS in str(errors[0]) and missing in str(errors[0])
     assert len(str(errors[0]).splitlines()) == 1
+
+
+def test_a_hook_may_edit_its_value_in_place_at_every_point(lst_run):
+    """An edit in place (TransformerLens's `value[...] = 0`, returning None) does what returning the edited value
+    does, at every hook point and with gradients on: each hook gets a tensor of its own, not a view of q, k, v or
+    of a parameter, nor a value the backward needs."""
+    x = lst_run.task_inputs("test")[:8]
+
+    def zero_in_place(value, hook):
+        value.zero_()
+
+    for model_id, model in lst_run.models():  # every PE kind: each adds its PE its own way
+        for name in model.hook_points():
+            edited = model.run_with_hooks(x, [(name, zero_in_place)])
+            edited.sum().backward()  # the autograd graph took the edit
+            returned = model.run_with_hooks(x, [(name, lambda v, hook: torch.zeros_like(v))])
+            np.testing.assert_array_equal(edited.detach(), returned.detach(), err_msg=f"{model.config.pe} {name}")

@@ -36,14 +36,16 @@ HookFunction = Callable[[Tensor, "HookPoint"], Tensor | None]
 
 
 class HookPoint(nn.Module):
-    """A named place in the forward: returns its input, or what a hook put in its place."""
+    """A named place in the forward: returns its input, or what a hook put in its place. A hooked point hands its
+    hooks a copy, which they may edit in place (`value[..., 0] = 0`) with gradients on: the input itself may be a
+    view (of q, k, v split, of a parameter broadcast) or saved for the backward (the softmax's output)."""
 
     def __init__(self):
         super().__init__()
         self.name = ""
 
     def forward(self, x: Tensor) -> Tensor:
-        return x
+        return x.clone() if self._forward_hooks else x
 
 
 def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
