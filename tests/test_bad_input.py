@@ -30,6 +30,7 @@ from pe_fast.results.settings import FLAGS, LIST_SETTINGS, Settings
 from pe_fast.sweep import UsageError, executors
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
+from pe_fast.tasks.lst_puzzles.generator import DEFAULT_SET_FILE
 from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
 
 # compute paths a CPU machine offers but cannot run (Triton's, outside its interpreter)
@@ -1123,6 +1124,45 @@ def test_a_ground_truth_edited_in_a_half_finished_folder_stops_the_resume(half_f
     before = snapshot(folder)
     assert_one_line(capsys, resume_in_process(folder), "ground_truth.npz is not the ground truth of the task")
     assert snapshot(folder) == before
+
+
+@pytest.fixture
+def half_finished_lst_of_a_file(tmp_path):
+    """An LST sweep of two packs trained on a puzzle file of the user's, stopped after its first pack."""
+    puzzles = tmp_path / "train.csv"
+    shutil.copy(DEFAULT_SET_FILE, puzzles)  # any puzzle file
+    folder = tmp_path / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main([*without(LST, "--sigmas"), "--sigmas", "0.5,1", "--max-pack", "1", "--threads", "1",
+                           "--lst-train", str(puzzles), "--out", str(folder)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+        (folder / name).unlink()
+    shutil.rmtree(folder / "packs" / "1")
+    return folder, puzzles
+
+
+def test_data_changed_since_a_sweep_started_stops_its_resume(half_finished_lst_of_a_file, capsys, no_lock):
+    """--resume loads the task again from the files config.json names: one that changed since the start (here
+    fewer training puzzles) would train the packs left on other data than the finished ones."""
+    folder, puzzles = half_finished_lst_of_a_file
+    puzzles.write_text("".join(puzzles.read_text().splitlines(keepends=True)[:301]))
+    before = snapshot(folder)
+    assert_one_line(capsys, resume_in_process(folder), "the task's data changed since the sweep started")
+    assert snapshot(folder) == before
+
+
+def test_a_task_source_elsewhere_still_resumes(half_finished_lst_of_a_file):
+    """The task's sources (a path, a package's version) are not its data: pe_fast reinstalled in another place, its
+    puzzle folder at another path in config.json, resumes."""
+    folder, _ = half_finished_lst_of_a_file
+    config = json.loads((folder / "config.json").read_text())
+    config["task"]["pool_source"] = "/elsewhere/site-packages/pe_fast/data/lst_authors"
+    (folder / "config.json").write_text(json.dumps(config))
+    assert resume_in_process(folder) == 0
+    assert (folder / "packs" / "1" / "results.parquet").is_file()
 
 
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ import torch
 
 from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.program_exit import print_error
+from pe_fast.program_exit import brief, print_error
 from pe_fast.results import reading, run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, executors, folder, grid, live_curves, resume, settings
@@ -107,6 +108,7 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
                 for key, value in expected.items()):
             raise UsageError(f"{path} is not the ground truth of the task config.json describes (edited, or the "
                              f"task's data changed since the sweep started)")
+    check_task_described(out, task)
     for index in sorted(finished):  # every finished pack readable as the results will read it, before training
         try:
             results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
@@ -124,6 +126,24 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
             executors.check_checkpoint_fits(s, task, packs[index], out, index)
         except run_folder.UnreadableCheckpoint as error:
             raise UsageError(str(error))
+
+
+def check_task_described(out: Path, task):
+    """The task --resume loaded is the one config.json describes (its data's sizes, runs, split, conditions): a data
+    file changed since the sweep started would train the packs left on other data than the finished ones. Not its
+    sources (a path, a package's version), which the recorded flags fix: pe_fast installed elsewhere still resumes."""
+    recorded = run_folder.read_config(out).get("task")
+    if recorded is None:  # older folders: no description
+        return
+    loaded = json.loads(json.dumps(task.description))  # as config.json holds it: lists for tuples
+    differing = [key for key in sorted({*recorded, *loaded}, key=str)
+                 if not key.endswith("source") and recorded.get(key) != loaded.get(key)]
+    if not differing:
+        return
+    key = differing[0]
+    raise UsageError(f"{out / run_folder.CONFIG}: its task has {key} {brief(recorded.get(key))}, where the task "
+                     f"--resume loads has {brief(loaded.get(key))}: the task's data changed since the sweep started "
+                     f"(or config.json was edited); rerun with the data it started with, or start a new sweep")
 
 
 def default_out(s: Settings) -> str:
