@@ -138,6 +138,34 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 1.0
 
 
+def structure_problem(own, found, where: str) -> str | None:
+    """Where `found` (a state read from a checkpoint) differs in structure from `own` (the state this code makes):
+    other keys, lengths, tensor shapes or dtypes, or types of number (a bool is not an int); None where it does
+    not. A None of `own` (a sampler before its first epoch) takes anything: its owner checks that value."""
+    if own is None:
+        return None
+    if isinstance(own, dict):
+        if not isinstance(found, dict) or set(found) != set(own):
+            keys = sorted(map(str, found))[:6] if isinstance(found, dict) else type(found).__name__
+            return f"{where} holding {keys}, where this pack's holds {sorted(map(str, own))[:6]}"
+        return next((problem for key in own
+                     if (problem := structure_problem(own[key], found[key], f"{where}.{key}")) is not None), None)
+    if isinstance(own, (list, tuple)):
+        if not isinstance(found, (list, tuple)) or len(found) != len(own):
+            return f"{where} of {len(found) if isinstance(found, (list, tuple)) else type(found).__name__} items, " \
+                   f"where this pack's has {len(own)}"
+        return next((problem for i, (a, b) in enumerate(zip(own, found))
+                     if (problem := structure_problem(a, b, f"{where}[{i}]")) is not None), None)
+    if isinstance(own, Tensor):
+        if not isinstance(found, Tensor) or found.shape != own.shape or found.dtype != own.dtype:
+            got = f"{tuple(found.shape)} {found.dtype}" if isinstance(found, Tensor) else type(found).__name__
+            return f"{where} of {got}, where this pack's is {tuple(own.shape)} {own.dtype}"
+        return None
+    if type(found) is not type(own):
+        return f"{where} a {type(found).__name__}, where this pack's is a {type(own).__name__}"
+    return None
+
+
 class BatchSampler:
     """Each model walks through its own random permutation of the training set, epoch after epoch."""
 
@@ -503,7 +531,59 @@ class PackTrainer:
         evaluated = max((row["step"] for row in curves), default=0)
         if type(filled) is not int or type(step) is not int or filled != step - evaluated or filled > self.window:
             return f"step {step!r:.20} with {filled!r:.20} steps since its last evaluation, at step {evaluated}"
+        return self.progress_problem(state, step, evaluated)
+
+    def progress_problem(self, state: dict, step: int, evaluated: int) -> str | None:
+        """What in the optimizer's, schedule's, samplers', loss scaler's, RNG's and tangent kernel probe's states this
+        pack's training could not have left at `step`, or None. Each has the structure (keys, lengths, tensors'
+        shapes and dtypes, numbers' types) of this trainer's own state (the optimizer's after one step on zeros),
+        and the values the settings fix are the settings' (the optimizer's hyperparameters, the schedule's base
+        rates and its rate at `step`): torch loads such a state as given, into a fused kernel that writes past a
+        buffer of another shape, or a schedule that trains at another rate than the results record."""
+        own = {**self.state_dict(), "optimizer": self.stepped_optimizer_state()}
+        for key in ("optimizer", "scheduler", "sampler", "batches", "scaler", "torch_rng"):
+            if key in state and (problem := structure_problem(own[key], state[key], key)) is not None:
+                return problem
+        groups, own_groups = state["optimizer"]["param_groups"], own["optimizer"]["param_groups"]
+        for group, own_group in zip(groups, own_groups):
+            for name, value in group.items():
+                if name != "lr" and value != own_group[name]:
+                    return f"optimizer {name} {value!r:.40}, where this pack's settings give {own_group[name]!r:.40}"
+            if not math.isclose(group["lr"], group["initial_lr"] * lr_factor(step, self.config), rel_tol=1e-9):
+                return f"optimizer lr {group['lr']!r:.20} at step {step}, not its schedule's"
+        scheduler, own_scheduler = state["scheduler"], own["scheduler"]
+        if scheduler["base_lrs"] != own_scheduler["base_lrs"] or scheduler["last_epoch"] != step:
+            return (f"a schedule of base rates {scheduler['base_lrs']!r:.40} at step {scheduler['last_epoch']}, "
+                    f"where this pack's is {own_scheduler['base_lrs']!r:.40} at step {step}")
+        sampler = state["sampler"]
+        position, epoch = sampler["position"], sampler["epoch"]
+        per_epoch, items = self.sampler.per_epoch, self.sampler.num_items
+        width = per_epoch * self.sampler.batch_size  # an epoch's items, its last partial batch dropped
+        if not 0 <= position <= per_epoch or (epoch is None) != (step == 0) or epoch is not None and not (
+                isinstance(epoch, Tensor) and epoch.dtype == torch.int64 and epoch.shape == (self.M, width)
+                and bool(((epoch >= 0) & (epoch < items)).all())):
+            return (f"a batch sampler at batch {position!r:.20} of {per_epoch}, with an epoch "
+                    f"{'of ' + str(tuple(epoch.shape)) if isinstance(epoch, Tensor) else repr(epoch)[:20]}")
+        previous = (state.get("tangent_kernel") or {}).get("previous")
+        if previous is not None and self.evaluation.tangent_kernel is not None:
+            initial = self.evaluation.tangent_kernel.initial
+            kernels = previous.get("kernels") if isinstance(previous, dict) else None
+            if not (isinstance(kernels, dict) and set(kernels) == set(initial) and previous.get("step") == evaluated
+                    and all(isinstance(kernels[k], Tensor) and kernels[k].shape == initial[k].shape
+                            and kernels[k].dtype == initial[k].dtype for k in initial)):
+                return "tangent kernels of another pack or step"
         return None
+
+    def stepped_optimizer_state(self) -> dict:
+        """The state_dict of this pack's optimizer after one step on zero gradients: the structure of a trained one's
+        (this trainer's own optimizer has no per-parameter state before its first step)."""
+        params = [torch.zeros_like(p, requires_grad=True) for p in self.model.parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer = make_optimizer(params, self.config)
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, self.config))  # sets initial_lr
+        optimizer.step()
+        return optimizer.state_dict()
 
     def load_state_dict(self, state: dict):
         for key, where in self.STATE.items():

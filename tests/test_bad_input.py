@@ -3,6 +3,7 @@ exactly one line on stderr naming the flag or file, no traceback, no results fol
 folder left byte for byte as it was. One case per line in CASES / RESUME_CASES: add yours there."""
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import errno
 import hashlib
@@ -608,6 +609,36 @@ def checkpoint_of_another_width(folder: Path):
     run_folder.save_checkpoint(folder, 0, trainer.state_dict())
 
 
+def trained_checkpoint_edited(edit):
+    """Pack 0's checkpoint as its training leaves it after its first evaluation (step 2), then `edit`ed: it loads
+    safely, its model fits, but what torch would load as given (the optimizer's, schedule's, sampler's and RNG's
+    states) is not what this pack's training leaves."""
+    def spoil(folder: Path):
+        from pe_fast.sweep import grid
+        from pe_fast.sweep.task_loading import load_task
+        config = json.loads((folder / "config.json").read_text())
+        s = Settings.from_json(config["settings"], packs=())
+        pack = [next(m for m in config["models"] if m["model_id"] == i) for i in config["packs"][0]]
+        trainer = grid.pack_trainer(s, load_task(s), pack)
+        def save_edited():  # as the sweep saves it, at step 2 (the only checkpoint before the last step)
+            state = copy.deepcopy(trainer.state_dict())  # it holds the live optimizer's state: edit a copy
+            edit(state)
+            run_folder.save_checkpoint(folder, 0, state)
+        trainer.run(checkpoint=save_edited, checkpoint_every=2)
+    return spoil
+
+
+def set_in(path: str, value):
+    """An edit of a checkpoint's state: the value at path (keys joined by dots, digits for indices) replaced."""
+    def edit(state):
+        *keys, last = [int(key) if key.isdigit() else key for key in path.split(".")]
+        owner = state
+        for key in keys:
+            owner = owner[key]
+        owner[last] = value(owner[last]) if callable(value) else value
+    return edit
+
+
 def config_without(key: str):
     def change(folder: Path):
         config = json.loads((folder / "config.json").read_text())
@@ -756,6 +787,28 @@ RESUME_CASES = [
     # no pe_fast wrote it: dropped as an older version's setting, it hid a tampered or foreign file
     ("config with a setting no pe_fast writes", config_with(stepz=50), [], "unknown setting 'stepz'"),
     ("checkpoint without its keys", checkpoint_without_keys, [], "lacks"),
+    # loaded as given, each once trained on: a fused AdamW wrote past a moment of another shape (glibc abort), a
+    # schedule or betas edited trained at other rates than the results record, an RNG or sampler state of another
+    # size or place ended in a traceback
+    ("checkpoint optimizer moment of another size", trained_checkpoint_edited(
+        set_in("optimizer.state.0.exp_avg", torch.zeros(3))), [], "optimizer.state.0.exp_avg of (3,)"),
+    ("checkpoint optimizer moment one wider", trained_checkpoint_edited(
+        set_in("optimizer.state.2.exp_avg_sq", lambda t: torch.zeros(*t.shape[:-1], t.shape[-1] + 1))), [],
+     "optimizer.state.2.exp_avg_sq"),
+    ("checkpoint optimizer betas", trained_checkpoint_edited(set_in("optimizer.param_groups.0.betas", (5.0, -3.0))),
+     [], "optimizer betas (5.0, -3.0)"),
+    ("checkpoint optimizer lr", trained_checkpoint_edited(set_in("optimizer.param_groups.0.lr", 50.0)), [],
+     "optimizer lr 50.0 at step 2"),
+    ("checkpoint schedule base rates", trained_checkpoint_edited(set_in("scheduler.base_lrs", [50.0])), [],
+     "a schedule of base rates [50.0]"),
+    ("checkpoint schedule step text", trained_checkpoint_edited(set_in("scheduler.last_epoch", "x")), [],
+     "scheduler.last_epoch a str"),
+    ("checkpoint RNG state of another size", trained_checkpoint_edited(
+        set_in("torch_rng", torch.zeros(7, dtype=torch.uint8))), [], "torch_rng of (7,)"),
+    ("checkpoint sampler before its start", trained_checkpoint_edited(set_in("sampler.position", -10**6)), [],
+     "a batch sampler at batch -1000000"),
+    ("checkpoint sampler epoch of another shape", trained_checkpoint_edited(
+        set_in("sampler.epoch", torch.zeros(1, 3, dtype=torch.long))), [], "an epoch of (1, 3)"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
     ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
     ("lock a FIFO", lock_a_fifo, [], "an unreadable lock"),  # read, it would block the sweep for ever
@@ -793,6 +846,26 @@ def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monke
     assert snapshot(folder) == before
     assert snapshot(tmp_path) == beside  # nothing written beside the folder either (through a link)
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("flags", [[], ["--ntk-items", "4"], ["--optimizer", "sgd", "--momentum", "0.5"],
+                                   ["--lr", "1e-3,2e-3", "--schedule", "cosine", "--warmup", "1"]],
+                         ids=["default", "tangent kernel probe", "sgd", "stacked optimizer"])
+def test_an_untouched_trained_checkpoint_resumes_as_its_pack_leaves_it(flags, tmp_path):
+    """The checks of a checkpoint's optimizer, schedule, sampler and RNG states pass what training leaves."""
+    folder = tmp_path / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main(NETSIM + flags + ["--threads", "1", "--out", str(folder)]) == 0
+        for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+            (folder / name).unlink()
+        shutil.rmtree(folder / "packs")
+        (folder / "packs").mkdir()
+        trained_checkpoint_edited(lambda state: None)(folder)
+        assert resume_in_process(folder) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert (folder / "packs" / "0" / "results.parquet").is_file()
 
 
 RESUME_FLAG_CASES = [
@@ -956,6 +1029,8 @@ def test_a_recorded_setting_out_of_its_range_is_refused_by_resume_report_and_loa
                                                (config_with(sigmas=[]), "--sigmas: empty list"),
                                                # the report's configuration table read it as a mapping
                                                (config_part("task", 5), "its 'task' is a JSON int"),
+                                               # a netsim sweep's record describing another task's data
+                                               (config_part("task", {"task": "fmri"}), "task 'fmri'"),
                                                (config_part("models", {"0": 1}), "its 'models' is a JSON dict"),
                                                (config_part("time", ["now"]), "its 'time' is a JSON list")])
 def test_a_recorded_value_resume_refuses_the_report_refuses_too(change, must_name, unfinished, tmp_path, capsys):

@@ -240,6 +240,8 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
     (torch.zeros(1, 16, 5).expand(10**9, 16, 5), ValueError, "1,000,000,000 items need about .* GiB"),
     # its attention was NaN, returned without a word
     (torch.zeros(3, 16, 5).index_fill_(0, torch.tensor([2]), float("nan")), ValueError, "item 2 holds NaN or Inf"),
+    # finite, but beyond float32's arithmetic inside the model: NaN again
+    (torch.ones(3, 16, 5).index_fill_(0, torch.tensor([1]), 1e30), ValueError, "item 1 overflows model"),
 ])
 def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_run):
     with pytest.raises(error, match=f"inputs.*{why}"):

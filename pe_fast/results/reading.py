@@ -25,6 +25,7 @@ from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingErro
                                       check_executor_flags, check_range, check_ranges, check_task_rules, check_text,
                                       check_types, trained_with)
 from pe_fast.precision import PRECISIONS
+from pe_fast.program_exit import brief
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, UNTIL, compile_problem
 
@@ -180,7 +181,13 @@ class Run:
         if not (finite := torch.isfinite(tokens).flatten(1).all(1)).all():  # the pattern would be NaN, silently
             raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} holds NaN or Inf; the model's attention "
                              f"needs finite tokens")
-        return model.attention(tokens)
+        pattern = model.attention(tokens)
+        # finite tokens too large for the model's float32 arithmetic (x·1e30) overflow inside it
+        if not (finite := torch.isfinite(pattern).transpose(0, 1).flatten(1).all(1)).all():
+            raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} overflows model {model_id}'s "
+                             f"{model.embed.weight.dtype} arithmetic (its attention would be NaN): values up to "
+                             f"{tokens.abs().max().item():.3g}, where the task's inputs lie within a few units")
+        return pattern
 
     def _packs(self) -> list[list[int]]:
         packs = self.config.get("packs")
@@ -577,6 +584,10 @@ def _read_run(directory: Path) -> Run:
             except (KeyError, TypeError, ValueError) as error:
                 raise ReportError(f"{directory / run_folder.CONFIG} has settings this pe_fast cannot read "
                                   f"({error})") from None
+        described = (config.get("task") or {}).get("task")  # the task's description names its task, as settings do
+        if described is not None and "task" in settings and described != settings["task"]:
+            raise ReportError(f"{directory / run_folder.CONFIG} describes the data of task {brief(described)} in "
+                              f"its task, where its settings name --task {settings['task']}: not one sweep's record")
     packs_listed = config.get("packs")
     if (problem := run_folder.packs_problem(directory, len(packs_listed) if isinstance(packs_listed, list)
                                             else None)) is not None:

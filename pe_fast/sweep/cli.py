@@ -136,7 +136,7 @@ def check_task_described(out: Path, task):
     if recorded is None:  # older folders: no description
         return
     loaded = json.loads(json.dumps(task.description))  # as config.json holds it: lists for tuples
-    differing = [key for key in sorted({*recorded, *loaded}, key=str)
+    differing = [key for key in sorted({*recorded, *loaded}, key=lambda key: (key != "task", key))  # its name first
                  if not key.endswith("source") and recorded.get(key) != loaded.get(key)]
     if not differing:
         return
