@@ -513,14 +513,21 @@ def test_a_backend_whose_kernels_are_not_built_is_named_with_why(tmp_path, capsy
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("flags", [[], ["--backend", "cpp"]])  # with cpp asked for, it blamed --backend
-def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(flags, tmp_path):
-    """The command: the one error line (no warning of the import before it), exit 2, nothing written."""
-    env = {**os.environ, "PE_FAST_KERNELS": "/etc/passwd"}
+# another extension module named _C: torch's own, whose init once ran as pe_fast's (a segfault)
+TORCH_C = next(Path(torch.__file__).parent.glob("_C.*.so"))
+
+
+@pytest.mark.parametrize("flags, kernels", [([], "/etc/passwd"), (["--backend", "cpp"], "/etc/passwd"),
+                                            ([], str(TORCH_C))],
+                         ids=["not a library", "with cpp asked for", "another extension named _C"])
+def test_the_sweep_as_typed_refuses_pe_fast_kernels_that_did_not_load(flags, kernels, tmp_path):
+    """The command: the one error line (no warning of the import before it), exit 2, nothing written. With cpp
+    asked for, it once blamed --backend."""
+    env = {**os.environ, "PE_FAST_KERNELS": kernels}
     done = run_sweep(*LST, *flags, "--out", str(tmp_path / "run"), env=env, timeout=300)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(
-        "error: $PE_FAST_KERNELS '/etc/passwd': its kernels did not load"), done.stderr
+        f"error: $PE_FAST_KERNELS '{kernels}': its kernels did not load"), done.stderr
     assert list(tmp_path.iterdir()) == []
 
 

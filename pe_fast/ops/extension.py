@@ -12,11 +12,13 @@ import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import mmap
 import os
 import pathlib
 import sys
 
 NAME = "pe_fast._C"
+OP_NAMESPACE = b"pe_fast_cpp"  # the name every build registers its ops under (torch.ops.pe_fast_cpp)
 # the build $PE_FAST_KERNELS names, or None for the installed one
 REQUESTED = os.environ.get("PE_FAST_KERNELS") or None
 
@@ -29,6 +31,15 @@ def _load():
     if not (os.path.isfile(path) and path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))):
         raise ImportError(f"PE_FAST_KERNELS={path!r} is not a compiled pe_fast._C (a file ending in "
                           f"{' or '.join(importlib.machinery.EXTENSION_SUFFIXES)})")
+    # loading runs the library's init: another extension named _C (torch's own) would run its init as ours
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            ours = data.find(OP_NAMESPACE) >= 0
+    except (OSError, ValueError):  # unreadable, or empty (mmap takes no empty file)
+        ours = False
+    if not ours:
+        raise ImportError(f"PE_FAST_KERNELS={path!r} is not a compiled pe_fast._C (it registers no "
+                          f"{OP_NAMESPACE.decode()} ops)")
     loader = importlib.machinery.ExtensionFileLoader(NAME, path)
     spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
