@@ -474,6 +474,21 @@ def test_a_compiler_cache_folder_inside_the_package_is_refused(tmp_path, capsys,
     assert not cache.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("cache, must_name", [
+    # g++'s command line split the path: a 100-line traceback after config.json was written
+    ("cache dir", "holds a space or a line break"), ("cache\ndir", "holds a space or a line break"),
+    # torch's files inside another sweep's folder, as an --out there would be
+    ("finished/cache", "inside the results folder")])
+def test_a_compiler_cache_folder_torch_cannot_use_or_inside_a_run_is_refused(cache, must_name, unfinished, tmp_path,
+                                                                             capsys, monkeypatch):
+    shutil.copytree(unfinished, tmp_path / "finished")
+    before = snapshot(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / cache))
+    code = sweep_main(LST + ["--compile", "on", "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, must_name)
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("link", ["dangling", "loop"])
 def test_a_compiler_cache_folder_behind_a_link_to_nothing_is_refused(link, tmp_path, capsys, monkeypatch):
     """A link to no folder passed the check (its parent was writable); torch then failed to make the folder, after
@@ -511,6 +526,17 @@ def test_a_backend_whose_kernels_are_not_built_is_named_with_why(tmp_path, capsy
     code = sweep_main(LST + ["--backend", "cpp", "--out", str(tmp_path / "run")])
     assert_one_line(capsys, code, "--backend cpp is not available here: pe_fast's C++ CPU kernels are not built")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["yes", "true", " 1"])
+def test_a_tf32_variable_that_is_neither_1_nor_0_is_refused(value, tmp_path, capsys, monkeypatch):
+    """It was read as "not 1", silently: IEEE dots for a user who asked for TF32."""
+    from pe_fast import precision
+    monkeypatch.setenv("PE_FAST_TF32", value)
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), f"$PE_FAST_TF32 {value!r}")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="PE_FAST_TF32"):  # the op's Triton kernels ask the same function
+        precision.tf32_dots()
 
 
 # another extension module named _C: torch's own, whose init once ran as pe_fast's (a segfault)

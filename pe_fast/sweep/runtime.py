@@ -129,6 +129,9 @@ def check_inductor_cache():
     advice = "torch keeps its compiler's caches there: name a writable folder, or unset it"
     if not path.strip():  # torch would write its caches into the working folder
         raise UsageError(f"{name} names no folder; {advice}")
+    if any(character.isspace() for character in path):  # inductor's C++ compile command splits at whitespace
+        raise UsageError(f"{name} holds a space or a line break, which torch's C++ compiler command splits; "
+                         f"{advice}")
     folder = Path(path).absolute()
     existing = folder
     try:
@@ -138,6 +141,9 @@ def check_inductor_cache():
         if not existing.is_dir():
             raise UsageError(f"{name}: {existing} is a file, not a folder; {advice}")
         run_folder.check_outside_package(folder)  # torch's cache files would mix with pe_fast's code
+        home = next((p for p in (folder, *folder.parents) if run_folder.is_results_folder(p)), None)
+        if home is not None:  # its files would be read as part of that folder's, as an --out there would be
+            raise UsageError(f"{name}: inside the results folder {home}; {advice} outside it")
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except run_folder.OutFolderError as error:
         raise UsageError(f"{name}: {error}") from None
@@ -184,6 +190,10 @@ def resolve(s: dict):
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache()
     check_kernels()
+    try:
+        precision.tf32_dots()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
         raise UsageError(f"--backend {s['backend']}: {why} (--device {s['device']}); leave it out for the device's "
                          f"fastest")
