@@ -106,6 +106,7 @@ CASES = [
        f"{flag} must be finite") for flag, sign in (("--netsim-seed", ""), ("--max-pack", "-"), ("--width", ""),
                                                     ("--steps", ""), ("--batch-size", ""))],
     ("lr zero", LST + ["--lr", "0"], "--lr"),
+    ("lr zero in float32", LST + ["--lr", "1e-50"], "--lr must be finite and ≥ 1.17"),  # trained nothing, silently
     ("lr list with a zero", LST + ["--lr", "1e-3,0"], "--lr"),
     ("lr list with a word", LST + ["--lr", "1e-3,fast"], "--lr"),
     ("pe list with an empty item", LST + ["--pe", "learned,,none"], "--pe: 'learned,,none' holds an empty item"),

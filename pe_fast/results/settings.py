@@ -36,6 +36,9 @@ MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 # the tangent kernel's probe items: each costs a forward and 4 backwards per evaluation, and 4 gradients' memory
 MAX_NTK_ITEMS = 256
 MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
+# float32's smallest normal number: the optimizers step in float32, where a smaller rate is 0 (a run that trains
+# nothing, silently)
+MIN_LR = float(np.finfo(np.float32).tiny)
 MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
 # the largest finite float32: a sweep computes in float32 at most, and every float setting is stored (results.parquet's
 # columns, the models' numbers) as float32, where a larger value is infinite
@@ -110,7 +113,7 @@ class Settings:
                              help="MLP hidden width (default 4·width)")
     batch_size: int = setting(range=(1, MAX_BATCH_SIZE, "[]"))
     # grid axes (grid_axis=N): every model trains with one value of each
-    lr: tuple[float, ...] = setting(range=(0, None, "()"), grid_axis=2,
+    lr: tuple[float, ...] = setting(range=(MIN_LR, None, "[)"), grid_axis=2,
                                     help="learning rate; a comma-separated list is a grid axis")
     optimizer: tuple[str, ...] = setting(
         choices=OPTIMIZERS, grid_axis=1, help=f"{', '.join(OPTIMIZERS)}; a comma-separated list is a grid axis")
