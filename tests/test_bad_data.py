@@ -16,6 +16,7 @@ from test_user_data import save_dlabel, save_dtseries, write_table
 from pe_fast.compare_lst_logs import main as compare_main
 from pe_fast.data import DataError, load_user_data
 from pe_fast.sweep.cli import main as sweep_main
+from pe_fast.tasks.lst_puzzles import AUTHORS_DATA, AUTHORS_PUZZLE_FILES
 
 
 def regions_at(path: Path, points) -> str:
@@ -64,6 +65,20 @@ def data_files(tmp_path: Path) -> dict[str, str]:
                                         "1,,Binary,1100500000000000,2\n")
     files["AMBIGUOUS"] = str(tmp_path / "two_answers.csv")  # its query may hold 3 or 4: row 1 shows 1, 2
     Path(files["AMBIGUOUS"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,1250000000000000,3\n")
+    # the authors' first 300 binary puzzles, each valid alone
+    authors = (AUTHORS_DATA / AUTHORS_PUZZLE_FILES[0]).read_text().splitlines(keepends=True)[:301]
+    files["TRAIN300"] = str(tmp_path / "train300.csv")
+    Path(files["TRAIN300"]).write_text("".join(authors))
+    files["MISLABELLED"] = str(tmp_path / "wrong_condition.csv")  # binary puzzles labelled quaternary
+    Path(files["MISLABELLED"]).write_text("".join(authors).replace(",Binary,", ",Quaternary,"))
+    files["REPEATED"] = str(tmp_path / "repeated.csv")  # line 2's puzzle again on line 302
+    Path(files["REPEATED"]).write_text("".join(authors) + authors[1])
+    files["REPEATED_ACROSS"] = str(tmp_path / "twice")  # one file twice in a folder
+    (tmp_path / "twice").mkdir()
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / "twice" / name).write_text("".join(authors))
+    files["OOD_OF_TRAINING"] = str(tmp_path / "ood_of_training.csv")  # training puzzles 290-300
+    Path(files["OOD_OF_TRAINING"]).write_text(authors[0] + "".join(authors[290:]))
     (tmp_path / "empty").mkdir()
     files["EMPTY_FOLDER"] = str(tmp_path / "empty")
     files["SUPERSCRIPT"] = str(tmp_path / "superscript.csv")  # '³' passes str.isdigit, not int()
@@ -148,6 +163,18 @@ CASES = [
      "--lst-ood {SUPERSCRIPT}:2: puzzle must be 16 digits 0-5, got '12³0500000000000'"),
     ("puzzle folder with a link to /dev/zero", LST + ["--lst-ood", "ZERO_LINK"],
      "--lst-ood {ZERO_LINK}/b.csv:0: not a regular file (a pipe, device or socket)"),
+    # each once accepted: scored per condition by the label, split into training and test twice, generalisation
+    # scored on training puzzles
+    ("puzzle condition the rules contradict", LST + ["--lst-train", "MISLABELLED"],
+     "--lst-train {MISLABELLED}:2: puzzle 1 of the file, '2000500234001000': its condition Quaternary contradicts "
+     "it: the rules solve it as Binary"),
+    ("puzzle file repeating a puzzle", LST + ["--lst-train", "REPEATED"],
+     "--lst-train {REPEATED}:302: repeats the puzzle of line 2: give each puzzle once"),
+    ("puzzle folder repeating a file", LST + ["--lst-train", "REPEATED_ACROSS"],
+     "--lst-train {REPEATED_ACROSS}/b.csv:0: its puzzle 1 repeats puzzle 1 of a.csv: give each puzzle once"),
+    ("generalisation puzzles the training set holds", LST + ["--lst-train", "TRAIN300", "--lst-ood",
+                                                             "OOD_OF_TRAINING"],
+     "--lst-ood {OOD_OF_TRAINING}:0: its puzzle 1 is a training puzzle (puzzle 290 of {TRAIN300})"),
     ("puzzle folder with a pipe", LST + ["--lst-ood", "PIPE"],
      "--lst-ood {PIPE}/b.csv:0: not a regular file (a pipe, device or socket)"),
     ("h5 of chunks never written", FMRI + ["--data", "UNWRITTEN"],

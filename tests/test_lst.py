@@ -192,11 +192,12 @@ def test_leading_zeros_survive_and_folder_reads_sorted(tmp_path):
     folder = tmp_path / "set"
     folder.mkdir()
     (folder / "b.csv").write_text("ID,LST_num,condition,puzzles,solutions\n0,,Ternary,0300340102454032,3\n")
-    (folder / "a.csv").write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,0000500234001000,4\n")
+    # ternary: with the first cell blank, neither its row nor its column alone gives the answer
+    (folder / "a.csv").write_text("ID,LST_num,condition,puzzles,solutions\n0,,Ternary,0000500234001000,4\n")
     (folder / "notes.txt").write_text("not a puzzle file")
     p = lst_puzzles.read_puzzle_folder(folder)
     assert ["".join(map(str, g)) for g in p.grids] == ["0000500234001000", "0300340102454032"]
-    assert p.answers.tolist() == [4, 3] and p.conditions.tolist() == [0, 1]
+    assert p.answers.tolist() == [4, 3] and p.conditions.tolist() == [1, 1]
     # A single file works too, and subset/concat keep rows aligned.
     single = lst_puzzles.read_puzzle_folder(folder / "a.csv")
     both = lst_puzzles.Puzzles.concat([single, p.subset([1])])

@@ -19,8 +19,9 @@ from pe_fast.models.absolute_pe import sinusoidal_nd
 from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView, per_model_cross_entropy
 from pe_fast.tasks.lst_puzzles import (CONDITIONS, DEFAULT_GENERALISATION, DEFAULT_OOD_MIN_DISTANCE,
                                        DEFAULT_OOD_PER_CONDITION, NUM_CELLS, NUM_SHAPES, NUM_SYMBOLS, Puzzles,
-                                       authors_puzzles, default_generalisation_set, encode, generalisation_set,
-                                       nearest_jaccard_distance, read_puzzle_folder, stratified_split)
+                                       PuzzleFileError, authors_puzzles, default_generalisation_set, encode,
+                                       first_repeat, generalisation_set, nearest_jaccard_distance,
+                                       read_puzzle_folder, stratified_split)
 
 PROBE_NAMES = ("same_row", "same_col", "same_row_or_col")
 
@@ -97,6 +98,11 @@ class LSTTask:
         pool = authors_puzzles() if train_path is None else read_puzzle_folder(train_path)
         if ood_path is not None:
             ood = read_puzzle_folder(ood_path)
+            both = np.concatenate([pool.grids, ood.grids])
+            if (repeat := first_repeat(both)) is not None:  # each alone has none: an ood puzzle is a pool's
+                raise PuzzleFileError(ood_path, 0, f"its puzzle {repeat[0] - len(pool) + 1} is a training puzzle "
+                                                   f"(puzzle {repeat[1] + 1} of {pool.source}): generalisation "
+                                                   f"would be scored on puzzles the models trained on")
         elif train_path is None and (ood_per_condition, ood_min_distance, seed) == DEFAULT_GENERALISATION:
             ood = default_generalisation_set()  # what the next line would draw, as it drew it once
         else:

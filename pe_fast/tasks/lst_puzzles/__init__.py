@@ -31,12 +31,13 @@ from pe_fast.tasks.lst_puzzles.generator import (DEFAULT_GENERALISATION, DEFAULT
 from pe_fast.tasks.lst_puzzles.puzzles import (AUTHORS_DATA, AUTHORS_LOGS_FILE, AUTHORS_PUZZLE_FILES, BLANK,
                                                CONDITIONS, CSV_HEADER, NUM_CELLS, NUM_SHAPES, NUM_SYMBOLS, QUERY,
                                                PuzzleFileError, Puzzles, authors_file, authors_puzzles, encode,
-                                               read_puzzle_folder, read_puzzles, stratified_split, write_puzzles)
+                                               first_repeat, read_puzzle_folder, read_puzzles, stratified_split,
+                                               write_puzzles)
 from pe_fast.tasks.lst_puzzles.solver import brute_force_answers, classify, latin_squares
 
 __all__ = ["AUTHORS_DATA", "AUTHORS_LOGS_FILE", "AUTHORS_PUZZLE_FILES", "BLANK", "CONDITIONS", "CSV_HEADER",
            "DEFAULT_GENERALISATION", "DEFAULT_OOD_MIN_DISTANCE", "DEFAULT_OOD_PER_CONDITION", "NUM_CELLS",
            "NUM_SHAPES", "NUM_SYMBOLS", "QUERY", "PuzzleFileError", "Puzzles", "authors_file", "authors_puzzles",
-           "brute_force_answers", "classify", "default_generalisation_set", "encode", "generalisation_set",
-           "generate_puzzles", "jaccard_distance_matrix", "latin_squares", "nearest_jaccard_distance",
-           "read_puzzle_folder", "read_puzzles", "stratified_split", "write_puzzles"]
+           "brute_force_answers", "classify", "default_generalisation_set", "encode", "first_repeat",
+           "generalisation_set", "generate_puzzles", "jaccard_distance_matrix", "latin_squares",
+           "nearest_jaccard_distance", "read_puzzle_folder", "read_puzzles", "stratified_split", "write_puzzles"]

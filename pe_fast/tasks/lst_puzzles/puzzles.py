@@ -129,6 +129,28 @@ def _check_solutions(path: Path, lines: list[int], grids: np.ndarray, answers: n
     raise PuzzleFileError(path, lines[k], f"puzzle {k + 1} of the file, {''.join(map(str, grids[k]))!r}: {problem}")
 
 
+def _check_conditions(path: Path, lines: list[int], grids: np.ndarray, conditions: np.ndarray):
+    """Each puzzle's condition the one the rules solve it in (pe_fast.tasks.lst_puzzles.solver.classify, which
+    agrees with every one of the authors' 9,000): the task's per-condition splits and scores read the file's."""
+    from pe_fast.tasks.lst_puzzles.solver import classify  # solver imports this module
+    for k, (grid, condition) in enumerate(zip(grids, conditions)):
+        solved = classify(grid)
+        if solved is not None and solved[1] != condition:
+            raise PuzzleFileError(path, lines[k], f"puzzle {k + 1} of the file, {''.join(map(str, grid))!r}: its "
+                                                  f"condition {_FILE_CONDITION_NAMES[condition]} contradicts it: the "
+                                                  f"rules solve it as {_FILE_CONDITION_NAMES[solved[1]]}")
+
+
+def first_repeat(grids: np.ndarray) -> tuple[int, int] | None:
+    """(k, j): puzzle k is puzzle j (j < k) again, the first such k; None where every grid differs."""
+    seen: dict[bytes, int] = {}
+    for k, grid in enumerate(np.ascontiguousarray(grids)):
+        j = seen.setdefault(grid.tobytes(), k)
+        if j != k:
+            return k, j
+    return None
+
+
 def read_puzzles(path: str | os.PathLike) -> Puzzles:
     """Read one puzzle CSV file; raises PuzzleFileError on the first problem found (each row's form first, then
     whether the rows are puzzles with their solutions)."""
@@ -185,7 +207,11 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
         raise PuzzleFileError(path, 0, f"cannot read file: {exc}") from exc
     if not grids:
         raise PuzzleFileError(path, 2, "no puzzles after the header")
+    if (repeat := first_repeat(np.array(grids))) is not None:  # it would land in both the training and test split
+        raise PuzzleFileError(path, lines[repeat[0]], f"repeats the puzzle of line {lines[repeat[1]]}: give each "
+                                                      f"puzzle once")
     _check_solutions(path, lines, np.array(grids), np.array(answers))
+    _check_conditions(path, lines, np.array(grids), np.array(conditions))
     return Puzzles(np.array(grids), np.array(answers), np.array(conditions), str(path))
 
 
@@ -197,10 +223,19 @@ def read_puzzle_folder(path: str | os.PathLike) -> Puzzles:
     if not path.is_dir():
         raise PuzzleFileError(path, 0, "not a regular file or folder (a pipe, device or socket)" if path.exists()
                               else "no such file or folder")
-    files = sorted(path.glob("*.csv"))
+    files = sorted(f for f in path.glob("*.csv") if not f.name.startswith("."))  # a hidden copy is not a part
     if not files:
         raise PuzzleFileError(path, 0, "folder has no *.csv puzzle files: give a puzzle CSV file or a folder of them")
-    return Puzzles.concat([read_puzzles(f) for f in files], source=str(path))
+    parts = [read_puzzles(f) for f in files]
+    puzzles = Puzzles.concat(parts, source=str(path))
+    if (repeat := first_repeat(puzzles.grids)) is not None:  # each file's own repeats are refused as it is read
+        starts = np.cumsum([0] + [len(part) for part in parts])
+        file_of = lambda k: int(np.searchsorted(starts, k, side="right")) - 1  # noqa: E731
+        k, j = repeat
+        raise PuzzleFileError(files[file_of(k)], 0, f"its puzzle {k - starts[file_of(k)] + 1} repeats puzzle "
+                                                    f"{j - starts[file_of(j)] + 1} of {files[file_of(j)].name}: give "
+                                                    f"each puzzle once")
+    return puzzles
 
 
 def write_puzzles(puzzles: Puzzles, path: str | os.PathLike) -> None:
