@@ -53,6 +53,10 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     files.update(LINKED=str(tmp_path / "linked.h5"), SOURCE=str(tmp_path / "source.h5"))
     with h5py.File(tmp_path / "huge.h5", "w") as f:  # a few kB on disk, 4 PiB declared
         f.create_dataset("timeseries", shape=(10**6, 10**6, 1000), dtype="f4", chunks=(1, 100, 100))
+    files["ENUM"] = str(tmp_path / "enum.h5")  # categories stored as small integers
+    with h5py.File(files["ENUM"], "w") as f:
+        f.create_dataset("timeseries", data=(np.random.default_rng(0).standard_normal((3, 40, 8)) > 0).astype("i1"),
+                         dtype=h5py.enum_dtype({"off": 0, "on": 1}, basetype="i1"))
     with h5py.File(tmp_path / "null.h5", "w") as f:  # a null dataspace: no shape, no size
         f.create_dataset("timeseries", data=h5py.Empty("f8"))
     files.update(EXTERNAL=str(tmp_path / "external.h5"), VIRTUAL=str(tmp_path / "virtual.h5"),
@@ -112,6 +116,8 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     Path(files["LYING_NPZ"]).write_bytes(raw.replace(b"(60, 10)", b"(99, 10)", 1))
     files["TWO_LABELS"] = str(write_table(tmp_path / "two_labels.csv", [f"r{i},{i},0,0,a,x" for i in range(10)],
                                           header="label,x,y,z,network,Label"))
+    files["LONG_ROW"] = str(write_table(tmp_path / "row_too_long.csv", [f"r{i},{i},0,0,a" + ",extra" * (i == 3)
+                                                                     for i in range(10)]))
     files["FAR"] = regions_at(tmp_path / "remote.csv", [(i * 1e200, 0, 0) for i in range(10)])
     files["TMP"] = str(tmp_path.resolve())
     return files
@@ -135,6 +141,8 @@ CASES = [
      "--data {LINKED}: 'timeseries' is an external link to {SOURCE}:/timeseries, data of another file"),
     ("h5 virtual dataset", FMRI + ["--data", "VIRTUAL"],
      "--data {VIRTUAL}: dataset 'timeseries' is a virtual dataset, mapping data of other files"),
+    ("h5 enum dataset", FMRI + ["--data", "ENUM"],  # read as its integers: categories taken for a time series
+     "--data {ENUM}: dataset 'timeseries' holds an HDF5 enum (categories ['off', 'on']), not numbers"),
     ("h5 dataset with a null dataspace", FMRI + ["--data", "NULL"],
      "--data {NULL}: dataset 'timeseries' is empty (a null dataspace)"),
     ("h5 declaring more than memory", FMRI + ["--data", "HUGE"],
@@ -189,6 +197,9 @@ CASES = [
     # 4 regions have 2 connectivity gradients, not the 3 the PE is compared with: once a traceback after training
     ("data of 4 regions", FMRI + ["--data", "FOUR_REGIONS"],
      "--data {FOUR_REGIONS}: 4 regions; the sweep needs at least 5"),
+    # its extra field was dropped without a word (a short row is refused)
+    ("regions table row longer than its header", FMRI + ["--data", "NPY", "--regions", "LONG_ROW"],
+     "--regions {LONG_ROW}:5: the regions table's row holds 6 fields, its header 5: give one field per column"),
     ("regions far beyond a brain", FMRI + ["--data", "NPY", "--regions", "FAR"],
      "--regions {FAR}: the x, y, z columns hold values beyond ±1,000,000"),
 ]

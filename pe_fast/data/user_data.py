@@ -290,6 +290,9 @@ def _read_h5(p: Path, name: str | None):
                             f"its data in the file itself")
         if ds.shape is None:  # a null dataspace (h5py.Empty): no array at all
             raise DataError(f"{p}: dataset {name!r} is empty (a null dataspace): save the time series in it")
+        if (categories := h5py.check_enum_dtype(ds.dtype)) is not None:  # integers naming categories, not values
+            raise DataError(f"{p}: dataset {name!r} holds an HDF5 enum (categories {sorted(categories)[:4]}), not "
+                            f"numbers: save float32 or float64 values")
         _check_dtype(ds, p)
         declared = ds.size * ds.dtype.itemsize
         if declared > _MEMORY_BYTES:
@@ -458,8 +461,13 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         with open(p, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c.strip().lower() for c in (reader.fieldnames or [])]
-            rows = [{k.strip().lower(): (v or "").strip() for k, v in row.items() if k is not None}
-                    for row in reader]
+            rows = []
+            for row in reader:
+                if None in row:  # fields beyond the header's, which DictReader files under None: which were meant?
+                    fields = len(columns) + len(row[None])
+                    raise DataError(f"{p}:{reader.line_num}: the regions table's row holds {fields} fields, its "
+                                    f"header {len(columns)}: give one field per column")
+                rows.append({k.strip().lower(): (v or "").strip() for k, v in row.items()})
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"{p}: cannot read the regions table ({_why(e)}): give a CSV with a header line") from None
     repeated = next((c for c in columns if columns.count(c) > 1), None)
