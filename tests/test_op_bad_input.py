@@ -89,6 +89,14 @@ CASES = [
     ("w_qkv None", changed("w_qkv", lambda t: None), TypeError, r"w_qkv must be a torch.Tensor"),
     ("pe a list", changed("pe", lambda t: t.tolist()), TypeError, r"pe must be a torch.Tensor"),
     ("rope one table", changed("rope", lambda r: r[0]), TypeError, r"rope must be a \(cos, sin\) pair"),
+    # an AttributeError on None.shape, from every backend
+    ("rope without its sin table", with_rope_table(1, lambda t: None), TypeError,
+     r"rope\[1\] must be a torch.Tensor, got NoneType"),
+    ("rope of no tables", changed("rope", lambda r: (None, None)), TypeError,
+     r"rope\[0\] must be a torch.Tensor, got NoneType"),
+    # its gradient was never computed: None, without a word
+    ("rope table asking for a gradient", with_rope_table(0, lambda t: t.clone().requires_grad_()), ValueError,
+     r"rope: its \(cos, sin\) tables take no gradient"),
     # the backends index dense memory: these failed deep inside (reshape, bmm, the C++ op's dispatch)
     *[(f"sparse {name}", changed(name, torch.Tensor.to_sparse), TypeError, rf"{name} must be a dense tensor")
       for name in ("x", "w_qkv", "probes")],

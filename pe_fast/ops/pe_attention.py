@@ -221,8 +221,8 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
     tensors = {"x": x, "pe": pe, "w_qkv": w_qkv, "b_qkv": b_qkv, "probes": probes, "rope[0]": cos, "rope[1]": sin,
                "bias": bias}
     for name, tensor in tensors.items():
-        if tensor is None and name not in ("x", "w_qkv"):  # the optional ones
-            continue
+        if tensor is None and name not in ("x", "w_qkv", *(("rope[0]", "rope[1]") if rope is not None else ())):
+            continue  # the optional ones: with rope given, both its tables are needed
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         # the backends index dense memory: a sparse or nested tensor failed deep inside, naming nothing
@@ -259,6 +259,9 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
         dh = D // num_heads
         if dh % 2 or any(tuple(t.shape) != (N, dh // 2) for t in rope):
             raise ValueError(f"rope must be (cos, sin) tables of shape [{N},{dh // 2}] with an even head dim")
+        # fixed tables (RotaryPE's buffers): the backends turn q and k by them and return no gradient for them
+        if torch.is_grad_enabled() and any(t.requires_grad for t in rope):
+            raise ValueError("rope: its (cos, sin) tables take no gradient here; pass them detached (.detach())")
 
 
 def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,
