@@ -274,21 +274,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.logs is not None and not args.logs.strip():  # Path("") is ".": not the authors' logs either
             raise CompareError(f"--logs {args.logs!r} names no file")
         logs = read_logs(Path(args.logs) if args.logs is not None else None)
-        out = Path(args.out) if args.out else directories[0] / OUTPUT if len(directories) == 1 else None
-        named = "--out " if args.out else ""
+        named = "--out " if args.out is not None else ""
         try:
+            if args.out is not None:  # "" once meant DIR's own table, "   " a file of that name here
+                run_folder.check_out_name(args.out, "file")
+            out = Path(args.out) if args.out is not None else directories[0] / OUTPUT if len(directories) == 1 \
+                else None
             home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
             # the one file of a results folder it may replace: that folder's own table, when it is the one compared
             own_table = out is not None and out.name == OUTPUT and \
                 out.parent.resolve() in {d.resolve() for d in directories}
-            if args.out and home is not None and "packs" in out.resolve().relative_to(home).parts[:1]:
+            if args.out is not None and home is not None and "packs" in out.resolve().relative_to(home).parts[:1]:
                 raise CompareError(f"--out {out} lies in the packs of the results folder {home}; write the table "
                                    f"elsewhere")
             # a file it holds, or one a sweep writes there (a new ground_truth.npz would spoil it for its readers; a
             # table over .lock kept every later --resume out, and a live sweep from releasing it)
             ours = out is not None and out.name in (run_folder.CONFIG, run_folder.DIGESTS, run_folder.LOCK,
                                                     *run_folder.DIGESTED)
-            if args.out and home is not None and not own_table and (out.exists() or out.is_symlink() or ours):
+            if args.out is not None and home is not None and not own_table and (
+                    out.exists() or out.is_symlink() or ours):
                 raise CompareError(f"--out {out} is a file of the results folder {home}; write the table under a "
                                    f"new name")
             if out is not None:

@@ -240,6 +240,20 @@ def test_an_output_that_is_a_fifo_is_one_line_not_a_hang(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and "--out" in err and "is not a regular file" in err, err
 
 
+@pytest.mark.parametrize("out, must_name", [("", "--out '' names no file"), ("   ", "--out '   ' names no file"),
+                                             ("a\nb.md", "--out 'a\\nb.md': holds a control character")])
+def test_an_out_naming_no_file_or_holding_a_line_break_is_refused(out, must_name, tmp_path, capsys, monkeypatch):
+    """As the sweep's and the report's --out: "" fell back to DIR's own table, "   " and a line break became files."""
+    monkeypatch.chdir(tmp_path)
+    write_logs(tmp_path / "logs.csv")
+    write_run(tmp_path / "run", test_offset=0.0)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", out])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and must_name in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_a_folder_name_reaches_the_table_as_text_not_html(tmp_path, capsys):
     """The title named the folder raw: its HTML ran and its markdown rendered (report.md escaped the same name)."""
     write_logs(tmp_path / "logs.csv")

@@ -358,22 +358,29 @@ def check_outside_package(path: Path):
         raise OutFolderError(f"{path}: inside the pe_fast package's own folder {PACKAGE}; choose a place outside it")
 
 
-def check_out_folder(name: str | os.PathLike, probe: bool = True):
-    """A folder to write must be named by text (not blank, no control character, UTF-8 as the parquet files
-    record it), be a folder or creatable where its nearest existing parent is writable, and lie outside every
-    other results folder (inside one, its packs/ say, it would be read as part of that one, and that folder's
-    --resume or report would trip over it). name: as given, before Path("") makes it ".". probe=False leaves the
-    write probe (check_writable) to the caller, where other checks come first: it makes and removes a folder."""
+def check_out_name(name: str | os.PathLike, kind: str) -> str:
+    """The name of a folder or file (kind) to write, as text: not blank (Path("") is ".", the folder one runs in),
+    no control character, UTF-8 (as the parquet files record it); else OutFolderError."""
     name = path_text(name, "out")
-    out = Path(name)
-    if not name.strip():  # Path("") is ".": the folder one runs in
-        raise OutFolderError(f"{name!r} names no folder")
+    if not name.strip():
+        raise OutFolderError(f"{name!r} names no {kind}")
     if CONTROL_CHARACTER.search(name):
         raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # bytes that are not UTF-8 text, as os.fsdecode keeps them
         raise OutFolderError(f"{name!r}: holds bytes that are not UTF-8 text; rename it") from None
+    return name
+
+
+def check_out_folder(name: str | os.PathLike, probe: bool = True):
+    """A folder to write must be named by text (not blank, no control character, UTF-8 as the parquet files
+    record it), be a folder or creatable where its nearest existing parent is writable, and lie outside every
+    other results folder (inside one, its packs/ say, it would be read as part of that one, and that folder's
+    --resume or report would trip over it). name: as given, before Path("") makes it ".". probe=False leaves the
+    write probe (check_writable) to the caller, where other checks come first: it makes and removes a folder."""
+    name = check_out_name(name, "folder")
+    out = Path(name)
     try:
         out.lstat()
     except (FileNotFoundError, NotADirectoryError):  # to be made; under a file: said below
