@@ -541,6 +541,9 @@ class PackTrainer:
         rates and its rate at `step`): torch loads such a state as given, into a fused kernel that writes past a
         buffer of another shape, or a schedule that trains at another rate than the results record."""
         own = {**self.state_dict(), "optimizer": self.stepped_optimizer_state()}
+        moments, own_moments = state["optimizer"].get("state"), own["optimizer"]["state"]
+        if isinstance(moments, dict) and set(moments) <= set(own_moments):  # a parameter never stepped has none
+            own["optimizer"]["state"] = {key: own_moments[key] for key in moments}
         for key in ("optimizer", "scheduler", "sampler", "batches", "scaler", "torch_rng"):
             if key in state and (problem := structure_problem(own[key], state[key], key)) is not None:
                 return problem
@@ -564,8 +567,20 @@ class PackTrainer:
                 and bool(((epoch >= 0) & (epoch < items)).all())):
             return (f"a batch sampler at batch {position!r:.20} of {per_epoch}, with an epoch "
                     f"{'of ' + str(tuple(epoch.shape)) if isinstance(epoch, Tensor) else repr(epoch)[:20]}")
-        previous = (state.get("tangent_kernel") or {}).get("previous")
-        if previous is not None and self.evaluation.tangent_kernel is not None:
+        scale = state.get("scaler", {}).get("scale")
+        if scale is not None and not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+            return "a loss scale that is not a positive number"
+        if "tangent_kernel" not in state:  # a checkpoint from before the probe had a state (OPTIONAL_STATE_KEYS)
+            return None
+        probe = state["tangent_kernel"]
+        if self.evaluation.tangent_kernel is None:  # loaded, a record would take the probe's place
+            if probe is not None:
+                return "a tangent kernel probe's state, where this pack has none (--ntk-items 0)"
+            return None
+        if not (isinstance(probe, dict) and set(probe) == {"previous"}):
+            return "a tangent kernel probe's state of another form"
+        previous = probe["previous"]
+        if previous is not None:
             initial = self.evaluation.tangent_kernel.initial
             kernels = previous.get("kernels") if isinstance(previous, dict) else None
             if not (isinstance(kernels, dict) and set(kernels) == set(initial) and previous.get("step") == evaluated

@@ -841,6 +841,10 @@ RESUME_CASES = [
         set_in("torch_rng", torch.zeros(7, dtype=torch.uint8))), [], "torch_rng of (7,)"),
     ("checkpoint sampler before its start", trained_checkpoint_edited(set_in("sampler.position", -10**6)), [],
      "a batch sampler at batch -1000000"),
+    ("checkpoint tangent kernel state of another form", trained_checkpoint_edited(set_in("tangent_kernel", [1])), [],
+     "a tangent kernel probe's state of another form"),
+    ("checkpoint tangent kernels of no kind", trained_checkpoint_edited(
+        set_in("tangent_kernel.previous", {"step": 2, "kernels": {}})), [], "tangent kernels of another pack or step"),
     ("checkpoint sampler epoch of another shape", trained_checkpoint_edited(
         set_in("sampler.epoch", torch.zeros(1, 3, dtype=torch.long))), [], "an epoch of (1, 3)"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
