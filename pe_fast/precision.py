@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 from torch import Tensor
@@ -26,15 +25,6 @@ LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the autocast dtypes
 SCALED = ("fp16",)  # the precisions whose loss is scaled (LossScaler)
 # torch.amp.GradScaler's: the first scale, and how many clean steps in a row double it
 INITIAL_SCALE, GROWTH_INTERVAL = 2.0 ** 16, 2000
-
-
-def tf32_dots() -> bool:
-    """Whether $PE_FAST_TF32 asks the fused op's Triton kernels for TF32 dots: 1 yes, 0 or unset no; anything else
-    (yes, true) a ValueError, not a silent no."""
-    value = os.environ.get("PE_FAST_TF32")
-    if value not in (None, "0", "1"):
-        raise ValueError(f"$PE_FAST_TF32 {value!r}: set it to 1 (TF32 dots in the Triton kernels) or 0, or unset it")
-    return value == "1"
 
 
 def default(device: torch.device) -> str:

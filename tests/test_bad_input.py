@@ -532,12 +532,12 @@ def test_a_backend_whose_kernels_are_not_built_is_named_with_why(tmp_path, capsy
 @pytest.mark.parametrize("value", ["yes", "true", " 1"])
 def test_a_tf32_variable_that_is_neither_1_nor_0_is_refused(value, tmp_path, capsys, monkeypatch):
     """It was read as "not 1", silently: IEEE dots for a user who asked for TF32."""
-    from pe_fast import precision
+    from pe_fast.ops import backends
     monkeypatch.setenv("PE_FAST_TF32", value)
     assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), f"$PE_FAST_TF32 {value!r}")
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="PE_FAST_TF32"):  # the op's Triton kernels ask the same function
-        precision.tf32_dots()
+        backends.tf32_dots()
 
 
 # another extension module named _C: torch's own, whose init once ran as pe_fast's (a segfault)

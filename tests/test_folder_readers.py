@@ -181,7 +181,7 @@ TAMPERS = {
     "a learning rate other than config.json's": (lambda f: rewrite_tables(f, lr_changed), "model 0 lr"),
     "a seed other than config.json's": (lambda f: rewrite_tables(f, seed_changed), "model 0 seed"),
     # where config.json lists none, each grid axis within its flag's range
-    "a learning rate of 0": (unlisted_with("lr", 0.0), "column lr: --lr must be finite and > 0"),
+    "a learning rate of 0": (unlisted_with("lr", 0.0), "column lr: --lr must be finite and ≥ 1.17"),
     "a negative weight decay": (unlisted_with("weight_decay", -1.0), "column weight_decay"),
     # numbers no sweep of these settings writes, whatever the record of the files' digests says
     "an accuracy of a million": (lambda f: rewrite_tables(f, column_set("test_acc", 1e6)),

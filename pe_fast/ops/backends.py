@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -22,6 +23,15 @@ log = logging.getLogger("pe_fast")
 
 # BACKENDS keeps this order: the default is the first that runs there
 PREFERENCE = ("triton", "cpp", "reference")
+
+
+def tf32_dots() -> bool:
+    """Whether $PE_FAST_TF32 asks the Triton backend for TF32 dots: 1 yes, 0 or unset no; anything else (yes, true)
+    a ValueError, not a silent no."""
+    value = os.environ.get("PE_FAST_TF32")
+    if value not in (None, "0", "1"):
+        raise ValueError(f"$PE_FAST_TF32 {value!r}: set it to 1 (TF32 dots in the Triton kernels) or 0, or unset it")
+    return value == "1"
 
 
 @dataclasses.dataclass(frozen=True)

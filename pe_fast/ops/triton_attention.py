@@ -44,9 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pe_fast import precision
 from pe_fast.ops import projection
-from pe_fast.ops.backends import Backend, register_backend
+from pe_fast.ops.backends import Backend, register_backend, tf32_dots
 from pe_fast.ops.transforms import fold_into_model_axis, is_traced
 
 log = logging.getLogger("pe_fast")
@@ -417,7 +416,7 @@ def all_kernel_configs() -> list[KernelConfig]:
 
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 matmuls in IEEE fp32 unless PE_FAST_TF32=1 (about 1e-3 relative error, several times faster)."""
-    return "tf32" if dtype == torch.float32 and precision.tf32_dots() else "ieee"
+    return "tf32" if dtype == torch.float32 and tf32_dots() else "ieee"
 
 
 def _reference_reason(x, num_heads, bias) -> str | None:

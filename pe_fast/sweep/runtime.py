@@ -14,7 +14,7 @@ import torch
 
 from pe_fast import precision
 from pe_fast.models.transformer import compute_path_problem
-from pe_fast.ops import extension
+from pe_fast.ops import backends, extension
 from pe_fast.results import run_folder
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.executors import EXECUTORS
@@ -191,7 +191,7 @@ def resolve(s: dict):
     check_inductor_cache()
     check_kernels()
     try:
-        precision.tf32_dots()
+        backends.tf32_dots()
     except ValueError as error:
         raise UsageError(str(error)) from None
     if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
