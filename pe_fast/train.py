@@ -141,9 +141,9 @@ def lr_factor(step: int, config: TrainConfig) -> float:
 def structure_problem(own, found, where: str) -> str | None:
     """Where `found` (a state read from a checkpoint) differs in structure from `own` (the state this code makes):
     other keys, lengths, tensor shapes or dtypes, or types of number (a bool is not an int); None where it does
-    not. A None of `own` (a sampler before its first epoch) takes anything: its owner checks that value."""
+    not."""
     if own is None:
-        return None
+        return None if found is None else f"{where} a {type(found).__name__}, where this pack's holds None"
     if isinstance(own, dict):
         if not isinstance(found, dict) or set(found) != set(own):
             keys = sorted(map(str, found))[:6] if isinstance(found, dict) else type(found).__name__
@@ -163,6 +163,21 @@ def structure_problem(own, found, where: str) -> str | None:
         return None
     if type(found) is not type(own):
         return f"{where} a {type(found).__name__}, where this pack's is a {type(own).__name__}"
+    return None
+
+
+def stacked_count_problem(entry: dict, step: int, models: int) -> str | None:
+    """What in a StackedOptimizer's count of Adam steps (one "step" ≤ the pack's, or each model's "beta_powers",
+    β₁ᵗ and β₂ᵗ in (0, 1]) no training leaves, or None."""
+    if "step" in entry:
+        count = entry["step"]
+        return None if type(count) is int and 0 <= count <= step else f"an Adam step count {count!r:.20}"
+    powers = entry.get("beta_powers")
+    if powers is None:
+        return None  # SGD: no count
+    if not (isinstance(powers, Tensor) and powers.dtype == torch.float64 and powers.shape in ((2, 1), (2, models))
+            and bool(((powers > 0) & (powers <= 1)).all())):
+        return "Adam's per-model beta powers of another shape or beyond (0, 1]"
     return None
 
 
@@ -504,48 +519,73 @@ class PackTrainer:
 
     def state_problem(self, state: dict) -> str | None:
         """What in a checkpoint's state (loaded safely, its keys and value kinds checked: run_folder.check_checkpoint)
-        this pack's training could not have left, or None: its evaluation window of another size, a curves row of a
-        model the pack lacks, the initial PE of other models (drawn from the seeds: another pack's checkpoint), a step
-        its curves and window do not add up to (a step rewritten runs fewer steps than the results would record)."""
+        this pack's training could not have left, or None: its evaluation window of another size or dtype, a curves
+        row of a model the pack lacks, the initial PE of other models (drawn from the seeds: another pack's
+        checkpoint), a step its curves and window do not add up to (a step rewritten runs fewer steps than the
+        results would record), then the rest of its training state (progress_problem)."""
         M = self.model.num_models
         step, filled, curves = state.get("step"), state.get("filled"), state.get("curves")
         buffer = state.get("loss_buffer")
-        if not (isinstance(buffer, Tensor) and buffer.shape == self.loss_buffer.shape):
-            return (f"loss_buffer of shape {tuple(getattr(buffer, 'shape', ()))}, the pack's "
-                    f"{tuple(self.loss_buffer.shape)}")
+        if not (isinstance(buffer, Tensor) and buffer.shape == self.loss_buffer.shape
+                and buffer.dtype == self.loss_buffer.dtype):
+            return (f"loss_buffer of {tuple(getattr(buffer, 'shape', ()))} {getattr(buffer, 'dtype', '')}, the "
+                    f"pack's {tuple(self.loss_buffer.shape)} {self.loss_buffer.dtype}")
         stats = state.get("stats_buffer")
-        if stats is not None and not (isinstance(stats, Tensor) and stats.ndim == 5 and stats.shape[0] == self.window
-                                      and stats.shape[2] == M):
-            return f"stats_buffer of shape {tuple(getattr(stats, 'shape', ()))}"
+        probes = 0 if self.probes is None else len(self.probes)
+        window_stats = (self.window, self.model_config.depth, M, self.model_config.heads, len(STAT_NAMES) + probes)
+        if stats is not None and not (isinstance(stats, Tensor) and tuple(stats.shape) == window_stats
+                                      and stats.dtype == self.loss_buffer.dtype):
+            return f"stats_buffer of {tuple(getattr(stats, 'shape', ()))}, the pack's {window_stats}"
         if not (isinstance(curves, list) and all(isinstance(row, dict) for row in curves)):
             return "curves that are not rows"
         models = [row.get("model") for row in curves]
         if any(type(m) is not int or not 0 <= m < M for m in models):
             return f"a curves row of model {next(m for m in models if type(m) is not int or not 0 <= m < M)!r:.20}, " \
                    f"the pack has {M}"
+        if any(type(row.get("step")) is not int for row in curves):
+            return "a curves row without its step"
         initial = state.get("initial_pe")
         ours = self.evaluation.initial_pe
         if not (isinstance(initial, list) and len(initial) == len(ours) and all(
-                isinstance(t, Tensor) and t.shape == o.shape and torch.equal(t, o) for t, o in zip(initial, ours))):
+                isinstance(t, Tensor) and t.shape == o.shape and t.dtype == o.dtype and torch.equal(t, o)
+                for t, o in zip(initial, ours))):
             return "the initial PE of other models (another pack's or sweep's checkpoint?)"  # drawn from the seeds
         evaluated = max((row["step"] for row in curves), default=0)
         if type(filled) is not int or type(step) is not int or filled != step - evaluated or filled > self.window:
             return f"step {step!r:.20} with {filled!r:.20} steps since its last evaluation, at step {evaluated}"
+        seconds = state.get("seconds")
+        if type(seconds) not in (int, float):  # a bool is a number to Python, not a training time
+            return f"seconds {seconds!r:.20}"
         return self.progress_problem(state, step, evaluated)
 
     def progress_problem(self, state: dict, step: int, evaluated: int) -> str | None:
         """What in the optimizer's, schedule's, samplers', loss scaler's, RNG's and tangent kernel probe's states this
         pack's training could not have left at `step`, or None. Each has the structure (keys, lengths, tensors'
         shapes and dtypes, numbers' types) of this trainer's own state (the optimizer's after one step on zeros),
-        and the values the settings fix are the settings' (the optimizer's hyperparameters, the schedule's base
-        rates and its rate at `step`): torch loads such a state as given, into a fused kernel that writes past a
-        buffer of another shape, or a schedule that trains at another rate than the results record."""
+        the values the settings fix (the optimizer's hyperparameters, the schedule's base rates and its rate at
+        `step`) and values its training can reach (second moments ≥ 0, the optimizer's step count the pack's, an
+        epoch a permutation, generator states a generator takes): torch loads such a state as given, into a fused
+        kernel that writes past a buffer of another shape, or a training other than the one the results record."""
         own = {**self.state_dict(), "optimizer": self.stepped_optimizer_state()}
-        moments, own_moments = state["optimizer"].get("state"), own["optimizer"]["state"]
-        if isinstance(moments, dict) and set(moments) <= set(own_moments):  # a parameter never stepped has none
-            own["optimizer"]["state"] = {key: own_moments[key] for key in moments}
+        sampler = state["sampler"]
+        if isinstance(sampler, dict) and isinstance(sampler.get("epoch"), Tensor):
+            own["sampler"]["epoch"] = sampler["epoch"]  # a fresh sampler has none yet: checked below
+        stacked = isinstance(self.optimizer, StackedOptimizer)
+        if step == 0:  # no step taken: no moments yet
+            own["optimizer"]["state"] = {}
+        elif stacked:  # its count is one "step" until a model skips one, then each model's "beta_powers"
+            for entry in own["optimizer"]["state"].values():
+                entry.pop("step", None)
+            for entry in (state["optimizer"].get("state") or {}).values():
+                if isinstance(entry, dict) and (problem := stacked_count_problem(entry, step, self.M)) is not None:
+                    return problem
         for key in ("optimizer", "scheduler", "sampler", "batches", "scaler", "torch_rng"):
-            if key in state and (problem := structure_problem(own[key], state[key], key)) is not None:
+            found = state[key] if key in state else None
+            if stacked and key == "optimizer" and isinstance(found, dict) and isinstance(found.get("state"), dict):
+                found = {**found, "state": {i: {k: v for k, v in entry.items() if k not in ("step", "beta_powers")}
+                                            if isinstance(entry, dict) else entry
+                                            for i, entry in found["state"].items()}}
+            if key in state and (problem := structure_problem(own[key], found, key)) is not None:
                 return problem
         groups, own_groups = state["optimizer"]["param_groups"], own["optimizer"]["param_groups"]
         for group, own_group in zip(groups, own_groups):
@@ -554,19 +594,38 @@ class PackTrainer:
                     return f"optimizer {name} {value!r:.40}, where this pack's settings give {own_group[name]!r:.40}"
             if not math.isclose(group["lr"], group["initial_lr"] * lr_factor(step, self.config), rel_tol=1e-9):
                 return f"optimizer lr {group['lr']!r:.20} at step {step}, not its schedule's"
+        for index, entry in state["optimizer"]["state"].items():
+            if (squares := entry.get("exp_avg_sq")) is not None and bool((squares < 0).any()):
+                return f"optimizer.state.{index}.exp_avg_sq below 0: no gradient's square"
+            if not stacked and "step" in entry and not float(entry["step"]) == step:  # torch's optimizers: a count
+                return f"optimizer.state.{index}.step {float(entry['step']):g}, at the pack's step {step}"
         scheduler, own_scheduler = state["scheduler"], own["scheduler"]
         if scheduler["base_lrs"] != own_scheduler["base_lrs"] or scheduler["last_epoch"] != step:
             return (f"a schedule of base rates {scheduler['base_lrs']!r:.40} at step {scheduler['last_epoch']}, "
                     f"where this pack's is {own_scheduler['base_lrs']!r:.40} at step {step}")
-        sampler = state["sampler"]
+        rates = [base * lr_factor(step, self.config) for base in scheduler["base_lrs"]]
+        if scheduler["_step_count"] != step + 1 or not all(
+                math.isclose(a, b, rel_tol=1e-9) for a, b in zip(scheduler["_last_lr"], rates)):
+            return f"a schedule counting {scheduler['_step_count']!r:.20} steps at rates {scheduler['_last_lr']!r:.40}"
         position, epoch = sampler["position"], sampler["epoch"]
         per_epoch, items = self.sampler.per_epoch, self.sampler.num_items
         width = per_epoch * self.sampler.batch_size  # an epoch's items, its last partial batch dropped
         if not 0 <= position <= per_epoch or (epoch is None) != (step == 0) or epoch is not None and not (
                 isinstance(epoch, Tensor) and epoch.dtype == torch.int64 and epoch.shape == (self.M, width)
-                and bool(((epoch >= 0) & (epoch < items)).all())):
+                and bool(((epoch >= 0) & (epoch < items)).all())
+                and bool((epoch.sort(dim=1).values.diff(dim=1) > 0).all())):  # a permutation's first items
             return (f"a batch sampler at batch {position!r:.20} of {per_epoch}, with an epoch "
-                    f"{'of ' + str(tuple(epoch.shape)) if isinstance(epoch, Tensor) else repr(epoch)[:20]}")
+                    f"{'of ' + str(tuple(epoch.shape)) if isinstance(epoch, Tensor) else repr(epoch)[:20]} "
+                    f"(each model's a permutation's first {width} of {items} items)")
+        batches = state.get("batches") or {}
+        for where, generator_state in [("torch_rng", state["torch_rng"]),
+                                       *((f"sampler.generators[{i}]", g) for i, g in enumerate(sampler["generators"])),
+                                       *((f"batches.generators[{i}]", g)
+                                         for i, g in enumerate(batches.get("generators", ())))]:
+            try:
+                torch.Generator().set_state(generator_state)
+            except RuntimeError:
+                return f"{where}: not a random-number generator's state"
         scale = state.get("scaler", {}).get("scale")
         if scale is not None and not bool(torch.isfinite(scale).all() and (scale > 0).all()):
             return "a loss scale that is not a positive number"

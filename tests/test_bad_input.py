@@ -778,7 +778,8 @@ RESUME_CASES = [
     ("crafted checkpoint runs nothing", evil_checkpoint, [], "0.checkpoint.pt cannot be loaded safely"),
     ("garbage checkpoint", garbage_checkpoint, [], "delete it"),
     ("checkpoint of another width", checkpoint_of_another_width, [],
-     "0.checkpoint.pt does not fit pack 0 of this sweep (embed.weight has shape (1, 2, 32), the pack's (1, 2, 16))"),
+     "0.checkpoint.pt does not fit pack 0 of this sweep (embed.weight is (1, 2, 32) torch.float32, the pack's "
+     "(1, 2, 16) torch.float32)"),
     ("config missing a key", config_without("pe"), [], "config.json"),
     ("config not JSON", config_text("{not json"), [], "config.json"),
     ("config not an object", config_text("[1, 2]"), [], "config.json"),
@@ -845,6 +846,38 @@ RESUME_CASES = [
      "a tangent kernel probe's state of another form"),
     ("checkpoint tangent kernels of no kind", trained_checkpoint_edited(
         set_in("tangent_kernel.previous", {"step": 2, "kernels": {}})), [], "tangent kernels of another pack or step"),
+    # round 9: values of the right structure that no training leaves (tracebacks, or a training other than recorded)
+    ("checkpoint schedule function state", trained_checkpoint_edited(set_in("scheduler.lr_lambdas", [5])), [],
+     "scheduler.lr_lambdas[0] a int, where this pack's holds None"),
+    ("checkpoint schedule count", trained_checkpoint_edited(set_in("scheduler._step_count", -7)), [],
+     "a schedule counting -7 steps"),
+    ("checkpoint RNG state of no generator", trained_checkpoint_edited(set_in("torch_rng", lambda t: t.fill_(7))),
+     [], "torch_rng: not a random-number generator's state"),
+    ("checkpoint sampler generator of no generator", trained_checkpoint_edited(
+        set_in("sampler.generators.0", lambda t: t.fill_(255))), [], "sampler.generators[0]: not a random-number"),
+    ("checkpoint sampler epoch not a permutation", trained_checkpoint_edited(
+        set_in("sampler.epoch", torch.zeros_like)), [], "with an epoch of"),
+    ("checkpoint window statistics of other sizes", trained_checkpoint_edited(
+        set_in("stats_buffer", torch.zeros(2, 7, 1, 3, 2))), [], "stats_buffer of (2, 7, 1, 3, 2)"),
+    ("checkpoint loss window of integers", trained_checkpoint_edited(
+        set_in("loss_buffer", lambda t: t.to(torch.int64))), [], "loss_buffer of (2, 1) torch.int64"),
+    ("checkpoint curves row without its step", trained_checkpoint_edited(
+        lambda state: state["curves"].append({"model": 0})), [], "a curves row without its step"),
+    ("checkpoint Adam step count negative", trained_checkpoint_edited(
+        set_in("optimizer.state.0.step", torch.tensor(-5.0))), [], "optimizer.state.0.step -5"),
+    ("checkpoint second moments negative", trained_checkpoint_edited(
+        set_in("optimizer.state.0.exp_avg_sq", lambda t: t.fill_(-1.0))), [], "exp_avg_sq below 0"),
+    ("checkpoint optimizer moments removed", trained_checkpoint_edited(set_in("optimizer.state", {})), [],
+     "optimizer.state holding"),
+    ("checkpoint weights in float64", trained_checkpoint_edited(
+        lambda state: state.update(model={k: v.double() for k, v in state["model"].items()})), [],
+     "torch.float64, the pack's"),
+    ("checkpoint weights with a tensor the model lacks", trained_checkpoint_edited(
+        set_in("model.extra", torch.zeros(1))), [], "(extra is a tensor, the pack's none)"),
+    ("checkpoint initial PE in float64", trained_checkpoint_edited(
+        lambda state: state.update(initial_pe=[t.double() for t in state["initial_pe"]])), [],
+     "the initial PE of other models"),
+    ("checkpoint training time a bool", trained_checkpoint_edited(set_in("seconds", True)), [], "seconds True"),
     ("checkpoint sampler epoch of another shape", trained_checkpoint_edited(
         set_in("sampler.epoch", torch.zeros(1, 3, dtype=torch.long))), [], "an epoch of (1, 3)"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),

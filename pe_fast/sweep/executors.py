@@ -65,14 +65,21 @@ def check_checkpoint_fits(s: Settings, task, pack: list[dict], out: Path, index:
         trainer = pack_trainer(s, task, pack)
     model = trainer.model
     found = state["model"] if isinstance(state.get("model"), dict) else {}
-    wrong = next(((key, tensor.shape, tuple(getattr(found.get(key), "shape", ())))
-                  for key, tensor in model.state_dict().items()
-                  if not isinstance(found.get(key), torch.Tensor) or found[key].shape != tensor.shape), None)
+    own = model.state_dict()
+    # loaded as given, weights of another dtype (float64, integers) would be cast without a word
+    wrong = next(((key, f"{tuple(tensor.shape)} {tensor.dtype}",
+                   f"{tuple(getattr(found.get(key), 'shape', ()))} {getattr(found.get(key), 'dtype', '')}")
+                  for key, tensor in own.items()
+                  if not isinstance(found.get(key), torch.Tensor) or found[key].shape != tensor.shape
+                  or found[key].dtype != tensor.dtype), None)
+    if wrong is None and set(found) != set(own):
+        extra = sorted(set(found) - set(own), key=str)[0]
+        wrong = (extra, "none", "a tensor")
     if wrong is not None:
         key, want, got = wrong
         raise run_folder.UnreadableCheckpoint(
-            f"{run_folder.checkpoint_path(out, index)} does not fit pack {index} of this sweep ({key} has shape "
-            f"{got}, the pack's {tuple(want)}); delete it to retrain pack {index} from its start")
+            f"{run_folder.checkpoint_path(out, index)} does not fit pack {index} of this sweep ({key} is {got}, the "
+            f"pack's {want}); delete it to retrain pack {index} from its start")
     if (problem := trainer.state_problem(state)) is not None:
         raise run_folder.UnreadableCheckpoint(
             f"{run_folder.checkpoint_path(out, index)} is not a checkpoint of pack {index} of this sweep ({problem}); "
