@@ -1242,11 +1242,30 @@ def tamper_seed_as_text(pack: Path):
     results.assign(seed=results["seed"].astype(str)).to_parquet(pack / "results.parquet")
 
 
+def tamper_r2_of_5(pack: Path):
+    """An R² of 5 in the results and in the curve's last row alike (the readers refuse it; --resume took it)."""
+    results, curves = pd.read_parquet(pack / "results.parquet"), pd.read_parquet(pack / "curves.parquet")
+    results["test_r2"] = 5.0
+    curves.loc[curves["step"] == curves["step"].max(), "test_r2"] = 5.0
+    results.to_parquet(pack / "results.parquet")
+    curves.to_parquet(pack / "curves.parquet")
+
+
+def tamper_step_off_the_evaluations(pack: Path):
+    """A curve's evaluation at step 1 of an --eval-every 2 sweep: no sweep evaluated there."""
+    curves = pd.read_parquet(pack / "curves.parquet")
+    curves.loc[curves["step"] == 2, "step"] = 1
+    curves.to_parquet(pack / "curves.parquet")
+
+
 @pytest.mark.parametrize("tamper, must_name", [
     (lambda pack: (pack / "curves.parquet").write_bytes(os.urandom(5000)), "curves.parquet is not a readable parquet"),
+    (tamper_r2_of_5, "results column test_r2 holds 5.0, an R² above 1"),
+    (tamper_step_off_the_evaluations, "curves column step holds 1, no evaluation's (every 2)"),
     (tamper_pe_tables, "pe_tables.npz is not a readable .npz file"),
     (tamper_seed_as_text, "column 'seed' is stored as"),
-], ids=["curves random bytes", "pe tables of objects", "seed stored as text"])
+], ids=["curves random bytes", "an R² of 5", "a step off the evaluations", "pe tables of objects",
+        "seed stored as text"])
 def test_a_tampered_finished_pack_stops_the_resume_before_any_training(tamper, must_name, half_finished_netsim,
                                                                         tmp_path, capsys, no_lock):
     folder = tmp_path / "run"

@@ -1,6 +1,7 @@
 """`python -m pe_fast.compare_lst_logs DIR`: an LST run against logs whose numbers are written here, so every
 difference and verdict is known in advance; bad input is one line and exit code 2."""
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -55,7 +56,9 @@ def write_run(directory, test_offset: float, trained_seeds=SEEDS[:3], **settings
     curves[curves["step"] == curves["step"].max()].to_parquet(directory / "results.parquet")
     recorded = sweep_settings.from_flags(sweep_settings.build_parser().parse_args(
         ["--task", "lst", "--preset", "paper-e200"])).to_json()  # as the sweep writes it
-    settings = {k: v for k, v in {**recorded, "batch_size": BATCH, "pe_dropout": 0.1,
+    # evaluations every --eval-every steps: one that divides the epochs' steps
+    every = math.gcd(*curves["step"].astype(int).unique().tolist())
+    settings = {k: v for k, v in {**recorded, "batch_size": BATCH, "pe_dropout": 0.1, "eval_every": every,
                                   "steps": int(curves["step"].max()), **settings}.items()
                 if v is not None}  # None: a setting config.json files from before it lack
     config = {"settings": settings, "task": {"sizes": {"train": TRAIN}}}

@@ -20,6 +20,7 @@ import pe_fast.sweep
 from pe_fast.models.transformer import PE_KINDS
 from pe_fast.results import run_folder, weights
 from pe_fast.results.reading import ModelNotFound, ReportError
+from pe_fast.sweep import UsageError
 
 LST_KINDS = ("learned", "random", "sin1d", "sin2d", "none", "rope", "rope2d", "relative")
 # the cpu preset narrowed: the round trip is what is tested, two blocks keep the first and the last apart
@@ -361,6 +362,29 @@ def test_models_swapped_inside_a_weights_file_are_found_out(tmp_path, lst_run):
                                           f"pe_tables.npz holds for it: not this run's pack"):
         run.model(ids[0])
     assert pe_fast.load_run(lst_run.path).model(ids[0]) is not None  # untouched, it opens
+
+
+def test_pe_tables_swapped_between_models_are_found_out(tmp_path, lst_run):
+    """Two models' tables swapped in pe_tables.npz (the pack's and the folder's), digests rewritten to match:
+    run.pe_table(i) returned the other model's table without a word, and --resume took the pack as finished."""
+    index, ids = next((i, pack) for i, pack in enumerate(lst_run.config["packs"]) if len(pack) >= 2
+                      and lst_run.results.set_index("model_id").loc[pack[0], "pe"] == "learned")
+    folder = tmp_path / "swapped"
+    shutil.copytree(lst_run.path, folder)
+    for path in (folder / "packs" / str(index) / run_folder.PE_TABLES, folder / run_folder.PE_TABLES):
+        with np.load(path) as stored:
+            tables = {key: stored[key] for key in stored.files}
+        first, second = (run_folder.pe_table_key(i) for i in ids[:2])
+        tables[first], tables[second] = tables[second], tables[first]
+        np.savez(path, **tables)
+        run_folder.write_digests(path.parent)
+    run = pe_fast.load_run(folder)
+    with pytest.raises(ReportError, match=f"for model {ids[0]} a PE other than the one pe_tables.npz holds"):
+        run.pe_table(ids[0])
+    for name in (run_folder.RESULTS, run_folder.CURVES, run_folder.PE_TABLES, "summary.txt", run_folder.DIGESTS):
+        (folder / name).unlink()
+    with pytest.raises(UsageError, match=f"for model {ids[0]} a PE other than the one pe_tables.npz holds"):
+        pe_fast.sweep.run(resume=True, out=str(folder))
 
 
 def test_weights_follow_the_umask(lst_run):

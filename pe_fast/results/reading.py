@@ -69,6 +69,10 @@ class Run:
             raise NoPETable(f"model {model_id} has no PE table in {self.path}: its PE is {pe!r}, "
                             + ("which has none" if pe not in ADDITIVE_PES else f"and {run_folder.PE_TABLES} does not "
                                                                             f"hold its table"))
+        pack = next((p for p, ids in enumerate(self.config.get("packs") or []) if isinstance(ids, list)
+                     and model_id in ids), None) if run_folder.POOLED_FROM not in self.config else None
+        if pack is not None and (run_folder.pack_folder(self.path, pack) / run_folder.WEIGHTS).is_file():
+            self._pack_weights(model_id, torch.device("cpu"))  # loaded once: its PE checked against this table
         return self.pe_tables[key]
 
     # ---- the trained models (each finished pack's weights.safetensors) ----
@@ -136,13 +140,8 @@ class Run:
             for model_id, seed in zip(loaded.model_ids, loaded.model.seeds):
                 if recorded.get(model_id) != seed:
                     return f"model {model_id} seeded {seed!r}, where the run's results say {recorded.get(model_id)!r}"
-        # each model's PE as pe_tables.npz holds it (written from the same state): models swapped inside the file,
-        # under a digests.json rewritten to match, opened under each other's ids
-        tables = [table.detach().cpu().numpy() for table in loaded.model.pe_tables()]
-        for m, model_id in enumerate(loaded.model_ids):
-            table = self.pe_tables.get(run_folder.pe_table_key(model_id))
-            if tables and table is not None and not np.array_equal(np.stack([t[m] for t in tables]), table):
-                return f"for model {model_id} a PE other than the one {run_folder.PE_TABLES} holds for it"
+        if (problem := pe_tables_problem(loaded, self.pe_tables)) is not None:
+            return problem
         maps = self.pe_tables.get(run_folder.attention_map_key(loaded.model_ids[0]))
         if maps is not None:
             wanted["num_tokens"] = maps.shape[-1]
@@ -782,10 +781,12 @@ def check_pooled_from(directory: Path, folders):
         raise ReportError(f"{directory / run_folder.CONFIG}: pooled_from names the folder itself, a loop")
 
 
-def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None, settings: dict | None = None):
+def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None, settings: dict | None = None,
+                       pe_tables: dict[str, np.ndarray] | None = None):
     """Pack `index`'s weights.safetensors, where it has one: tensors and text only, as its header declares
     (weights.check_pack_weights), of the shape config.json's settings give (settings: None, not known), and holding
-    the models config.json gives the pack (model_ids; None: not known), or one ReportError naming it."""
+    the models config.json gives the pack (model_ids; None: not known), or one ReportError naming it. With the
+    pack's pe_tables, each model's table there is the one its weights hold (the file is loaded whole)."""
     path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
     if not _present(path):
         return
@@ -800,6 +801,26 @@ def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None,
     if model_ids is not None and held != model_ids:
         raise ReportError(f"{path}: holds models {held[:6]}, config.json's pack {index} {model_ids[:6]}: not this "
                           f"run's pack")
+    if pe_tables is not None:
+        try:
+            loaded = weights.load_pack_weights(path)
+        except weights.UnreadableWeights as error:
+            raise ReportError(str(error)) from None
+        if (problem := pe_tables_problem(loaded, pe_tables)) is not None:
+            raise ReportError(f"{path}: its models have {problem}: models swapped in one of the two files")
+
+
+def pe_tables_problem(loaded: weights.PackWeights, pe_tables: dict[str, np.ndarray]) -> str | None:
+    """The first model whose PE in pe_tables (a pack's float32 or a folder's float64 copy) is not the one its
+    weights hold, or None: both are written from the same state, and models swapped inside either file, under a
+    digests.json rewritten to match, would be read under each other's ids."""
+    tables = [table.detach().cpu().numpy() for table in loaded.model.pe_tables()]
+    for m, model_id in enumerate(loaded.model_ids):
+        table = pe_tables.get(run_folder.pe_table_key(model_id))
+        if tables and table is not None and not np.array_equal(
+                np.stack([t[m] for t in tables]).astype(table.dtype), table, equal_nan=True):
+            return f"for model {model_id} a PE other than the one {run_folder.PE_TABLES} holds for it"
+    return None
 
 
 # a results row's pe: a PE kind, or a task's non-transformer reference ("baseline:mean"); a name of any length
@@ -927,6 +948,10 @@ def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, s
                 bad, what = numbers < -ROUNDING, "a negative value"
             elif name in ("step", "steps") and type(steps) is int:
                 bad, what = numbers > steps, f"a step beyond the settings' --steps {steps}"
+                every = settings.get("eval_every")
+                if name == "step" and type(every) is int and every > 0 and not bad.any():
+                    # evaluations come every --eval-every steps, and at the last
+                    bad, what = (numbers % every != 0) & (numbers != steps), f"no evaluation's (every {every})"
             elif name == "pack" and isinstance(packs, list) and packs:
                 trained = ~is_baseline(frame["pe"]) if "pe" in frame else True
                 bad = (numbers >= len(packs)) | ((numbers < 0) & trained)  # -1: the baselines' own

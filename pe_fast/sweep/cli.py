@@ -111,10 +111,12 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
     check_task_described(out, task)
     for index in sorted(finished):  # every finished pack readable as the results will read it, before training
         try:
-            results = reading.read_pack(run_folder.pack_folder(out, index), s.task)[0]
+            results, curves, pe_tables = reading.read_pack(run_folder.pack_folder(out, index), s.task)
+            # the numbers the readers refuse (an accuracy of 5): the folder it finishes would not read
+            reading.check_values(run_folder.pack_folder(out, index), results, curves, s.to_json(), list(s.packs))
             folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
             reading.check_pack_weights(out, index, [m["model_id"] for m in packs[index]],
-                                       {name: getattr(s, name) for name in reading.MODEL_SHAPE})
+                                       {name: getattr(s, name) for name in reading.MODEL_SHAPE}, pe_tables)
             reading.check_trained_with(out / run_folder.CONFIG, s.trained_with(), run_folder.pack_folder(out, index))
             reading.check_digests(run_folder.pack_folder(out, index))  # last: the checks above say what is wrong
             reading.check_pack_files(run_folder.pack_folder(out, index))
