@@ -81,6 +81,11 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "twice").mkdir()
     for name in ("a.csv", "b.csv"):
         (tmp_path / "twice" / name).write_text("".join(authors))
+    files["NO_RULE"] = str(tmp_path / "no_rule.csv")  # one answer by brute force; no condition's rules reach it
+    Path(files["NO_RULE"]).write_text(authors[0] + "900,,Binary,0023200400005040,3\n")
+    files["FIVE_EACH"] = str(tmp_path / "five_each.csv")  # a tenth of 5, rounded, is no test puzzle
+    Path(files["FIVE_EACH"]).write_text(authors[0] + "".join(
+        line for name in AUTHORS_PUZZLE_FILES for line in (AUTHORS_DATA / name).read_text().splitlines(True)[1:6]))
     files["OOD_OF_TRAINING"] = str(tmp_path / "ood_of_training.csv")  # training puzzles 290-300
     Path(files["OOD_OF_TRAINING"]).write_text(authors[0] + "".join(authors[290:]))
     (tmp_path / "empty").mkdir()
@@ -176,6 +181,12 @@ CASES = [
     ("puzzle condition the rules contradict", LST + ["--lst-train", "MISLABELLED"],
      "--lst-train {MISLABELLED}:2: puzzle 1 of the file, '2000500234001000': its condition Quaternary contradicts "
      "it: the rules solve it as Binary"),
+    ("puzzle no condition's rules solve", LST + ["--lst-train", "NO_RULE"],
+     "--lst-train {NO_RULE}:2: puzzle 1 of the file, '0023200400005040': the rules of the task's conditions do not "
+     "solve it"),
+    # its test split was empty: a traceback at the first evaluation, after config.json was written
+    ("puzzle file too small for a test split", LST + ["--lst-train", "FIVE_EACH", "--batch-size", "8"],
+     "--lst-train {FIVE_EACH}:0: its 15 puzzles leave no test puzzle"),
     ("puzzle file repeating a puzzle", LST + ["--lst-train", "REPEATED"],
      "--lst-train {REPEATED}:302: repeats the puzzle of line 2: give each puzzle once"),
     ("puzzle folder repeating a file", LST + ["--lst-train", "REPEATED_ACROSS"],

@@ -74,7 +74,8 @@ CASES = [
     ("sigma zero", LST + ["--sigmas", "0"], "--sigmas"),
     ("sigma not a number", LST + ["--sigmas", "abc"], "--sigmas"),
     ("batch larger than the training set", NETSIM + ["--batch-size", "20000"], "--batch-size 20000"),
-    ("one training puzzle", LST + ["--lst-train", "ONE_PUZZLE"], "--batch-size"),
+    ("one training puzzle", LST + ["--lst-train", "ONE_PUZZLE"], "its 1 puzzles leave no test puzzle"),
+    ("batch larger than the training split", LST + ["--batch-size", "8101"], "--batch-size 8101"),  # of 8,100
     ("a grid too large", LST + ["--seeds", "99999999999"], "--seeds"),
     ("seeds counted and named", LST + ["--seed-values", "6068"], "--seed-values"),
     ("seed value negative", without(LST, "--seeds") + ["--seed-values", "-1"], "--seed-values"),
@@ -538,6 +539,17 @@ def test_a_tf32_variable_that_is_neither_1_nor_0_is_refused(value, tmp_path, cap
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="PE_FAST_TF32"):  # the op's Triton kernels ask the same function
         backends.tf32_dots()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton, whose interpreter it is")
+def test_triton_s_interpreter_as_the_cpu_default_is_refused(tmp_path):
+    """TRITON_INTERPRET=1 registered Triton for CPU tensors ahead of the C++ kernels: a 4-step sweep of 4 s ran
+    for minutes in the interpreter, its banner saying nothing. Asked for (--backend triton), it runs."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = run_sweep(*LST, "--out", str(tmp_path / "run"), env=env, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "$TRITON_INTERPRET runs the Triton kernels in Triton's interpreter" in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 # another extension module named _C: torch's own, whose init once ran as pe_fast's (a segfault)

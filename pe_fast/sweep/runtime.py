@@ -194,6 +194,10 @@ def resolve(s: dict):
         backends.tf32_dots()
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if s["device"] == "cpu" and s.get("backend") is None and backends.resolve_backend(
+            None, torch.device("cpu")) == "triton":  # the interpreter registered Triton for CPU tensors, first
+        raise UsageError("$TRITON_INTERPRET runs the Triton kernels in Triton's interpreter, on the CPU hundreds of "
+                         "times slower than pe_fast's C++ kernels: unset it, or ask for it with --backend triton")
     if s.get("backend") is not None and (why := compute_path_problem(s["backend"], s["device"])) is not None:
         raise UsageError(f"--backend {s['backend']}: {why} (--device {s['device']}); leave it out for the device's "
                          f"fastest")

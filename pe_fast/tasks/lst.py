@@ -108,6 +108,9 @@ class LSTTask:
         else:
             ood = generalisation_set(pool, ood_per_condition, ood_min_distance, seed=seed)
         train, test = stratified_split(pool, test_fraction=0.1, seed=42)
+        if not len(test):  # every evaluation scores the test split
+            raise PuzzleFileError(train_path, 0, f"its {len(pool)} puzzles leave no test puzzle (a tenth of each "
+                                                 f"condition's, rounded): give at least 6 of one condition")
         achieved = float(nearest_jaccard_distance(ood.grids, pool.grids).min()) if len(ood) else None
 
         self.puzzles = {"train": train, "test": test, "ood": ood}

@@ -131,11 +131,16 @@ def _check_solutions(path: Path, lines: list[int], grids: np.ndarray, answers: n
 
 def _check_conditions(path: Path, lines: list[int], grids: np.ndarray, conditions: np.ndarray):
     """Each puzzle's condition the one the rules solve it in (pe_fast.tasks.lst_puzzles.solver.classify, which
-    agrees with every one of the authors' 9,000): the task's per-condition splits and scores read the file's."""
+    solves every one of the authors' 9,000 in the condition they give): the task's per-condition splits and scores
+    read the file's."""
     from pe_fast.tasks.lst_puzzles.solver import classify  # solver imports this module
     for k, (grid, condition) in enumerate(zip(grids, conditions)):
         solved = classify(grid)
-        if solved is not None and solved[1] != condition:
+        if solved is None:  # one answer by brute force, but none of the task's conditions' rules reach it
+            raise PuzzleFileError(path, lines[k], f"puzzle {k + 1} of the file, {''.join(map(str, grid))!r}: the "
+                                                  f"rules of the task's conditions do not solve it (it needs "
+                                                  f"guessing), so it has no condition of theirs")
+        if solved[1] != condition:
             raise PuzzleFileError(path, lines[k], f"puzzle {k + 1} of the file, {''.join(map(str, grid))!r}: its "
                                                   f"condition {_FILE_CONDITION_NAMES[condition]} contradicts it: the "
                                                   f"rules solve it as {_FILE_CONDITION_NAMES[solved[1]]}")
