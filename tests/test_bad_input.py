@@ -108,6 +108,12 @@ CASES = [
                                                     ("--steps", ""), ("--batch-size", ""))],
     ("lr zero", LST + ["--lr", "0"], "--lr"),
     ("lr zero in float32", LST + ["--lr", "1e-50"], "--lr must be finite and ≥ 1.17"),  # trained nothing, silently
+    # each once taken, to act as a refused or a neutral value in the float32 the optimizers and dropout compute in
+    ("momentum one in float32", LST + ["--optimizer", "sgd", "--momentum", "0.999999999"],
+     "--momentum 0.999999999 is 1 in float32"),
+    ("weight decay zero in float32", LST + ["--weight-decay", "1e-50"], "--weight-decay 1e-50 is 0 in float32"),
+    ("pe dropout keeping everything in float32", LST + ["--pe-dropout", "1e-300"],
+     "--pe-dropout 1e-300 keeps every value in float32"),
     ("lr list with a zero", LST + ["--lr", "1e-3,0"], "--lr"),
     ("lr list with a word", LST + ["--lr", "1e-3,fast"], "--lr"),
     ("pe list with an empty item", LST + ["--pe", "learned,,none"], "--pe: 'learned,,none' holds an empty item"),

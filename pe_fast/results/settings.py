@@ -406,6 +406,19 @@ def check_ranges(s: dict):
         for value in values if isinstance(values, (tuple, list)) else (values,):
             if value is not None:
                 check_range(name, value, low, high, ends)
+    # the optimizers and PE dropout compute in float32: a value that rounds to a refused or neutral one there
+    for value in s.get("momentum") or ():
+        if math.isfinite(value) and np.float32(value) >= 1:
+            raise SettingError(f"--momentum {value!r} is 1 in float32, in which the optimizer steps: give at most "
+                               f"{float(np.nextafter(np.float32(1), np.float32(0))):.9g}")
+    for value in s.get("weight_decay") or ():
+        if 0 < value < MIN_LR:
+            raise SettingError(f"--weight-decay {value!r} is 0 in float32, in which the optimizer steps: give 0 or "
+                               f"at least {MIN_LR:.3g}")
+    dropout = s.get("pe_dropout")
+    if isinstance(dropout, float) and 0 < dropout and np.float32(1) - np.float32(dropout) == 1:
+        raise SettingError(f"--pe-dropout {dropout!r} keeps every value in float32 (1 − p is 1): give 0 or at least "
+                           f"1e-7")
     sigmas = s.get("sigmas") or ()
     if any(not (math.isfinite(v) and MIN_SIGMA <= v <= MAX_SIGMA) for v in sigmas):
         raise SettingError(f"--sigmas: every σ must be a number in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (the PE is "
