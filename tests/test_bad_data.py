@@ -123,6 +123,11 @@ def data_files(tmp_path: Path) -> dict[str, str]:
                                           header="label,x,y,z,network,Label"))
     files["LONG_ROW"] = str(write_table(tmp_path / "row_too_long.csv", [f"r{i},{i},0,0,a" + ",extra" * (i == 3)
                                                                      for i in range(10)]))
+    files["SPLIT_NETWORKS"] = str(write_table(tmp_path / "split_networks.csv", [f"r{i},{i},0,0,{n}" for i, n in
+                                                                                 enumerate(["1", "1.0", "2"] * 3 + ["2"])]))
+    files["TINY"] = regions_at(tmp_path / "tiny.csv", [(i * 1e-170, 0, 0) for i in range(10)])
+    np.save(tmp_path / "long_double.npy", np.random.default_rng(0).standard_normal((2, 60, 10)).astype(np.longdouble))
+    files["LONG_DOUBLE"] = str(tmp_path / "long_double.npy")
     files["FAR"] = regions_at(tmp_path / "remote.csv", [(i * 1e200, 0, 0) for i in range(10)])
     files["TMP"] = str(tmp_path.resolve())
     return files
@@ -211,6 +216,15 @@ CASES = [
     # its extra field was dropped without a word (a short row is refused)
     ("regions table row longer than its header", FMRI + ["--data", "NPY", "--regions", "LONG_ROW"],
      "--regions {LONG_ROW}:5: the regions table's row holds 6 fields, its header 5: give one field per column"),
+    # two networks where one was meant: the modularity and same-network probes on the split
+    ("regions network written two ways", FMRI + ["--data", "NPY", "--regions", "SPLIT_NETWORKS"],
+     "--regions {SPLIT_NETWORKS}: network cells '1' and '1.0' write one number two ways"),
+    # distances underflowed to 0: refused for regions sharing one centroid, which they do not
+    ("regions a nanometre apart", FMRI + ["--data", "NPY", "--regions", "TINY"],
+     "--regions {TINY}: the x, y, z columns span only 9e-170"),
+    # a variation float64 flattens passed the constant-region check
+    ("data in long double", FMRI + ["--data", "LONG_DOUBLE"], "--data {LONG_DOUBLE}: values of type float128"),
+    ("netsim without coupling", NETSIM + ["--coupling", "0"], "--coupling must be finite and > 0"),
     ("regions far beyond a brain", FMRI + ["--data", "NPY", "--regions", "FAR"],
      "--regions {FAR}: the x, y, z columns hold values beyond ±1,000,000"),
 ]

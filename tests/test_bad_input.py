@@ -486,7 +486,9 @@ def test_a_compiler_cache_folder_inside_the_package_is_refused(tmp_path, capsys,
     # g++'s command line split the path: a 100-line traceback after config.json was written
     ("cache dir", "holds a space or a line break"), ("cache\ndir", "holds a space or a line break"),
     # torch's files inside another sweep's folder, as an --out there would be
-    ("finished/cache", "inside the results folder")])
+    ("finished/cache", "inside the results folder"),
+    # this sweep's own --out, not made yet: torch's files in it
+    ("run/cache", "inside the results folder"), ("run", "inside the results folder")])
 def test_a_compiler_cache_folder_torch_cannot_use_or_inside_a_run_is_refused(cache, must_name, unfinished, tmp_path,
                                                                              capsys, monkeypatch):
     shutil.copytree(unfinished, tmp_path / "finished")

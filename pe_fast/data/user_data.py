@@ -177,6 +177,9 @@ def _split_subjects(arr, p: Path, what: str = "array"):
 def _check_dtype(arr, p: Path):
     if np.dtype(arr.dtype).kind not in "fiu":
         raise DataError(f"{p}: values of type {arr.dtype} are not real numbers: save float32 or float64 values")
+    if np.dtype(arr.dtype).itemsize > 8:  # long double: its checks would see variation float64 then flattens
+        raise DataError(f"{p}: values of type {arr.dtype}, wider than float64, in which the task computes: save "
+                        f"float32 or float64 values")
 
 
 def _npz_member(p: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
@@ -453,6 +456,7 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
 
 
 MAX_COORDINATE_MM = 1e6  # a kilometre: far beyond any brain, in any unit a table would use
+MIN_COORDINATE_SPAN_MM = 1e-6  # a nanometre: far below any brain's regions, in any unit a table would use
 
 
 def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
@@ -509,11 +513,19 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         if np.abs(centroids).max() > MAX_COORDINATE_MM:  # squared distances would overflow to inf
             raise DataError(f"{p}: the x, y, z columns hold values beyond ±{MAX_COORDINATE_MM:,.0f}: give "
                             f"coordinates in mm")
+        span = float(np.ptp(centroids, axis=0).max())
+        if 0 < span < MIN_COORDINATE_SPAN_MM:  # squared distances would underflow to 0, as if the regions coincided
+            raise DataError(f"{p}: the x, y, z columns span only {span:.3g}: give coordinates in mm")
     networks, network_names = None, None
     if "network" in columns:
-        values = [r["network"] for r in rows]
+        values = [unicodedata.normalize("NFC", r["network"]) for r in rows]  # one "é", however it was typed
         if "" in values:
             raise DataError(f"{p}: region {labels[values.index('')]!r} has no network: fill in every network cell")
+        spelled: dict[float, str] = {}
+        for value in dict.fromkeys(values):  # "1" and "1.0" (or "+1", "01"): one network or two?
+            if _is_float(value) and (first := spelled.setdefault(float(value), value)) != value:
+                raise DataError(f"{p}: network cells {first!r} and {value!r} write one number two ways: write each "
+                                f"network one way")
         if all(_is_int(v) for v in values):
             ids = sorted({int(v) for v in values})
             network_names = [str(i) for i in ids]

@@ -116,12 +116,13 @@ def check_kernels():
                          f"name a build of bench/cpu/isa.sh")
 
 
-def check_inductor_cache():
+def check_inductor_cache(out: str | None = None):
     """torch makes $TORCHINDUCTOR_CACHE_DIR, where it is set, when it first loads its compiler: torch.optim does
     as a pack's optimizer is built, whether or not --compile compiles the step, and a compiled step writes its
     kernels there. A folder that exists and is writable, or can be made, is checked before the results folder is
     written (else the first pack failed after it, blaming the results folder). The probe is a real one, made and
-    removed: permission bits do not bind root, and /proc takes no folder."""
+    removed: permission bits do not bind root, and /proc takes no folder. Not inside a results folder: another
+    one, or out (this sweep's --out, made later)."""
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if path is None:
         return
@@ -142,6 +143,8 @@ def check_inductor_cache():
             raise UsageError(f"{name}: {existing} is a file, not a folder; {advice}")
         run_folder.check_outside_package(folder)  # torch's cache files would mix with pe_fast's code
         home = next((p for p in (folder, *folder.parents) if run_folder.is_results_folder(p)), None)
+        if home is None and out is not None and folder.resolve().is_relative_to(Path(out).absolute().resolve()):
+            home = Path(out)  # this sweep's, not made yet
         if home is not None:  # its files would be read as part of that folder's, as an --out there would be
             raise UsageError(f"{name}: inside the results folder {home}; {advice} outside it")
         tempfile.TemporaryDirectory(dir=existing).cleanup()
@@ -188,7 +191,7 @@ def resolve(s: dict):
         s["compile"] = "on" if s["device"] == "cuda" else "off"
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
-    check_inductor_cache()
+    check_inductor_cache(s.get("out"))
     check_kernels()
     try:
         backends.tf32_dots()

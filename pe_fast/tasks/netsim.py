@@ -39,7 +39,8 @@ NETWORK_SETTINGS = (
     TaskSetting("nodes", int, SEE, range=(MIN_REGIONS, MAX_NODES, "[]")),
     TaskSetting("modules", int, SEE, range=(1, None, "[)")),
     TaskSetting("p_within", float, SEE, range=(0, 1, "[]")), TaskSetting("p_between", float, SEE, range=(0, 1, "[]")),
-    TaskSetting("coupling", float, SEE, range=(0, MAX_COUPLING, "[]")),
+    # 0: no network at all, nothing for a PE to mirror (the PE–coupling correlation is undefined)
+    TaskSetting("coupling", float, SEE, range=(0, MAX_COUPLING, "(]")),
     TaskSetting("inhibition", float, SEE, range=(0, None, "[)")),
     TaskSetting("noise", float, SEE, range=(0, MAX_NOISE, "[]")),
     TaskSetting("timepoints", int, SEE, range=(2, MAX_TIMEPOINTS, "[]")),
