@@ -560,6 +560,14 @@ def test_triton_s_interpreter_as_the_cpu_default_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "abc", ""])
+def test_an_openmp_thread_count_openmp_ignores_is_refused(value, tmp_path, capsys, monkeypatch):
+    """libgomp warned and took its default: the sweep ran on a thread count nobody set."""
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), f"$OMP_NUM_THREADS {value!r}")
+    assert list(tmp_path.iterdir()) == []
+
+
 # another extension module named _C: torch's own, whose init once ran as pe_fast's (a segfault)
 TORCH_C = next(Path(torch.__file__).parent.glob("_C.*.so"))
 

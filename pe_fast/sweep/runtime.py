@@ -192,6 +192,11 @@ def resolve(s: dict):
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache(s.get("out"))
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None and not all(part.strip().isdigit() and int(part) > 0 for part in threads.split(",")):
+        # OpenMP warns on stderr and takes its default: the sweep would run on another count than the one set
+        raise UsageError(f"$OMP_NUM_THREADS {threads!r}: set it to a number of threads (or a list of them, one per "
+                         f"nesting level), or unset it; --threads sets the sweep's")
     check_kernels()
     try:
         backends.tf32_dots()
