@@ -1571,6 +1571,30 @@ def test_a_baseline_has_no_seed(tmp_path):
     assert load_run(minimal_run(tmp_path / "run", results)).results["pe"].tolist() == ["learned", "baseline:mean"]
 
 
+@pytest.mark.parametrize("holds, inside", [("packs/0/results.parquet", "packs/9"), ("results.parquet", "figures/x"),
+                                            ("curves.parquet", "zz")])
+def test_an_out_inside_a_folder_the_readers_take_without_config_is_refused(holds, inside, tmp_path, capsys):
+    """The report reads a folder of finished packs or results without config.json; a sweep wrote a whole run into
+    it (its packs/9, its figures/), which the report then refused."""
+    folder = tmp_path / "theirs"
+    (folder / holds).parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(GOOD).to_parquet(folder / holds)
+    before = snapshot(tmp_path)
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(folder / inside)]), "lies inside the results folder")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["phase_diagram.png", "pe_drift.png"])  # one the LST draws no more, one it draws
+def test_a_figure_in_the_way_is_one_line_and_nothing_drawn(name, tmp_path, capsys):
+    """A folder named as a figure: every figure before it was redrawn, then the report failed naming its
+    temporary file."""
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    (folder / "figures" / name).mkdir(parents=True)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), f"{folder / 'figures' / name} is in the way")
+    assert snapshot(folder) == before
+
+
 @pytest.mark.parametrize("in_the_way", ["report.md as a folder", "figures as a file", "rdms.hdf5 as a folder"])
 def test_a_report_or_figures_in_the_way_is_one_line_and_nothing_drawn(in_the_way, tmp_path, capsys):
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))

@@ -97,6 +97,11 @@ CASES = [
     # its gradient was never computed: None, without a word
     ("rope table asking for a gradient", with_rope_table(0, lambda t: t.clone().requires_grad_()), ValueError,
      r"rope: its \(cos, sin\) tables take no gradient"),
+    ("probes asking for a gradient", changed("probes", lambda p: p.double().requires_grad_()), ValueError,
+     r"probes: the statistics take no gradient"),
+    # a causal mask of -inf: the entropy of its rows NaN (0 · log 0), from every backend, without a word
+    ("bias a mask of -inf", with_bias(lambda b: b.masked_fill(torch.ones_like(b, dtype=torch.bool).triu(1),
+                                                              float("-inf"))), ValueError, r"bias holds NaN or ±inf"),
     # the backends index dense memory: these failed deep inside (reshape, bmm, the C++ op's dispatch)
     *[(f"sparse {name}", changed(name, torch.Tensor.to_sparse), TypeError, rf"{name} must be a dense tensor")
       for name in ("x", "w_qkv", "probes")],

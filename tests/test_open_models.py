@@ -112,6 +112,15 @@ def test_the_hooks_hold_the_forwards_values_and_an_edit_changes_the_output(lst_r
         model.run_with_hooks(x, [("blocks.0.hook_nothing", uniform)])
 
 
+@pytest.mark.parametrize("index, error", [(-1, ValueError), ("0", TypeError), (1.0, TypeError), (True, TypeError),
+                                          (99, ValueError)])
+def test_a_single_model_of_a_pack_names_a_bad_index(index, error, lst_run):
+    """An IndexError, a str compared with an int, and 1.0 or True taken as a place in the pack."""
+    from pe_fast.models.single import SingleTransformer
+    with pytest.raises(error, match="index"):
+        SingleTransformer(lst_run.pack(0).model, index)
+
+
 @pytest.mark.parametrize("returned, error, why", [
     # one item's residual broadcast over every item: accepted, the output changed without a word
     (lambda v: v[:1], ValueError, r"returned \[1, 16, 16\] torch.float32 on cpu, where the value is \[4, 16, 16\]"),
@@ -120,6 +129,9 @@ def test_the_hooks_hold_the_forwards_values_and_an_edit_changes_the_output(lst_r
     (lambda v: v.double(), ValueError, "returned .* torch.float64 on cpu, where the value is"),
     (lambda v: 0.5, TypeError, "returned float; return a tensor"),  # accepted
     (lambda v: "x", TypeError, "returned str"),
+    # RuntimeErrors deep in the forward
+    (lambda v: v.to_sparse(), TypeError, "returned a torch.sparse_coo tensor; return a dense one"),
+    (lambda v: torch.nested.nested_tensor(list(v)), TypeError, "returned a nested tensor"),
 ])
 def test_a_hook_returning_what_its_point_does_not_hold_is_named(returned, error, why, lst_run):
     model = lst_run.model(int(lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]))
@@ -241,6 +253,9 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
     (torch.zeros(1, 16, 5).expand(10**9, 16, 5), ValueError, "1,000,000,000 items need about .* GiB"),
     # its attention was NaN, returned without a word
     (torch.zeros(3, 16, 5).index_fill_(0, torch.tensor([2]), float("nan")), ValueError, "item 2 holds NaN or Inf"),
+    # the model's reshapes failed deep inside on these (RuntimeError)
+    (torch.nested.nested_tensor([torch.zeros(16, 5)] * 2), TypeError, "a nested tensor"),
+    (torch.quantize_per_tensor(torch.zeros(2, 16, 5), 0.1, 0, torch.quint8), TypeError, "a quantized tensor"),
     # finite, but beyond float32's arithmetic inside the model: NaN again
     (torch.ones(3, 16, 5).index_fill_(0, torch.tensor([1]), 1e30), ValueError, "item 1 overflows model"),
 ])

@@ -112,8 +112,12 @@ class SingleTransformer(nn.Module):
     def __init__(self, pack: StackedTransformer, index: int):
         super().__init__()
         config = self.config = pack.config
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):  # True, 1.0, "0": which model?
+            raise TypeError(f"index: a model's place in the pack, an int, got {index!r:.40}")
         if not 0 <= index < pack.num_models:
-            raise IndexError(f"model {index} of a pack of {pack.num_models}")
+            raise ValueError(f"index {index}: not a model of a pack of {pack.num_models} (0 to "
+                             f"{pack.num_models - 1})")
+        index = int(index)
         self.seed, self.sigma = pack.seeds[index], pack.sigmas[index]
         self.embed, self.head = nn.Linear(config.token_dim, config.width), nn.Linear(config.width, config.out_dim)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.depth))
@@ -173,9 +177,11 @@ class SingleTransformer(nn.Module):
             except (TypeError, ValueError, RuntimeError) as error:  # a str, a ragged list, an object array
                 raise TypeError(f"{name}: not a tensor or array of numbers ({str(error).splitlines()[0][:120]})") \
                     from None
-        if tokens.layout != torch.strided:  # sparse or mkldnn: the blocks' reshapes fail inside the model
-            raise TypeError(f"{name}: a {str(tokens.layout).removeprefix('torch.')} tensor; pass a dense one "
-                            f"(tokens.to_dense())")
+        if tokens.layout != torch.strided or tokens.is_nested:  # the blocks' reshapes fail inside the model
+            layout = "nested" if tokens.is_nested else str(tokens.layout).removeprefix("torch.")
+            raise TypeError(f"{name}: a {layout} tensor; pass a dense one (tokens.to_dense())")
+        if tokens.is_quantized:  # its integers mean values only with its scale: dequantize() gives them
+            raise TypeError(f"{name}: a quantized tensor ({tokens.dtype}); pass tokens.dequantize()")
         if tokens.is_complex():  # a cast would drop the imaginary part with a warning only
             raise TypeError(f"{name}: {tokens.dtype} values are complex, the model takes real ones")
         if tokens.device.type == "meta":
@@ -263,6 +269,9 @@ def checked(new, value: Tensor, name: str):
     if not isinstance(new, Tensor):
         raise TypeError(f"fwd_hooks: the hook at {name} returned {type(new).__name__}; return a tensor of the value's "
                         f"shape {list(value.shape)} and dtype {value.dtype}, or None to keep it")
+    if new.is_nested or new.layout != torch.strided:  # sparse or nested: failed deep inside the forward
+        raise TypeError(f"fwd_hooks: the hook at {name} returned a {'nested' if new.is_nested else new.layout} "
+                        f"tensor; return a dense one")
     if (new.shape, new.dtype, new.device) != (value.shape, value.dtype, value.device):
         raise ValueError(f"fwd_hooks: the hook at {name} returned {list(new.shape)} {new.dtype} on {new.device}, "
                          f"where the value is {list(value.shape)} {value.dtype} on {value.device}")

@@ -262,6 +262,13 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
         # fixed tables (RotaryPE's buffers): the backends turn q and k by them and return no gradient for them
         if torch.is_grad_enabled() and any(t.requires_grad for t in rope):
             raise ValueError("rope: its (cos, sin) tables take no gradient here; pass them detached (.detach())")
+    if probes is not None and torch.is_grad_enabled() and probes.requires_grad:  # as rope's: no gradient returned
+        raise ValueError("probes: the statistics take no gradient here; pass them detached (.detach())")
+    # a mask of -inf: its rows' entropy is NaN (0·log 0), a row all -inf a NaN output. Checked where the bias is
+    # a caller's mask (no gradient: a relative PE's bias, which has one, would pay a pass and a GPU sync per call)
+    if bias is not None and not bias.requires_grad and not is_traced(bias) and not bool(torch.isfinite(bias).all()):
+        raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such as "
+                         "-1e4, whose softmax weight is 0 in float32)")
 
 
 def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,

@@ -14,7 +14,7 @@ from pe_fast.markdown import inert
 from pe_fast.program_exit import print_error
 from pe_fast.results import run_folder
 from pe_fast.report import pooling, rsa
-from pe_fast.report.figures import draw_figures
+from pe_fast.report.figures import FIGURES, draw_figures
 from pe_fast.report.numbers import (Alignment, Convergence, alignment, convergence, convergence_lines, fmt,
                                     map_alignment, statement, stopping_lines, summary_markdown)
 from pe_fast.results.reading import ReportError, Run, named_folder, read_run, task_name
@@ -181,6 +181,12 @@ def write_report(directory: str | os.PathLike, more_files: tuple[str, ...] = ())
     if wrong is not None:  # before a figure is drawn
         raise ReportError(f"{wrong} is in the way: the report writes {', '.join(path.name for path in files)} as "
                           f"files and {run_folder.FIGURES}/ as a folder; move it away")
+    # each figure it may draw (or remove, where it draws it no more) replaces a file: a folder, FIFO or link there
+    # failed after the figures before it were redrawn
+    figure = next((path for path in (figures / f"{name}.png" for name in FIGURES)
+                   if path.is_symlink() or (path.exists() and not path.is_file())), None)
+    if figure is not None:
+        raise ReportError(f"{figure} is in the way: the report writes its figures as files there; move it away")
     task = task_name(run)
     view = KINDS[task].view
     align = alignment(run.results, view)
@@ -199,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] in ("-h", "--help"):
         from pe_fast import report  # the package's docstring holds the usage
-        print(report.__doc__.split("\n\n")[1].strip())
+        print("\n\n".join(report.__doc__.split("\n\n")[:3]).strip())
+        print("\n--out POOLED  with several folders: the folder to pool them into (made; not inside one of them)\n"
+              "--rdms        also write DIR/rdms.hdf5, every model's and the ground truth's RDMs for rsatoolbox "
+              "(pip install -e \".[rsa]\")")
         return 0
     rdms = "--rdms" in argv
     argv = [a for a in argv if a != "--rdms"]

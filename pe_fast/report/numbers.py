@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -81,8 +82,15 @@ def against_score(results: pd.DataFrame, x: pd.Series, view: TaskView, source: s
     keep = x.notna() & y.notna()
     x, y = x[keep], y[keep]
     n = len(x)
-    rho = float(stats.spearmanr(x, y).statistic) if n >= 3 else math.nan
+    rho = spearman(x, y) if n >= 3 else math.nan
     return Alignment(x, y, rho, n, source)
+
+
+def spearman(x, y) -> float:
+    """Spearman's ρ; NaN where either side is constant (scipy warns on stderr there: the report says "–")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        return float(stats.spearmanr(x, y).statistic)
 
 
 def fmt(value: float, digits: int = 3) -> str:
@@ -189,7 +197,7 @@ def statement(run: Run, view: TaskView, checks: list[Convergence]) -> str:
                     f"{fmt(hi['mean'])} ± {fmt(hi.sd)} (best mean at σ={best.sigma:g}, {fmt(best['mean'])})")
             per_model = rows[["sigma", score]].dropna()
             if per_model["sigma"].nunique() >= 2:
-                rho = stats.spearmanr(per_model["sigma"], per_model[score]).statistic
+                rho = spearman(per_model["sigma"], per_model[score])
                 text += f"; Spearman ρ(σ, {score}) = {fmt(rho, 2)} over {len(per_model)} models"
             if view.fit and view.fit in rows:
                 fit = grouped(rows, view.fit).dropna(subset=["mean"])

@@ -418,7 +418,15 @@ def check_writable(out: Path):
 
 def is_results_folder(folder: Path) -> bool:
     """Whether folder is a sweep's or a pooled report's: its config.json beside packs/, or a config.json of
-    theirs alone (a sweep's first file). Another program's config.json (a home folder's, a project's) is not."""
+    theirs alone (a sweep's first file); or, as the readers take a folder without config.json, one holding
+    results.parquet or curves.parquet, or a finished pack. Another program's config.json is not."""
+    try:
+        if (folder / RESULTS).is_file() or (folder / CURVES).is_file() or (
+                (folder / "packs").is_dir() and any(pack.name.isdigit() and (pack / RESULTS).is_file()
+                                                    for pack in (folder / "packs").iterdir())):
+            return True
+    except OSError:  # a folder not to be read: judged by its config.json alone
+        pass
     if not (folder / CONFIG).is_file():
         return False
     if (folder / "packs").is_dir():

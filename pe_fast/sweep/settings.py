@@ -106,7 +106,7 @@ def parse_list(text, convert, flag: str) -> tuple:
     """A comma-separated flag (or a preset's or config.json's value) as a tuple; a value given twice would
     train the same models twice, so it is refused."""
     if isinstance(text, np.ndarray) and text.ndim == 1:  # a Python caller's array, range or list: the same
-        text = text.tolist()
+        text = list(text)  # numpy scalars, read as np.float32(0.2) alone is (tolist() widened it to 0.2000000029…)
     if isinstance(text, (list, tuple, range)):  # one value per item, as config.json records them
         items = [str(item) for item in text]
         if (joined := next((item for item in items if "," in item), None)) is not None:
