@@ -110,6 +110,8 @@ def test_the_hooks_hold_the_forwards_values_and_an_edit_changes_the_output(lst_r
     assert not torch.allclose(model.run_with_hooks(x, [("blocks.0.attn.hook_pattern", uniform)]), no_pe, atol=1e-4)
     with pytest.raises(ValueError, match="fwd_hooks: no hook point"):
         model.run_with_hooks(x, [("blocks.0.hook_nothing", uniform)])
+    with pytest.raises(TypeError, match="fwd_hooks: a list of"):  # 'NoneType' object is not iterable
+        model.run_with_hooks(x, None)
 
 
 @pytest.mark.parametrize("index, error", [(-1, ValueError), ("0", TypeError), (1.0, TypeError), (True, TypeError),

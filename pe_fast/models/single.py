@@ -213,6 +213,8 @@ class SingleTransformer(nn.Module):
         """forward with hooks: each (name, or a test of the name; fn(value, hook) -> the value to use instead, or
         None to keep it), as TransformerLens's run_with_hooks takes them."""
         points, handles = self.hook_points(), []
+        if isinstance(fwd_hooks, (str, bytes)) or not isinstance(fwd_hooks, Iterable):
+            raise TypeError(f"fwd_hooks: a list of (hook name or test, function) pairs, got {fwd_hooks!r:.60}")
         try:
             for pair in fwd_hooks:
                 if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and callable(pair[1])):
