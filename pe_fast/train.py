@@ -579,6 +579,22 @@ class PackTrainer:
             for entry in (state["optimizer"].get("state") or {}).values():
                 if isinstance(entry, dict) and (problem := stacked_count_problem(entry, step, self.M)) is not None:
                     return problem
+        # torch's own options differ between its versions (a group's decoupled_weight_decay, a schedule's
+        # _is_initial): a checkpoint written by another torch is checked on the options both know, as torch loads it
+        found_groups = state["optimizer"].get("param_groups") if isinstance(state["optimizer"], dict) else None
+        if isinstance(found_groups, list) and all(isinstance(group, dict) for group in found_groups):
+            own["optimizer"]["param_groups"] = [{k: v for k, v in group.items()
+                                                 if k in found or k in ("params", "lr", "initial_lr")}
+                                                for group, found in zip(own["optimizer"]["param_groups"], found_groups)]
+            state = {**state, "optimizer": {**state["optimizer"], "param_groups": [
+                {k: v for k, v in found.items() if k in group}
+                for found, group in zip(found_groups, own["optimizer"]["param_groups"])] + found_groups[
+                    len(own["optimizer"]["param_groups"]):]}}
+        if isinstance(state["scheduler"], dict):
+            kept = set(own["scheduler"]) & set(state["scheduler"]) | {"base_lrs", "last_epoch", "_step_count",
+                                                                       "_last_lr"}
+            own["scheduler"] = {k: v for k, v in own["scheduler"].items() if k in kept}
+            state = {**state, "scheduler": {k: v for k, v in state["scheduler"].items() if k in kept}}
         for key in ("optimizer", "scheduler", "sampler", "batches", "scaler", "torch_rng"):
             found = state[key] if key in state else None
             if stacked and key == "optimizer" and isinstance(found, dict) and isinstance(found.get("state"), dict):

@@ -967,6 +967,32 @@ def test_an_untouched_trained_checkpoint_resumes_as_its_pack_leaves_it(flags, tm
     assert (folder / "packs" / "0" / "results.parquet").is_file()
 
 
+def as_another_torch_writes_it(state):
+    """The options torch adds or drops between versions: a group's and a schedule's."""
+    for group in state["optimizer"]["param_groups"]:
+        group.pop("decoupled_weight_decay", None)
+        group["an_option_of_a_later_torch"] = True
+    state["scheduler"].pop("_is_initial", None)
+    state["scheduler"]["_a_later_counter"] = 0
+
+
+def test_a_checkpoint_of_another_torch_version_resumes(tmp_path):
+    """Checked on the options both torch versions know, as torch's load_state_dict takes them (a GPU's image runs
+    another torch than a laptop)."""
+    folder = tmp_path / "run"
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main(NETSIM + ["--threads", "1", "--out", str(folder)]) == 0
+        for name in ("results.parquet", "curves.parquet", "pe_tables.npz", "summary.txt", "digests.json"):
+            (folder / name).unlink()
+        shutil.rmtree(folder / "packs")
+        (folder / "packs").mkdir()
+        trained_checkpoint_edited(as_another_torch_writes_it)(folder)
+        assert resume_in_process(folder) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 RESUME_FLAG_CASES = [
     (["--threads", "0"], "--threads must be finite and ≥ 1"),
     (["--checkpoint-every", "0"], "--checkpoint-every"),
