@@ -287,12 +287,18 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("arguments, must_name", [
     (dict(task="fmri", data=np.zeros((2, 10, 5))), "--data: expected str, got a numpy.ndarray of shape (2, 10, 5)"),
-    (dict(task="lst", sigmas=np.zeros((2, 2))), "--sigmas: cannot parse a numpy.ndarray of shape (2, 2)"),
+    (dict(task="lst", sigmas=np.zeros((2, 2))),
+     "--sigmas: expected a list or comma-separated text, got a numpy.ndarray of shape (2, 2)"),
     (dict(task="lst", steps="9" * 500), "--steps: expected int, got '999"),
     (dict(task="lst", no_report=np.zeros(3)), "--no-report: expected True or False, got a numpy.ndarray"),
     (dict(task=["lst"] * 100), "--task ['lst', 'lst'"),
     (dict(task="lst", pe={"learned", "sin2d"}), "--pe: expected a list or comma-separated text, got {"),
     (dict(task="lst", sigmas={0.1: 1}), "--sigmas: expected a list or comma-separated text, got {0.1: 1}"),
+    # str() of each read as one garbled value
+    (dict(task="lst", pe=(name for name in ["learned"])), "--pe: expected a list or comma-separated text, got <gen"),
+    (dict(task="lst", pe=b"learned"), "--pe: expected a list or comma-separated text, got b'learned'"),
+    (dict(task="lst", pe=["learned", None]), "--pe: the item None is a NoneType, not text or a number"),
+    (dict(task="lst", sigmas=[0.2, [0.3]]), "--sigmas: the item [0.3] is a list, not text or a number"),
 ])
 def test_a_python_argument_of_a_wrong_type_is_named_in_one_short_line(arguments, must_name, tmp_path, monkeypatch):
     """A type refusal names the type (an array by its shape) or quotes a short repr: once, a 21-line array."""
@@ -945,6 +951,29 @@ def test_bad_resume(spoil, flags, must_name, unfinished, tmp_path, capsys, monke
     assert snapshot(folder) == before
     assert snapshot(tmp_path) == beside  # nothing written beside the folder either (through a link)
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("spoil, flags, must_name", [
+    (None, ["--compile", "graphs"], "--compile graphs: CUDA graphs need a CUDA device"),
+    (None, ["--ray-address", "127.0.0.1:1"], "--ray-address applies to --executor ray only"),
+    # the record at fault, and a flag beside it that is not
+    (config_with(device="cuda"), ["--threads", "1"], "config.json: --device 'cuda' is not available here"),
+], ids=["compile graphs", "ray address without ray", "the record at fault"])
+def test_a_runtime_flag_given_with_resume_is_blamed_not_config(spoil, flags, must_name, unfinished, tmp_path,
+                                                                capsys, no_lock):
+    """A runtime flag given with --resume that breaks a rule is the flag's fault: the line does not send the user
+    to config.json, which they did not write; a record at fault still names config.json."""
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    if spoil is not None:
+        spoil(folder)
+    before = snapshot(folder)
+    code = sweep_main(["--resume", "--out", str(folder), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and must_name in err, err
+    assert ("config.json" in err) == ("config.json" in must_name), err
+    assert snapshot(folder) == before
 
 
 @pytest.mark.parametrize("flags", [[], ["--ntk-items", "4"], ["--optimizer", "sgd", "--momentum", "0.5"],

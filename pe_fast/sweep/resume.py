@@ -83,6 +83,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
             raise UsageError(f"--resume continues the sweep recorded in {path}: --{name.replace('_', '-')} {value} "
                              f"differs from its {s.get(name)!r} (may change: {MAY_CHANGE})")
     s["compile"] = "auto"  # how it runs, chosen anew for the machine it resumes on unless --compile says
+    recorded = dict(s, out=args.out)
     if args.executor not in (None, s.get("executor")):  # the recorded executor's own flags go with it
         for name in EXECUTOR_FLAGS:
             s[name] = default_of(name)
@@ -95,9 +96,23 @@ def from_resume(args: argparse.Namespace) -> Settings:
     try:
         settings = validate(s, packs=config["packs"])
     except UsageError as error:
-        raise UsageError(f"--resume: {path}: {error}")
+        raise blamed(error, recorded, runtime, config["packs"], path) from None
     check_models_recorded(config.get("models"), settings, path)
     return settings
+
+
+def blamed(error: UsageError, recorded: dict, runtime: dict, packs, path: Path) -> UsageError:
+    """A broken rule's error, blamed on the runtime flags given with --resume where the recorded settings keep
+    every rule without them or break another (--executor slurm where no cluster answers is the flag's fault), else
+    on config.json."""
+    if runtime:
+        try:
+            validate(dict(recorded), packs=packs)
+        except UsageError as own:
+            if str(own) == str(error):
+                return UsageError(f"--resume: {path}: {error}")
+        return UsageError(str(error))
+    return UsageError(f"--resume: {path}: {error}")
 
 
 def check_models_recorded(recorded, s: Settings, path: Path):
