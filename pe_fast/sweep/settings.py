@@ -102,20 +102,26 @@ def add_task_flags(p: argparse.ArgumentParser):
                        help=f"{'/'.join(tasks)}: {shared[0].help}")
 
 
+# what a list flag's text or a Python caller's list item may be (numpy's scalars included)
+LIST_ITEM_TYPES = (str, int, float, np.generic)
+
+
 def parse_list(text, convert, flag: str) -> tuple:
     """A comma-separated flag (or a preset's or config.json's value) as a tuple; a value given twice would
     train the same models twice, so it is refused."""
     if isinstance(text, np.ndarray) and text.ndim == 1:  # a Python caller's array, range or list: the same
         text = list(text)  # numpy scalars, read as np.float32(0.2) alone is (tolist() widened it to 0.2000000029…)
     if isinstance(text, (list, tuple, range)):  # one value per item, as config.json records them
+        if odd := [item for item in text if not isinstance(item, LIST_ITEM_TYPES)]:
+            raise UsageError(f"{flag}: the item {brief(odd[0])} is a {type(odd[0]).__name__}, not text or a number")
         items = [str(item) for item in text]
         if (joined := next((item for item in items if "," in item), None)) is not None:
             raise UsageError(f"{flag}: the item {brief(joined)} holds a comma; give one value per item")
-    elif isinstance(text, (set, frozenset, dict)):  # str() of one reads as a list of garbled items
+    elif isinstance(text, LIST_ITEM_TYPES):
+        items = str(text).split(",")
+    else:  # a set, dict, generator or bytes: str() of one reads as garbled items
         raise UsageError(f"{flag}: expected a list or comma-separated text, got {brief(text)} (a list keeps the "
                          f"order the models are numbered in)")
-    else:
-        items = str(text).split(",")
     if not any(item.strip() for item in items):
         raise UsageError(f"{flag}: empty list")
     if not all(item.strip() for item in items):  # two commas in a row, or one at an end: a value left out?
