@@ -348,6 +348,9 @@ class PackEvaluation:
         return mean_attention_maps(self.model, self.tokens[self.task.attention_split], self.probes)
 
 
+MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer")  # the optimizers' running moments, each of its weight's shape
+
+
 class PackTrainer:
     """The training of one pack, resumable: state_dict() holds everything the rest of the run depends on
     (weights, optimizer, schedule, batch order, the task's batch generators, the current evaluation window, the
@@ -610,9 +613,18 @@ class PackTrainer:
                     return f"optimizer {name} {value!r:.40}, where this pack's settings give {own_group[name]!r:.40}"
             if not math.isclose(group["lr"], group["initial_lr"] * lr_factor(step, self.config), rel_tol=1e-9):
                 return f"optimizer lr {group['lr']!r:.20} at step {step}, not its schedule's"
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        weights = [state["model"].get(names[id(p)]) for group in self.optimizer.param_groups for p in group["params"]]
         for index, entry in state["optimizer"]["state"].items():
             if (squares := entry.get("exp_avg_sq")) is not None and bool((squares < 0).any()):
                 return f"optimizer.state.{index}.exp_avg_sq below 0: no gradient's square"
+            # a gradient that is not finite leaves its weight not finite in the same step: a moment alone is edited
+            weight = weights[index] if type(index) is int and 0 <= index < len(weights) else None
+            for key in MOMENTS:
+                moment = entry.get(key)
+                if isinstance(weight, Tensor) and isinstance(moment, Tensor) and moment.shape == weight.shape and bool(
+                        (~moment.isfinite() & weight.isfinite()).any()):
+                    return f"optimizer.state.{index}.{key} not finite where its weight is: no training leaves that"
             if not stacked and "step" in entry and not float(entry["step"]) == step:  # torch's optimizers: a count
                 return f"optimizer.state.{index}.step {float(entry['step']):g}, at the pack's step {step}"
         scheduler, own_scheduler = state["scheduler"], own["scheduler"]

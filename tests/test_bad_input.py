@@ -864,6 +864,13 @@ RESUME_CASES = [
     ("checkpoint optimizer moment one wider", trained_checkpoint_edited(
         set_in("optimizer.state.2.exp_avg_sq", lambda t: torch.zeros(*t.shape[:-1], t.shape[-1] + 1))), [],
      "optimizer.state.2.exp_avg_sq"),
+    # NaN passed "≥ 0", and the model trained to NaN from it
+    ("checkpoint second moment NaN beside a finite weight", trained_checkpoint_edited(
+        set_in("optimizer.state.0.exp_avg_sq", lambda t: t.index_fill(-1, torch.tensor([0]), float("nan")))), [],
+     "optimizer.state.0.exp_avg_sq not finite where its weight is"),
+    ("checkpoint momentum infinite beside a finite weight", trained_checkpoint_edited(
+        set_in("optimizer.state.1.exp_avg", lambda t: t.index_fill(-1, torch.tensor([0]), float("inf")))), [],
+     "optimizer.state.1.exp_avg not finite where its weight is"),
     ("checkpoint optimizer betas", trained_checkpoint_edited(set_in("optimizer.param_groups.0.betas", (5.0, -3.0))),
      [], "optimizer betas (5.0, -3.0)"),
     ("checkpoint optimizer lr", trained_checkpoint_edited(set_in("optimizer.param_groups.0.lr", 50.0)), [],
@@ -976,9 +983,31 @@ def test_a_runtime_flag_given_with_resume_is_blamed_not_config(spoil, flags, mus
     assert snapshot(folder) == before
 
 
+def test_a_checkpoint_of_expanded_or_shared_tensors_resumes(unfinished, tmp_path):
+    """torch.save keeps a tensor's view: an optimizer moment expanded from one number (stride 0), or two moments
+    sharing one storage, went into the optimizer as given, whose in-place update then raised a traceback (or moved
+    both as one). Each tensor is loaded into its own storage."""
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+
+    def views(state):
+        moments = state["optimizer"]["state"]
+        moments[0]["exp_avg"] = torch.zeros(1).expand(moments[0]["exp_avg"].shape)
+        moments[1]["exp_avg"] = moments[1]["exp_avg_sq"]
+    trained_checkpoint_edited(views)(folder)
+    state = run_folder.load_checkpoint(folder, 0)
+    tensors = torch.utils._pytree.tree_leaves(state)
+    tensors = [leaf for leaf in tensors if isinstance(leaf, torch.Tensor)]
+    assert all(t.is_contiguous() for t in tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors if t.numel()}) == sum(1 for t in tensors if t.numel())
+    assert resume_in_process(folder) == 0
+
+
 @pytest.mark.parametrize("flags", [[], ["--ntk-items", "4"], ["--optimizer", "sgd", "--momentum", "0.5"],
-                                   ["--lr", "1e-3,2e-3", "--schedule", "cosine", "--warmup", "1"]],
-                         ids=["default", "tangent kernel probe", "sgd", "stacked optimizer"])
+                                   ["--lr", "1e-3,2e-3", "--schedule", "cosine", "--warmup", "1"],
+                                   ["--lr", "1e-3,1e30"], ["--optimizer", "sgd", "--momentum", "0.5", "--lr", "1e-3,1e30"]],
+                         ids=["default", "tangent kernel probe", "sgd", "stacked optimizer", "diverged",
+                              "diverged sgd"])
 def test_an_untouched_trained_checkpoint_resumes_as_its_pack_leaves_it(flags, tmp_path):
     """The checks of a checkpoint's optimizer, schedule, sampler and RNG states pass what training leaves."""
     folder = tmp_path / "run"
@@ -990,6 +1019,10 @@ def test_an_untouched_trained_checkpoint_resumes_as_its_pack_leaves_it(flags, tm
         shutil.rmtree(folder / "packs")
         (folder / "packs").mkdir()
         trained_checkpoint_edited(lambda state: None)(folder)
+        weights = run_folder.load_checkpoint(folder, 0)["model"].values()
+        # a model that diverged leaves weights and moments not finite, together
+        diverged = "1e-3,1e30" in flags
+        assert diverged == any(not bool(w.isfinite().all()) for w in weights if w.is_floating_point())
         assert resume_in_process(folder) == 0
     finally:
         torch.set_num_threads(threads)

@@ -604,7 +604,13 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
     """The training state of pack `index`, or None. Loaded with weights_only=True: tensors and plain Python and
     numpy values only, so a crafted file (folders are shared) runs no code."""
     path = checkpoint_path(out, index)
-    return migrate.checkpoint(_load_checkpoint(path, index, mmap=False)) if path.is_file() else None
+    if not path.is_file():
+        return None
+    # each tensor its own contiguous storage: torch.save keeps views, and an expanded or shared one loaded into an
+    # optimizer's state is written through in place (a traceback, or two moments that move as one)
+    return migrate.checkpoint(torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda tensor: tensor.clone(memory_format=torch.contiguous_format),
+        _load_checkpoint(path, index, mmap=False)))
 
 
 MAX_TRAINING_SECONDS = 1e9  # a checkpoint's training time so far: 31 years is no pack's
