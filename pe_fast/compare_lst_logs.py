@@ -280,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                 run_folder.check_out_name(args.out, "file")
             out = Path(args.out) if args.out is not None else directories[0] / OUTPUT if len(directories) == 1 \
                 else None
-            home = next((p for p in out.resolve().parents if run_folder.is_results_folder(p)), None) if out else None
+            # the outermost: a finished pack's folder (packs/0) reads as a results folder of its own
+            homes = [p for p in out.resolve().parents if run_folder.is_results_folder(p)] if out else []
+            home = homes[-1] if homes else None
             # the one file of a results folder it may replace: that folder's own table, when it is the one compared
             own_table = out is not None and out.name == OUTPUT and \
                 out.parent.resolve() in {d.resolve() for d in directories}

@@ -338,6 +338,12 @@ def test_an_out_over_a_results_folder_s_own_file_is_refused(tmp_path, capsys):
     inside_pack = tmp_path / "other" / "packs" / "0" / "compare_lst_logs.md"  # a new file, but in a pack's folder
     code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(inside_pack)])
     assert code == 2 and not inside_pack.exists(), capsys.readouterr().err
+    # a finished pack's folder, which holds a results.parquet of its own, read as a results folder of its own
+    shutil.copy(tmp_path / "other" / "results.parquet", tmp_path / "other" / "packs" / "0" / "results.parquet")
+    for name in ("compare_lst_logs.md", "new.md"):
+        target = inside_pack.parent / name
+        code = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.csv"), "--out", str(target)])
+        assert code == 2 and not target.exists(), capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spoil, message", [
