@@ -266,6 +266,32 @@ def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_r
         lst_run.attention(0, inputs)
 
 
+@pytest.mark.parametrize("edit", [lambda task: task["sizes"].update(train=5), lambda task: task.update(sizes=[1])],
+                         ids=["a size", "sizes of another kind"])
+def test_the_task_a_run_describes_is_the_task_its_inputs_come_from(edit, tmp_path, lst_run):
+    """config.json's task description edited (8,100 training puzzles said to be 5): --resume refused it, while
+    task_inputs served the loaded task's items as the run's."""
+    folder = tmp_path / "edited"
+    shutil.copytree(lst_run.path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config["task"])
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ReportError, match="config.json: its task has sizes .*, where the task its settings load has"):
+        pe_fast.load_run(folder).task_inputs("test")
+
+
+def test_a_diverged_model_s_attention_is_its_weights_fault_not_the_inputs(tmp_path):
+    """A model whose training diverged (its weights NaN) gave a NaN pattern, blamed on the task's own inputs as an
+    overflow of the model's arithmetic."""
+    out = tmp_path / "diverged"
+    pe_fast.sweep.run(task="lst", pe="learned", sigmas=0.2, optimizer="sgd", lr=1e30,
+                      **{**TINY, "depth": 1, "steps": 4, "eval_every": 2}, out=str(out))
+    run = pe_fast.load_run(out)
+    assert not all(bool(p.isfinite().all()) for p in run.model(0).parameters())
+    with pytest.raises(ValueError, match="model_id 0: its weights hold NaN or Inf"):
+        run.attention(0, run.task_inputs("test")[:2])
+
+
 def test_a_model_id_from_the_runs_own_table_opens_it(lst_run):
     """run.results' model_id column holds numpy integers: each opens its model, as a Python int does."""
     model_id = lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]

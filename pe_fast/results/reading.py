@@ -181,6 +181,9 @@ class Run:
             raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} holds NaN or Inf; the model's attention "
                              f"needs finite tokens")
         pattern = model.attention(tokens)
+        if not bool(torch.isfinite(pattern).all()) and not all(bool(p.isfinite().all()) for p in model.parameters()):
+            raise ValueError(f"model_id {model_id}: its weights hold NaN or Inf (its training diverged; its "
+                             f"train_loss in run.results says so), so its attention is not defined")
         # finite tokens too large for the model's float32 arithmetic (x·1e30) overflow inside it
         if not (finite := torch.isfinite(pattern).transpose(0, 1).flatten(1).all(1)).all():
             raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} overflows model {model_id}'s "
@@ -265,10 +268,32 @@ class Run:
         if "task" not in self._loaded:
             settings = recorded_settings(self.path, self)
             try:
-                self._loaded["task"] = KINDS[settings.task].load(settings)
+                task = KINDS[settings.task].load(settings)
             except (ValueError, OSError) as error:
                 raise ReportError(f"{self.path}: the task cannot be loaded from its settings ({error})")
+            # its models were trained on the task config.json describes: other data would be scored as theirs
+            if (difference := task_description_difference(self.config.get("task"), task)) is not None:
+                key, was, now = difference
+                raise ReportError(f"{self.path / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task "
+                                  f"its settings load has {brief(now)}: the task's data changed since the sweep "
+                                  f"(or config.json was edited)")
+            self._loaded["task"] = task
         return self._loaded["task"]
+
+
+def task_description_difference(recorded, task) -> tuple[str, object, object] | None:
+    """(key, recorded value, loaded value) where config.json's task description differs from the task loaded from
+    its settings (its data's sizes, runs, split, conditions), or None. Not its sources (a path, a package's
+    version), which the recorded settings fix: pe_fast installed elsewhere still reads or resumes the run. An older
+    folder's record has no description: None."""
+    if recorded is None:
+        return None
+    if not isinstance(recorded, dict):
+        return "its kind", recorded, "a JSON object"
+    loaded = json.loads(json.dumps(task.description))  # as config.json holds it: lists for tuples
+    differing = [key for key in sorted({*recorded, *loaded}, key=lambda key: (key != "task", str(key)))  # name first
+                 if not str(key).endswith("source") and recorded.get(key) != loaded.get(key)]
+    return (differing[0], recorded.get(differing[0]), loaded.get(differing[0])) if differing else None
 
 
 class ModelNotFound(ValueError):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import signal
 import sys
 import threading
@@ -131,21 +130,15 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
 
 
 def check_task_described(out: Path, task):
-    """The task --resume loaded is the one config.json describes (its data's sizes, runs, split, conditions): a data
-    file changed since the sweep started would train the packs left on other data than the finished ones. Not its
-    sources (a path, a package's version), which the recorded flags fix: pe_fast installed elsewhere still resumes."""
+    """The task --resume loaded is the one config.json describes (reading.task_description_difference): a data file
+    changed since the sweep started would train the packs left on other data than the finished ones."""
     recorded = run_folder.read_config(out).get("task")
-    if recorded is None:  # older folders: no description
+    if (difference := reading.task_description_difference(recorded, task)) is None:
         return
-    loaded = json.loads(json.dumps(task.description))  # as config.json holds it: lists for tuples
-    differing = [key for key in sorted({*recorded, *loaded}, key=lambda key: (key != "task", key))  # its name first
-                 if not key.endswith("source") and recorded.get(key) != loaded.get(key)]
-    if not differing:
-        return
-    key = differing[0]
-    raise UsageError(f"{out / run_folder.CONFIG}: its task has {key} {brief(recorded.get(key))}, where the task "
-                     f"--resume loads has {brief(loaded.get(key))}: the task's data changed since the sweep started "
-                     f"(or config.json was edited); rerun with the data it started with, or start a new sweep")
+    key, was, now = difference
+    raise UsageError(f"{out / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task --resume loads has "
+                     f"{brief(now)}: the task's data changed since the sweep started (or config.json was edited); "
+                     f"rerun with the data it started with, or start a new sweep")
 
 
 def default_out(s: Settings) -> str:
