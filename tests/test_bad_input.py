@@ -566,7 +566,9 @@ def test_triton_s_interpreter_as_the_cpu_default_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "abc", ""])
+# '²' and '１' pass str.isdigit(): int() raised on the first, libgomp ignored the second, and a count past
+# unsigned long's
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "²", "１", "4,²", "99999999999999999999"])
 def test_an_openmp_thread_count_openmp_ignores_is_refused(value, tmp_path, capsys, monkeypatch):
     """libgomp warned and took its default: the sweep ran on a thread count nobody set."""
     monkeypatch.setenv("OMP_NUM_THREADS", value)

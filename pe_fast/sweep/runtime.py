@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -16,6 +17,7 @@ from pe_fast import precision
 from pe_fast.models.transformer import compute_path_problem
 from pe_fast.ops import backends, extension
 from pe_fast.results import run_folder
+from pe_fast.results.settings import MAX_THREADS
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.executors import EXECUTORS
 from pe_fast.train import compile_problem
@@ -193,10 +195,12 @@ def resolve(s: dict):
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache(s.get("out"))
     threads = os.environ.get("OMP_NUM_THREADS")
-    if threads is not None and not all(part.strip().isdigit() and int(part) > 0 for part in threads.split(",")):
+    if threads is not None and not all(re.fullmatch(r"\s*[0-9]+\s*", part) and 0 < int(part) <= MAX_THREADS
+                                       for part in threads.split(",")):
         # OpenMP warns on stderr and takes its default: the sweep would run on another count than the one set
-        raise UsageError(f"$OMP_NUM_THREADS {threads!r}: set it to a number of threads (or a list of them, one per "
-                         f"nesting level), or unset it; --threads sets the sweep's")
+        # (str.isdigit() also passed '²', which int() then refused with a traceback)
+        raise UsageError(f"$OMP_NUM_THREADS {threads!r}: set it to a number of threads from 1 to {MAX_THREADS:,} (or "
+                         f"a list of them, one per nesting level), or unset it; --threads sets the sweep's")
     check_kernels()
     try:
         backends.tf32_dots()
