@@ -276,11 +276,14 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
         T* sr = s + r * tile;
         const T m_new = std::max(m[r], row_max(sr, cols));
         const T alpha = fast_exp(m[r] - m_new);  // 0 on the first tile, where m = −inf
-        const T shift = l[r] > T(0) ? (m[r] - m_new) * l[r] : T(0);
+        // differences of finite logits can overflow to −inf (−3e38 − 3e38), and 0·(−inf) is NaN: held at the
+        // bound fast_exp clamps to (the same e), so that every e·x term of the entropy is a number
+        const T far = ExpConstants<T>::lo;
+        const T shift = l[r] > T(0) ? std::max(m[r] - m_new, far) * l[r] : T(0);
         T sum_e = T(0), sum_ex = T(0), sum_e2 = T(0);
 #pragma omp simd reduction(+ : sum_e, sum_ex, sum_e2)
         for (int j = 0; j < cols; ++j) {
-          const T x = sr[j] - m_new;
+          const T x = std::max(sr[j] - m_new, far);
           const T e = fast_exp(x);
           sr[j] = e;
           sum_e += e;

@@ -243,6 +243,27 @@ def test_backward_at_saturated_softmax_is_as_close_to_float64_as_the_reference(N
             f"{name}: error {error:.3g} against the reference's {reference_error:.3g} (largest {largest:.3g})")
 
 
+@pytest.mark.parametrize("backend", ["cpp", "reference"])
+def test_logits_near_float32_s_range_keep_outputs_and_statistics(backend):
+    """Finite float32 logits at the edge of its range: q·k formed before the 1/√dh scaling overflowed in the
+    reference (NaN output, where the scaled logits fit), and a row whose finite logits differ by more than float's
+    range gave a NaN entropy (0·log 0 as 0·(−inf)) in both. Against float64."""
+    torch.manual_seed(1)
+    x, w = torch.randn(1, 2, 6, 8) * 1e19, torch.randn(1, 8, 24) / 3
+    exact_out, exact_stats = pe_attention(x.double(), None, w.double(), None, 2, backend="reference")
+    out, stats = pe_attention(x, None, w, None, 2, backend=backend)
+    assert (out.double() - exact_out).abs().max() <= 1e-6 * exact_out.abs().max()
+    torch.testing.assert_close(stats.double(), exact_stats.double(), atol=1e-5, rtol=1e-5)
+    x, w = torch.randn(1, 1, 3, 4), torch.randn(1, 4, 12) / 2
+    bias = torch.zeros(1, 1, 3, 3)
+    bias[..., 0], bias[..., 1] = 3e38, -3e38  # every row one-hot: entropy 0
+    for probes in (None, torch.eye(3)[None]):
+        stats = pe_attention(x, None, w, None, 1, probes, bias=bias, backend=backend)[1]
+        exact = pe_attention(x.double(), None, w.double(), None, 1, probes, bias=bias.double(),
+                             backend="reference")[1]
+        torch.testing.assert_close(stats.double(), exact.double(), atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("heads", [1, 2])
 def test_backward_with_zero_rows_of_the_upstream_gradient_matches_reference(heads):
     """The kernels compute only the query rows whose upstream gradient is non-zero (a loss at some tokens, as the

@@ -69,7 +69,7 @@ def accumulation_dtype(t: Tensor) -> torch.dtype:
 
 def attention_logits(q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.matmul(q * scale, k.transpose(-1, -2))  # scaled first: q·k may pass float's range where q·k/√dh does not
     if bias is not None:
         s = s + bias[:, None]
     return s
@@ -79,7 +79,8 @@ def attention_statistics(p: Tensor, log_p: Tensor, probes: Tensor | None) -> Ten
     """Mean over batch and query rows of the per-row statistics. p, log_p [M,B,H,N,N] -> [M,H,3+K] float32."""
     p32, log_p32 = p.to(accumulation_dtype(p)), log_p.to(accumulation_dtype(p))
     rows = [
-        -(p32 * log_p32).sum(-1),  # entropy; log_p is finite because the logits are
+        # entropy; log_p is −inf where finite logits differ by more than float's range, and p there 0
+        -torch.where(p32 > 0, p32 * log_p32, 0).sum(-1),
         p32.amax(-1),
         (p32 * p32).sum(-1),
     ]
