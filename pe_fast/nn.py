@@ -7,6 +7,7 @@ blocks and for other people's models.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -109,6 +110,11 @@ class PEAttention(nn.Module):
     def __init__(self, width: int, num_heads: int, num_models: int = 1, bias: bool = True, out_proj: bool = True,
                  backend: str | None = None, generators: Sequence[torch.Generator] | None = None):
         super().__init__()
+        for name, value in (("width", width), ("num_heads", num_heads), ("num_models", num_models)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         if width % num_heads:
             raise ValueError(f"width {width} is not divisible by num_heads {num_heads}")
         if generators is None:
@@ -139,5 +145,10 @@ class PEAttention(nn.Module):
         out, stats = pe_attention(x, pe, self.w_qkv, self.b_qkv, self.num_heads, probes, rope=rope, bias=bias,
                                   backend=self.backend)
         if only_token is not None:
-            out = out[:, :, only_token:only_token + 1]
+            # a slice past the tokens is empty, silently: the index is checked as indexing would check it
+            if not isinstance(only_token, numbers.Integral) or isinstance(only_token, bool):
+                raise TypeError(f"only_token must be an int, got {type(only_token).__name__}")
+            if not -x.shape[2] <= only_token < x.shape[2]:
+                raise ValueError(f"only_token {only_token} is not a token of x's {x.shape[2]}")
+            out = out[:, :, only_token % x.shape[2]][:, :, None]
         return out, stats

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from pe_fast.nn import PEAttention
 from pe_fast.ops import BACKENDS, pe_attention
 
 M, B, N, D, H, K = 2, 2, 4, 8, 2, 2
@@ -102,6 +103,11 @@ CASES = [
     # a causal mask of -inf: the entropy of its rows NaN (0 · log 0), from every backend, without a word
     ("bias a mask of -inf", with_bias(lambda b: b.masked_fill(torch.ones_like(b, dtype=torch.bool).triu(1),
                                                               float("-inf"))), ValueError, r"bias holds NaN or ±inf"),
+    # fixed tables: a NaN made every output (RoPE) or a probe's mass NaN, without a word
+    ("probes with a NaN", changed("probes", lambda p: p.double().index_fill(0, torch.tensor([0]), float("nan"))),
+     ValueError, r"probes holds NaN or ±inf"),
+    ("rope table with an inf", with_rope_table(1, lambda t: t.index_fill(0, torch.tensor([0]), float("inf"))),
+     ValueError, r"rope\[1\] holds NaN or ±inf"),
     # the backends index dense memory: these failed deep inside (reshape, bmm, the C++ op's dispatch)
     *[(f"sparse {name}", changed(name, torch.Tensor.to_sparse), TypeError, rf"{name} must be a dense tensor")
       for name in ("x", "w_qkv", "probes")],
@@ -235,3 +241,38 @@ def test_attention_maps_beyond_the_machines_memory_are_a_value_error_naming_x(mo
     if "cpp" in BACKENDS:
         out, _ = pe_attention(x[:, :, :2000], None, w_qkv, None, 2, backend="cpp")
         assert out.shape == (1, 1, 2000, 16)
+
+
+def test_a_table_found_finite_is_checked_again_once_changed_in_place():
+    """The finiteness of a fixed table (probes, RoPE's, a mask) is computed once per tensor, not once per call: a
+    NaN written into it in place is still found."""
+    args = make("cpu", torch.float64)
+    probes = torch.ones(1, N, N, dtype=torch.float64)
+    pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
+    probes[0, 1, 2] = float("nan")
+    with pytest.raises(ValueError, match="probes holds NaN"):
+        pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
+
+
+@pytest.mark.parametrize("arguments, error, why", [
+    ((0, 1), ValueError, "width must be at least 1, got 0"),  # ZeroDivisionError
+    ((8, 0), ValueError, "num_heads must be at least 1, got 0"),
+    ((8, 2, 0), ValueError, "num_models must be at least 1, got 0"),  # torch.stack's RuntimeError
+    ((8, 2, -1), ValueError, "num_models must be at least 1, got -1"),
+    ((8.0, 2), TypeError, "width must be an int, got float"),
+])
+def test_the_module_s_bad_arguments_are_named(arguments, error, why):
+    with pytest.raises(error, match=why):
+        PEAttention(*arguments)
+
+
+def test_the_module_s_only_token_is_checked_as_an_index():
+    """only_token past the tokens returned an empty [M,B,0,D] output; -1, Python's last item, did too."""
+    torch.manual_seed(0)
+    attention, x = PEAttention(8, 2, 2), torch.randn(2, 3, 4, 8)
+    full = attention(x)[0]
+    torch.testing.assert_close(attention(x, only_token=-1)[0], full[:, :, 3:4])
+    torch.testing.assert_close(attention(x, only_token=1)[0], full[:, :, 1:2])
+    for bad, error in ((4, ValueError), (-5, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="only_token"):
+            attention(x, only_token=bad)
