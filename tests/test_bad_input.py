@@ -299,6 +299,9 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     (dict(task="lst", pe=b"learned"), "--pe: expected a list or comma-separated text, got b'learned'"),
     (dict(task="lst", pe=["learned", None]), "--pe: the item None is a NoneType, not text or a number"),
     (dict(task="lst", sigmas=[0.2, [0.3]]), "--sigmas: the item [0.3] is a list, not text or a number"),
+    # one float32: the same models trained twice, listed as two settings
+    (dict(task="lst", sigmas="0.1,0.1000000001"), "--sigmas: '0.1,0.1000000001' names one value twice: 0.1 and"),
+    (dict(task="lst", lr=[1e-3, 1.00000001e-3]), "--lr: [0.001, 0.00100000001] names one value twice"),
 ])
 def test_a_python_argument_of_a_wrong_type_is_named_in_one_short_line(arguments, must_name, tmp_path, monkeypatch):
     """A type refusal names the type (an array by its shape) or quotes a short repr: once, a 21-line array."""
@@ -490,7 +493,9 @@ def test_a_compiler_cache_folder_inside_the_package_is_refused(tmp_path, capsys,
 
 @pytest.mark.parametrize("cache, must_name", [
     # g++'s command line split the path: a 100-line traceback after config.json was written
-    ("cache dir", "holds a space or a line break"), ("cache\ndir", "holds a space or a line break"),
+    ("cache dir", "holds a space, a line break"), ("cache\ndir", "holds a space, a line break"),
+    # shlex took the quote away: g++ was given another path, and ld failed
+    ("cache'q", "a quote or a backslash"), ('cache"q', "a quote or a backslash"), ("cache\\q", "a backslash"),
     # torch's files inside another sweep's folder, as an --out there would be
     ("finished/cache", "inside the results folder"),
     # this sweep's own --out, not made yet: torch's files in it

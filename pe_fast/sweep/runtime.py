@@ -132,9 +132,11 @@ def check_inductor_cache(out: str | None = None):
     advice = "torch keeps its compiler's caches there: name a writable folder, or unset it"
     if not path.strip():  # torch would write its caches into the working folder
         raise UsageError(f"{name} names no folder; {advice}")
-    if any(character.isspace() for character in path):  # inductor's C++ compile command splits at whitespace
-        raise UsageError(f"{name} holds a space or a line break, which torch's C++ compiler command splits; "
-                         f"{advice}")
+    # inductor's C++ compile command is split as a shell would (shlex): at whitespace, and quotes and backslashes
+    # are taken away
+    if any(character.isspace() or character in "'\"\\" for character in path):
+        raise UsageError(f"{name} holds a space, a line break, a quote or a backslash, which torch's C++ compiler "
+                         f"command splits or drops; {advice}")
     folder = Path(path).absolute()
     existing = folder
     try:

@@ -13,8 +13,8 @@ import numpy as np
 import pe_fast
 from pe_fast.number_text import check_ascii_number
 from pe_fast.program_exit import brief
-from pe_fast.results.settings import (FLAGS, KEEP, LIST_SETTINGS, OPTIONAL_LISTS, Flag, Settings, default_of, is_list,
-                                      value_type)
+from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, KEEP, LIST_SETTINGS, OPTIONAL_LISTS, Flag, Settings,
+                                      default_of, is_list, value_type)
 from pe_fast.tasks import KINDS
 from pe_fast.sweep import UsageError
 from pe_fast.sweep.validation import check_task, validate
@@ -132,6 +132,15 @@ def parse_list(text, convert, flag: str) -> tuple:
         raise UsageError(f"{flag}: cannot parse {brief(text)} as a comma-separated list")
     if len(set(values)) < len(values):
         raise UsageError(f"{flag}: {brief(text)} names a value twice")
+    # σ and the optimizer's numbers are float32 in the models and the results: two values that round to one there
+    # would train the same models twice, listed as two settings
+    stored: dict = {}
+    for value in values:
+        key = float(np.float32(value)) if type(value) is float and abs(value) <= FLOAT32_MAX else value
+        if key in stored:
+            raise UsageError(f"{flag}: {brief(text)} names one value twice: {stored[key]!r} and {value!r} are the "
+                             f"same float32, as the models and the results store it")
+        stored[key] = value
     return tuple(values)
 
 
