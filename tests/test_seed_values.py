@@ -21,6 +21,16 @@ def test_seed_values_are_the_grid_seeds_in_the_given_order():
     assert [m["seed"] for m in grid.expand_grid(settings("--seeds", "3"))][:3] == list(grid.AUTHOR_SEEDS[:3])
 
 
+def test_seeds_beyond_the_authors_are_each_trained_once():
+    """Beyond the authors' 15 came 1, 2, 3, ...: at --seeds 44 that reached 29, one of theirs, and the same model
+    was trained and counted twice. The first of them keep their values (runs of up to 43 seeds are unchanged)."""
+    for count in (16, 43, 44, 300):
+        seeds = grid.model_seeds(settings("--seeds", str(count), "--sigmas", "0.1"))
+        assert len(seeds) == len(set(seeds)) == count
+        assert seeds[:15] == list(grid.AUTHOR_SEEDS[:count])
+    assert grid.model_seeds(settings("--seeds", "43", "--sigmas", "0.1"))[15:] == list(range(1, 29))
+
+
 def test_seed_values_survive_config_json():
     s = settings("--seed-values", "6312")
     again = Settings.from_json(s.to_json(), packs=[[0, 1]])

@@ -104,7 +104,8 @@ class Settings:
         help="comma-separated σ of the learned and random PEs' N(0, σ²) initialisation")
     # how many; which ones: seed_values, else the first of grid.AUTHOR_SEEDS
     seeds: int = setting(range=(1, MAX_MODELS, "[]"), may_differ=True,
-                         help="number of seeds per (PE, σ): the first N of the authors' 15 LST seeds")
+                         help="number of seeds per (PE, σ): the first N of the authors' 15 LST seeds, then 1, 2, "
+                              "3, ... (theirs skipped)")
     steps: int = setting(range=(1, MAX_STEPS, "[]"), help="training steps")
     width: int = setting(range=(1, MAX_WIDTH, "[]"), help="model width d")
     depth: int = setting(range=(1, MAX_DEPTH, "[]"), help="number of blocks")

@@ -3,6 +3,7 @@ optimizer kind that train together, and the model and training configurations of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 
@@ -24,7 +25,9 @@ def model_seeds(s: Settings) -> list[int]:
     """The seeds every (PE, σ, optimizer point) trains with: --seed-values, else the first --seeds."""
     if s.seed_values is not None:
         return list(s.seed_values)
-    return list(AUTHOR_SEEDS[:s.seeds]) + list(range(1, s.seeds - len(AUTHOR_SEEDS) + 1))
+    # beyond them 1, 2, 3, ..., skipping the authors' own (29 and 195 among them: a seed trained twice)
+    beyond = (seed for seed in itertools.count(1) if seed not in AUTHOR_SEEDS)
+    return list(AUTHOR_SEEDS[:s.seeds]) + list(itertools.islice(beyond, max(0, s.seeds - len(AUTHOR_SEEDS))))
 
 
 def axis_values(s, axis: str, point: dict) -> tuple | list:
