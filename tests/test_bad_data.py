@@ -1,8 +1,11 @@
 """Bad data files and data-dependent flags, through the real command-line entry points: exit code 2, exactly one
 line on stderr naming the flag and the file or the problem, no traceback, no results folder (issue 42). The
 pattern and the tiny flag sets are tests/test_bad_input.py's; the cases that need files of their own are here."""
+import io
 import os
 import subprocess
+import warnings
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -119,6 +122,20 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     np.savez(files["LYING_NPZ"], a=np.zeros((60, 10), "i1"), b=np.ones((60, 10), "i1"))
     raw = Path(files["LYING_NPZ"]).read_bytes()
     Path(files["LYING_NPZ"]).write_bytes(raw.replace(b"(60, 10)", b"(99, 10)", 1))
+    def member(array):
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        return buffer.getvalue()
+    series = np.random.default_rng(2).normal(size=(4, 60, 10))
+    files["NPZ_NAME_TWICE"], files["NPZ_NO_SUFFIX"] = str(tmp_path / "twice.npz"), str(tmp_path / "no_suffix.npz")
+    with warnings.catch_warnings():  # zipfile warns of the duplicate name it writes
+        warnings.simplefilter("ignore")
+        with zipfile.ZipFile(files["NPZ_NAME_TWICE"], "w") as z:
+            for name, subject in (("s1.npy", 0), ("s2.npy", 1), ("s3.npy", 2), ("s1.npy", 3)):
+                z.writestr(name, member(series[subject]))
+    with zipfile.ZipFile(files["NPZ_NO_SUFFIX"], "w") as z:  # numpy reads "s1" too
+        for name, subject in (("s1", 0), ("s2.npy", 1), ("s3.npy", 2)):
+            z.writestr(name, member(series[subject]))
     files["TWO_LABELS"] = str(write_table(tmp_path / "two_labels.csv", [f"r{i},{i},0,0,a,x" for i in range(10)],
                                           header="label,x,y,z,network,Label"))
     files["LONG_ROW"] = str(write_table(tmp_path / "row_too_long.csv", [f"r{i},{i},0,0,a" + ",extra" * (i == 3)
@@ -208,6 +225,11 @@ CASES = [
     ("sparse npy", FMRI + ["--data", "SPARSE"], "--data {SPARSE} declares 7,629 MiB once read, from 0.0 MiB on disk"),
     ("npz member longer than it holds", FMRI + ["--data", "LYING_NPZ"],
      "--data {LYING_NPZ}: member a.npy declares shape (99, 10), more than the member holds"),
+    # each read as one subject fewer, without a word
+    ("npz naming an array twice", FMRI + ["--data", "NPZ_NAME_TWICE"],
+     "--data {NPZ_NAME_TWICE}: it holds two arrays named 's1'"),
+    ("npz member without .npy", FMRI + ["--data", "NPZ_NO_SUFFIX"],
+     "--data {NPZ_NO_SUFFIX}: its member 's1' is not a .npy array"),
     ("regions table with label twice", FMRI + ["--data", "NPY", "--regions", "TWO_LABELS"],
      "--regions {TWO_LABELS}: the regions table's header names column 'label' twice"),
     # 4 regions have 2 connectivity gradients, not the 3 the PE is compared with: once a traceback after training

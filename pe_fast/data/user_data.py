@@ -211,10 +211,19 @@ def _npz_member(p: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
 def _read_npz(p: Path, key: str | None):
     try:
         zf = zipfile.ZipFile(p)
-        members = {i.filename[:-4]: i for i in zf.infolist() if i.filename.endswith(".npy")}
+        infos = zf.infolist()
     except Exception as e:
         raise DataError(f"{p}: not a readable .npz file ({_why(e)}): save it with numpy.savez") from None
     with zf:
+        # every member one array of its own name, as numpy.savez writes them: a name twice (the zip keeps both,
+        # a dict the last) or a member without .npy (numpy reads it too) dropped a subject without a word
+        names = [i.filename for i in infos]
+        if odd := [name for name in names if not name.endswith(".npy")]:
+            raise DataError(f"{p}: its member {odd[0]!r} is not a .npy array; save the time series with numpy.savez")
+        if len(set(names)) < len(names):
+            twice = next(name for name in names if names.count(name) > 1)
+            raise DataError(f"{p}: it holds two arrays named {twice[:-4]!r}; save the time series with numpy.savez")
+        members = {i.filename[:-4]: i for i in infos}
         if key is not None:
             if key not in members:
                 raise DataError(f"{p}: no array named {key!r} (it has {sorted(members)}): pass one of those names")
