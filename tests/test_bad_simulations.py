@@ -34,8 +34,8 @@ def refused(args, must_name, tmp_path, capsys, monkeypatch):
     (NETSIM + ["--coupling", "1e300"], "--coupling"),
     (NETSIM + ["--coupling", "5"], "≤ 4"),
     # the maxima that took minutes (an O(nodes³) eigenvalue problem, 5 × 10⁶ steps of a 1,000-node network)
-    (NETSIM + ["--nodes", "10000", "--timepoints", "2", "--runs", "1"], "--nodes"),
-    (NETSIM + ["--nodes", "1000", "--timepoints", "1000000", "--runs", "1"], "--timepoints 1000000"),
+    (NETSIM + ["--nodes", "10000", "--timepoints", "2", "--runs", "2"], "--nodes"),
+    (NETSIM + ["--nodes", "1000", "--timepoints", "1000000", "--runs", "2"], "--timepoints 1000000"),
     (DIGITS + ["--train-images", "1"], "--train-images 1"),
     # 4 nodes that do simulate: the 3 connectivity gradients of 4 regions ended in a traceback after training
     (NETSIM + ["--nodes", "4", "--modules", "1", "--p-within", "1", "--inhibition", "0"], "--nodes"),

@@ -44,7 +44,7 @@ NETWORK_SETTINGS = (
     TaskSetting("inhibition", float, SEE, range=(0, None, "[)")),
     TaskSetting("noise", float, SEE, range=(0, MAX_NOISE, "[]")),
     TaskSetting("timepoints", int, SEE, range=(2, MAX_TIMEPOINTS, "[]")),
-    TaskSetting("runs", int, SEE, range=(1, MAX_RUNS, "[]")), TaskSetting("netsim_seed", int, SEE, range=(0, 2**32, "[)")),
+    TaskSetting("runs", int, SEE, range=(2, MAX_RUNS, "[]")), TaskSetting("netsim_seed", int, SEE, range=(0, 2**32, "[)")),
 )
 NETWORK = tuple(setting.name for setting in NETWORK_SETTINGS)
 
