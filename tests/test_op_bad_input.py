@@ -252,6 +252,12 @@ def test_a_table_found_finite_is_checked_again_once_changed_in_place():
     probes[0, 1, 2] = float("nan")
     with pytest.raises(ValueError, match="probes holds NaN"):
         pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
+    with torch.inference_mode():  # its tensors keep no version: checked at every call
+        probes = torch.ones(1, N, N, dtype=torch.float64)
+        pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
+        probes[0, 1, 2] = float("nan")
+        with pytest.raises(ValueError, match="probes holds NaN"):
+            pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
 
 
 @pytest.mark.parametrize("arguments, error, why", [
