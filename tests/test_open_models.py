@@ -407,6 +407,21 @@ def test_models_swapped_inside_a_weights_file_are_found_out(tmp_path, lst_run):
     assert pe_fast.load_run(lst_run.path).model(ids[0]) is not None  # untouched, it opens
 
 
+@pytest.mark.parametrize("step", [10**30, 3])
+def test_weights_taken_at_another_step_than_the_results_say_are_found_out(step, tmp_path, lst_run):
+    """The header's step edited, digests.json rewritten to match: run.pack(i).step read 10**30."""
+    def edit(header):
+        meta = json.loads(header["__metadata__"]["pe_fast"])
+        meta["step"] = step
+        header["__metadata__"]["pe_fast"] = json.dumps(meta)
+        return header
+    folder = spoiled(tmp_path, lst_run, lambda path: rewrite_header(path, edit))
+    run_folder.write_digests(folder / "packs" / "0")
+    with pytest.raises(ReportError, match=f"its weights were taken at step {step}, where the results say its "
+                                          f"models trained 6 steps"):
+        pe_fast.load_run(folder)
+
+
 def test_pe_tables_swapped_between_models_are_found_out(tmp_path, lst_run):
     """Two models' tables swapped in pe_tables.npz (the pack's and the folder's), digests rewritten to match:
     run.pe_table(i) returned the other model's table without a word, and --resume took the pack as finished."""

@@ -671,9 +671,10 @@ def _read_run(directory: Path) -> Run:
         pe_tables = {key: table for key, table in pe_tables.items() if key not in diverged}
     packs = config.get("packs")
     finished = sorted(run_folder.finished_packs(directory))
+    trained_steps = dict(zip(results["model_id"], results["steps"])) if {"model_id", "steps"} <= set(results) else {}
     for index in finished:  # the models load_run(DIR).model(i) would build
         check_pack_weights(directory, index, list(packs[index]) if isinstance(packs, list) and index < len(packs)
-                           else None, config.get("settings"))
+                           else None, config.get("settings"), trained_steps=trained_steps)
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
@@ -807,18 +808,23 @@ def check_pooled_from(directory: Path, folders):
 
 
 def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None, settings: dict | None = None,
-                       pe_tables: dict[str, np.ndarray] | None = None):
+                       pe_tables: dict[str, np.ndarray] | None = None, trained_steps: dict | None = None):
     """Pack `index`'s weights.safetensors, where it has one: tensors and text only, as its header declares
     (weights.check_pack_weights), of the shape config.json's settings give (settings: None, not known), and holding
-    the models config.json gives the pack (model_ids; None: not known), or one ReportError naming it. With the
-    pack's pe_tables, each model's table there is the one its weights hold (the file is loaded whole)."""
+    the models config.json gives the pack (model_ids; None: not known), taken at the step the results say its
+    models trained to (trained_steps: model id -> steps), or one ReportError naming it. With the pack's pe_tables,
+    each model's table there is the one its weights hold (the file is loaded whole)."""
     path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
     if not _present(path):
         return
     try:
-        held, config = weights.check_pack_weights(regular_file(path))
+        held, config, step = weights.check_pack_weights(regular_file(path))
     except weights.UnreadableWeights as error:
         raise ReportError(str(error)) from None
+    recorded = {trained_steps[i] for i in held if i in trained_steps} if trained_steps else set()
+    if recorded and recorded != {step}:  # run.pack(i).step read 10**30 from an edited header
+        raise ReportError(f"{path}: its weights were taken at step {step}, where the results say its models trained "
+                          f"{sorted(recorded)[0]} steps: not this run's pack, or a file was edited")
     for name in MODEL_SHAPE:  # the settings' shape, which the report shows: an edited width passed it
         if settings and settings.get(name) is not None and getattr(config, name) != settings[name]:
             raise ReportError(f"{path}: its models have {name} {getattr(config, name)}, where config.json's settings "
