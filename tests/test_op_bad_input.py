@@ -7,6 +7,7 @@ CPU too under `TRITON_INTERPRET=1 python -m pytest tests/test_op_bad_input.py` (
 """
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -244,15 +245,27 @@ def test_attention_maps_beyond_the_machines_memory_are_a_value_error_naming_x(mo
 
 
 def test_a_table_found_finite_is_checked_again_once_changed_in_place():
-    """The finiteness of a fixed table (probes, RoPE's, a mask) is computed once per tensor, not once per call: a
-    NaN written into it in place is still found."""
+    """A fixed table (probes, RoPE's, a mask) is checked at every call: a NaN written into it in place is found,
+    through torch, through .data or a NumPy array sharing its memory (neither counts as a change to torch), and in
+    inference mode (whose tensors keep no version)."""
     args = make("cpu", torch.float64)
     probes = torch.ones(1, N, N, dtype=torch.float64)
     pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
     probes[0, 1, 2] = float("nan")
     with pytest.raises(ValueError, match="probes holds NaN"):
         pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
-    with torch.inference_mode():  # its tensors keep no version: checked at every call
+    shared = np.ones((1, N, N))
+    probes = torch.from_numpy(shared)
+    pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
+    shared[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="probes holds NaN"):
+        pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
+    rope = args["rope"]
+    pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, rope=rope)
+    rope[0].data[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"rope\[0\] holds NaN"):
+        pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, rope=rope)
+    with torch.inference_mode():
         probes = torch.ones(1, N, N, dtype=torch.float64)
         pe_attention(args["x"], args["pe"], args["w_qkv"], args["b_qkv"], H, probes)
         probes[0, 1, 2] = float("nan")

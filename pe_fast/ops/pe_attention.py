@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -267,34 +266,13 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
         raise ValueError("probes: the statistics take no gradient here; pass them detached (.detach())")
     # a mask of -inf: its rows' entropy is NaN (0·log 0), a row all -inf a NaN output. Checked where the bias is
     # a caller's mask (no gradient: a relative PE's bias, which has one, would pay a pass and a GPU sync per call)
-    if bias is not None and not bias.requires_grad and not is_traced(bias) and not finite_once(bias):
+    if bias is not None and not bias.requires_grad and not is_traced(bias) and not bool(torch.isfinite(bias).all()):
         raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such as "
                          "-1e4, whose softmax weight is 0 in float32)")
     # fixed tables: a NaN in one made every output (RoPE) or a statistic (probes) NaN without a word
     for name, table in (("probes", probes), *((f"rope[{i}]", t) for i, t in enumerate(rope or ()))):
-        if table is not None and not is_traced(table) and not finite_once(table):
+        if table is not None and not table.is_meta and not is_traced(table) and not bool(torch.isfinite(table).all()):
             raise ValueError(f"{name} holds NaN or ±inf: give finite values")
-
-
-# id(tensor) -> (a weak reference to it, its version when it was found finite)
-_FOUND_FINITE: dict[int, tuple[weakref.ref, int]] = {}
-
-
-def finite_once(tensor: Tensor) -> bool:
-    """Whether tensor holds finite values only, computed once per tensor until it changes in place: the same tables
-    (probes, RoPE's, a mask) come with every call, and on a GPU each check waits for the device."""
-    if tensor.is_meta:  # shapes alone: no values to check
-        return True
-    if tensor.is_inference():  # no version counter to tell a change by: checked each time
-        return bool(torch.isfinite(tensor).all())
-    key = id(tensor)
-    seen = _FOUND_FINITE.get(key)
-    if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
-        return True
-    if not bool(torch.isfinite(tensor).all()):
-        return False
-    _FOUND_FINITE[key] = (weakref.ref(tensor, lambda _, key=key: _FOUND_FINITE.pop(key, None)), tensor._version)
-    return True
 
 
 def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,
