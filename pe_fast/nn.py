@@ -53,11 +53,30 @@ def scale_to_fan_in_power(weight: Tensor, drawn_std: float, gammas: Sequence[flo
                 weight[m].mul_(fan_in ** -float(gamma) / drawn_std)
 
 
+def check_sizes(**sizes):
+    """Each a whole number of at least 1, or a TypeError / ValueError naming it."""
+    for name, value in sizes.items():
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def check_generators(generators):
+    """One torch.Generator per model, at least one."""
+    if not (isinstance(generators, Sequence) and generators
+            and all(isinstance(g, torch.Generator) for g in generators)):
+        raise TypeError(f"generators must be a non-empty sequence of torch.Generator, one per model, got "
+                        f"{generators!r:.60}")
+
+
 class StackedLinear(nn.Module):
     """y = x @ W_m + b_m for every model m; x [M, ..., in] -> [M, ..., out]. Initialised like nn.Linear."""
 
     def __init__(self, generators: Sequence[torch.Generator], d_in: int, d_out: int, bias: bool = True):
         super().__init__()
+        check_sizes(d_in=d_in, d_out=d_out)
+        check_generators(generators)
         bound = 1.0 / math.sqrt(d_in)
         self.weight = nn.Parameter(uniform_per_model(generators, (d_in, d_out), bound))
         self.drawn_std = uniform_std(bound)  # the weight's, for scale_to_fan_in_power
@@ -66,7 +85,7 @@ class StackedLinear(nn.Module):
     def forward(self, x: Tensor, *, gelu: bool = False, add_bias: bool = True) -> Tensor:
         """gelu: GELU(x @ W + b), fused on the CPU (pe_fast.ops.sublayer_ends); add_bias=False: x @ W alone, for a
         caller that adds the bias itself (folded into a later fused op)."""
-        if gelu and self.bias is not None:
+        if gelu and self.bias is not None and add_bias:
             return linear_gelu(x, self.weight, self.bias)
         shape = x.shape
         flat = x.reshape(shape[0], -1, shape[-1])
@@ -81,6 +100,9 @@ class StackedLinear(nn.Module):
 class StackedLayerNorm(nn.Module):
     def __init__(self, num_models: int, width: int, eps: float = 1e-5):
         super().__init__()
+        check_sizes(num_models=num_models, width=width)
+        if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 < eps < math.inf):
+            raise ValueError(f"eps must be a positive finite number, got {eps!r}")
         self.weight = nn.Parameter(torch.ones(num_models, width))
         self.bias = nn.Parameter(torch.zeros(num_models, width))
         self.eps = eps
@@ -110,17 +132,15 @@ class PEAttention(nn.Module):
     def __init__(self, width: int, num_heads: int, num_models: int = 1, bias: bool = True, out_proj: bool = True,
                  backend: str | None = None, generators: Sequence[torch.Generator] | None = None):
         super().__init__()
-        for name, value in (("width", width), ("num_heads", num_heads), ("num_models", num_models)):
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+        check_sizes(width=width, num_heads=num_heads, num_models=num_models)
         if width % num_heads:
             raise ValueError(f"width {width} is not divisible by num_heads {num_heads}")
         if generators is None:
             generators = [torch.Generator().manual_seed(int(seed)) for seed in torch.randint(2 ** 62, (num_models,))]
-        elif len(generators) != num_models:
-            raise ValueError(f"{len(generators)} generators for {num_models} models")
+        else:
+            check_generators(generators)
+            if len(generators) != num_models:
+                raise ValueError(f"generators: {len(generators)} for {num_models} models")
         self.w_qkv = nn.Parameter(xavier_uniform_per_model(generators, width, 3 * width))
         self.qkv_drawn_std = uniform_std(xavier_bound(width, 3 * width))  # for scale_to_fan_in_power
         self.b_qkv = nn.Parameter(torch.zeros(num_models, 3 * width)) if bias else None

@@ -157,3 +157,42 @@ def test_a_bad_addend_is_refused():
     a, b, w, beta = leaves((2, 3, 4, 8), (2, 3, 4, 8), (2, 8), (2, 8))
     with pytest.raises(ValueError, match="add must be"):
         sublayer_ends.residual_layer_norm(a, b, w, beta, torch.zeros(2, 2, 8, dtype=torch.float64))
+
+
+def test_strided_parameters_are_taken_as_their_values():
+    """A bias, weight or beta that is a view with strides (a slice of a larger pack's, as functional_call passes
+    them) went to the C++ kernels as given, which refused it ("must be contiguous"); shapes that do not fit are a
+    ValueError naming the argument, not the kernels' RuntimeError."""
+    x, weight = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, 6, dtype=torch.float64)
+    bias = torch.randn(2, 12, dtype=torch.float64)[:, ::2]
+    torch.testing.assert_close(sublayer_ends.linear_gelu(x, weight, bias), F.gelu(x @ weight + bias[:, None]))
+    a = torch.randn(2, 3, 6, dtype=torch.float64)
+    scale, beta = (torch.randn(2, 12, dtype=torch.float64)[:, ::2] for _ in range(2))
+    torch.testing.assert_close(sublayer_ends.residual_layer_norm(a, torch.zeros_like(a), scale, beta),
+                               F.layer_norm(a, (6,)) * scale[:, None] + beta[:, None])
+    with pytest.raises(ValueError, match=r"bias must be \[M, out\] = \[2, 6\]"):
+        sublayer_ends.linear_gelu(x, weight, bias[:, :4])
+    with pytest.raises(ValueError, match=r"beta must be \[M, D\] = \[2, 6\]"):
+        sublayer_ends.residual_layer_norm(a, a, scale, beta[:, :3])
+
+
+def test_a_linear_layer_s_gelu_without_its_bias_leaves_the_bias_out():
+    """StackedLinear(x, gelu=True, add_bias=False) added the bias anyway."""
+    from pe_fast.nn import StackedLinear
+    layer = StackedLinear([torch.Generator().manual_seed(i) for i in range(2)], 4, 3).double()
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(layer(x, gelu=True, add_bias=False), F.gelu(x @ layer.weight))
+    torch.testing.assert_close(layer(x, gelu=True), F.gelu(x @ layer.weight + layer.bias[:, None]))
+
+
+@pytest.mark.parametrize("build, error, why", [
+    (lambda nn: nn.StackedLinear([torch.Generator()], 0, 3), ValueError, "d_in must be at least 1"),
+    (lambda nn: nn.StackedLinear([], 4, 3), TypeError, "generators must be a non-empty sequence"),
+    (lambda nn: nn.StackedLayerNorm(2, -1), ValueError, "width must be at least 1"),
+    (lambda nn: nn.StackedLayerNorm(1, 4, eps=float("nan")), ValueError, "eps must be a positive finite number"),
+    (lambda nn: nn.PEAttention(8, 2, generators=[1]), TypeError, "generators must be a non-empty sequence"),
+])
+def test_the_stacked_layers_name_their_bad_arguments(build, error, why):
+    import pe_fast.nn
+    with pytest.raises(error, match=why):
+        build(pe_fast.nn)

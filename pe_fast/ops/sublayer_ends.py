@@ -39,7 +39,7 @@ def _rows(x: Tensor) -> Tensor:
 class _LinearGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
-        flat = _rows(x)
+        flat, bias = _rows(x), bias.contiguous()  # a strided bias (a slice of a larger pack's) is legal
         z = torch.bmm(flat, weight)
         y = torch.ops.pe_fast_cpp.bias_gelu_forward(z, bias)
         ctx.save_for_backward(flat, weight, bias, z)
@@ -57,6 +57,12 @@ class _LinearGelu(torch.autograd.Function):
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """GELU(x @ weight + bias) of a pack: x [M, ..., in], weight [M, in, out], bias [M, out]; exact GELU."""
+    M, width = x.shape[0], x.shape[-1]
+    if weight.dim() != 3 or tuple(weight.shape[:2]) != (M, width):
+        raise ValueError(f"weight must be [M, in, out] = [{M}, {width}, out] for x {list(x.shape)}, got "
+                         f"{list(weight.shape)}")
+    if tuple(bias.shape) != (M, weight.shape[2]):
+        raise ValueError(f"bias must be [M, out] = [{M}, {weight.shape[2]}], got {list(bias.shape)}")
     if fusable(x, weight, bias):
         return _LinearGelu.apply(x, weight, bias)
     flat = x.reshape(x.shape[0], -1, x.shape[-1])
@@ -66,7 +72,7 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class _ResidualLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, add, weight, beta, eps):
-        a_rows, b_rows = _rows(a), _rows(b)
+        a_rows, b_rows, weight, beta = _rows(a), _rows(b), weight.contiguous(), beta.contiguous()
         add = None if add is None else add.contiguous()
         y, mean, rstd = torch.ops.pe_fast_cpp.residual_layer_norm_forward(a_rows, b_rows, add, weight, beta, eps)
         ctx.save_for_backward(a_rows, b_rows, add, weight, mean, rstd)
@@ -92,6 +98,9 @@ def residual_layer_norm(a: Tensor, b: Tensor, weight: Tensor, beta: Tensor, add:
     add [M, T, D] (a per-token addend, the same for every sequence of T tokens: a PE, plus a bias folded in),
     [M, 1, D] (the same for every token) or None."""
     M, T, D = a.shape[0], a.shape[-2], a.shape[-1]
+    for name, tensor in (("weight", weight), ("beta", beta)):
+        if tuple(tensor.shape) != (M, D):
+            raise ValueError(f"{name} must be [M, D] = [{M}, {D}], got {list(tensor.shape)}")
     if add is not None and tuple(add.shape) not in ((M, T, D), (M, 1, D)):
         raise ValueError(f"add must be [M, T, D] or [M, 1, D] for a [M, ..., T, D], got {list(add.shape)} for "
                          f"{list(a.shape)}")
