@@ -102,3 +102,47 @@ def test_the_compute_path_is_chosen_once_from_the_config(monkeypatch):
     torch.testing.assert_close(default(tokens)[0], outputs)  # the same model on the device's default backend
     with pytest.raises(ValueError, match="backend must be one of"):
         ModelConfig(num_tokens=5, token_dim=3, out_dim=2, backend="no-such-backend")
+
+
+TINY_CONFIG = dict(num_tokens=4, token_dim=3, out_dim=2, width=8, depth=1, heads=2, mlp_width=8)
+
+
+@pytest.mark.parametrize("change, error, why", [
+    (dict(heads=0), ValueError, "heads must be at least 1"),  # ZeroDivisionError
+    (dict(depth=0), ValueError, "depth must be at least 1"),  # torch.stack of no blocks
+    (dict(token_dim=0), ValueError, "token_dim must be at least 1"),
+    (dict(width=8.0), TypeError, "width must be an int"),
+    # accepted, then an empty slice of the last block's tokens failed naming an internal `add`
+    (dict(readout_token=-1), ValueError, "readout_token must be None or a token index from 0 to"),
+    (dict(readout_token=4), ValueError, "readout_token must be None or a token index"),
+])
+def test_a_model_configuration_names_its_bad_field(change, error, why):
+    with pytest.raises(error, match=why):
+        ModelConfig(**{**TINY_CONFIG, **change})
+
+
+@pytest.mark.parametrize("seeds, sigmas, why", [
+    ([], [], "at least one model"),
+    ([1.5], [0.1], "seeds: 1.5 is not a whole number"),  # int() took it as seed 1's model
+    ([0], [float("nan")], "sigmas: nan is not a positive finite"),  # accepted: every output NaN
+])
+def test_a_pack_names_its_bad_seeds_and_sigmas(seeds, sigmas, why):
+    with pytest.raises(ValueError, match=why):
+        StackedTransformer(ModelConfig(**TINY_CONFIG), seeds, sigmas)
+
+
+def test_output_tokens_are_each_item_s_own_tokens_or_refused():
+    """The outputs at some tokens equal the full outputs there; an index past an item's tokens (or -1) read the
+    next (or previous) item's token, another model's at a model's last item, without a word."""
+    torch.manual_seed(0)
+    model = StackedTransformer(ModelConfig(**TINY_CONFIG), [1, 2], [0.5, 0.5])
+    tokens = torch.randn(2, 3, 4, 3)
+    full, _ = model(tokens)
+    rows = torch.tensor([3, 0, 2]).repeat(2, 3, 1)
+    torch.testing.assert_close(model(tokens, output_tokens=rows)[0], full[:, :, [3, 0, 2]])
+    for bad, error, why in ((torch.full((2, 3, 1), 4), ValueError, "outside the 4 tokens"),
+                            (torch.full((2, 3, 1), -1), ValueError, "outside the 4 tokens"),
+                            (torch.zeros(2, 3, 1), TypeError, "int64 or int32 tensor"),
+                            (torch.zeros(2, 3, dtype=torch.long), ValueError, r"\[M, B, K\] = \[2, 3, K\]")):
+        with pytest.raises(error, match=f"output_tokens.*{why}"):
+            model(tokens, output_tokens=bad)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,9 +17,10 @@ import torch
 from torch import Tensor, nn
 
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
-from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, scale_to_fan_in_power
+from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, check_sizes, scale_to_fan_in_power
 from pe_fast.ops import sublayer_ends
 from pe_fast.ops.backends import BACKENDS
+from pe_fast.ops.transforms import is_traced
 from pe_fast.models.relative_pe import RelativePE
 from pe_fast.models.rotary_pe import RotaryPE
 from pe_fast.seeds import PE_SEED_OFFSET
@@ -44,6 +47,9 @@ def compute_path_problem(path: str, device_type: str) -> str | None:
     return None
 
 
+SIZES = ("num_tokens", "token_dim", "out_dim", "width", "depth", "heads", "mlp_width")  # each a whole number ≥ 1
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     num_tokens: int
@@ -62,6 +68,12 @@ class ModelConfig:
     backend: str | None = None
 
     def __post_init__(self):
+        check_sizes(**{name: getattr(self, name) for name in SIZES})
+        if self.readout_token is not None and not (
+                isinstance(self.readout_token, numbers.Integral) and not isinstance(self.readout_token, bool)
+                and 0 <= self.readout_token < self.num_tokens):
+            raise ValueError(f"readout_token must be None or a token index from 0 to num_tokens - 1 = "
+                             f"{self.num_tokens - 1}, got {self.readout_token!r}")
         if self.pe not in PE_KINDS:
             raise ValueError(f"unknown PE {self.pe!r}; choose from {', '.join(PE_KINDS)}")
         if self.pe_at not in ("every", "input"):
@@ -139,6 +151,22 @@ class Block(nn.Module):
         return self.norm_attn(projection(out) + (h if pe is None else h + pe[:, None])), stats
 
 
+def check_output_tokens(rows, tokens: Tensor, config: ModelConfig):
+    """output_tokens [M,B,K] of token indices in [0, N): at_tokens adds each item's offset, so token N was the next
+    item's first (another model's, at an item's end) and -1 the previous item's last, without a word."""
+    if config.readout_token is not None:
+        raise ValueError("output_tokens: a model that reads out one token (readout_token) has one output")
+    if not isinstance(rows, Tensor) or rows.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"output_tokens must be an int64 or int32 tensor of token indices, got "
+                        f"{rows.dtype if isinstance(rows, Tensor) else type(rows).__name__}")
+    M, B, N = tokens.shape[:3]
+    if rows.dim() != 3 or tuple(rows.shape[:2]) != (M, B) or rows.device != tokens.device:
+        raise ValueError(f"output_tokens must be [M, B, K] = [{M}, {B}, K] on {tokens.device}, got "
+                         f"{list(rows.shape)} on {rows.device}")
+    if rows.numel() and not is_traced(rows) and not bool(((rows >= 0) & (rows < N)).all()):
+        raise ValueError(f"output_tokens holds an index outside the {N} tokens (0 to {N - 1})")
+
+
 def at_tokens(x: Tensor, rows: Tensor) -> Tensor:
     """x [M,B,N,D] at the tokens rows [M,B,K] of each item: [M,B,K,D]. Whole rows of x seen as [M·B·N, D]: on the
     CPU index_select copies a row per index, 2.5× faster forward and backward than gather's index per element."""
@@ -156,8 +184,16 @@ class StackedTransformer(nn.Module):
         init_gammas: each model's γ (None: the default initialisation), whose embedding, attention and MLP weights
         then start with std fan_in^-γ; the readout head, biases, norms and the PE (σ) keep theirs."""
         super().__init__()
-        if len(sigmas) != len(seeds):
-            raise ValueError("one σ per model is needed")
+        if not seeds or len(sigmas) != len(seeds):
+            raise ValueError(f"seeds and sigmas: one seed and one σ per model, at least one model; got {len(seeds)} "
+                             f"seeds and {len(sigmas)} σ")
+        for seed in seeds:  # int() would take 1.5 as 1: another model's weights
+            if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+                raise ValueError(f"seeds: {seed!r} is not a whole number from 0 to 2**63 - 1")
+        for sigma in sigmas:
+            if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, bool)
+                                          and 0 < sigma < math.inf):
+                raise ValueError(f"sigmas: {sigma!r} is not a positive finite σ (or None)")
         self.config, self.seeds = config, list(seeds)
         self.sigmas = [None if s is None else float(s) for s in sigmas]
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -203,8 +239,8 @@ class StackedTransformer(nn.Module):
         output_tokens [M,B,K] (models that predict at every token): the outputs at these tokens alone,
         [M,B,K,out], the last block's MLP sublayer and the head computed there only: a training loss that reads K
         of the N tokens (the masked-token tasks) needs no more."""
-        if output_tokens is not None and self.config.readout_token is not None:
-            raise ValueError("output_tokens: a model that reads out one token (readout_token) has one output")
+        if output_tokens is not None:
+            check_output_tokens(output_tokens, tokens, self.config)
         h = self.embed(tokens)
         rope = self.rotary.tables() if self.rotary is not None else None
         all_stats = []
