@@ -15,7 +15,9 @@ model whose gradients overflowed: precision.LossScaler); the others keep their p
 count, whatever their gradients hold. The mask stays on the device (no host sync), so it enters as per-model
 factors: zero rate and decay, moment factors of 1, and from that first masked step on each model keeps its own
 bias-correction powers β₁ᵗ, β₂ᵗ (products of β, rounded alike at every position of a pack, where torch's pow on a
-vector is not). Without a mask the step is torch's, bit for bit as before.
+vector is not). Without a mask the step is torch's, bit for bit as before, for float32 and float64 parameters; in
+bf16 or fp16 the per-model rate and decay factors are rounded to the parameters' dtype, where torch keeps its
+Python-float scalars in float32 (pe_fast trains float32 parameters, autocast or not).
 
 Speed. An Adam step is nine torch._foreach_* calls over all of a group's tensors, where torch's fused Adam makes one
 pass: on the CPU about 3× the fused step's time, under 1 % of a training step of the fMRI pack
@@ -42,6 +44,10 @@ def per_model_values(name: str, value: PerModel, num_models: int) -> list[float]
     """One float per model, checked; a single number stands for every model."""
     if isinstance(value, Tensor):
         value = value.detach().cpu().tolist()
+    if isinstance(value, (bool, str, bytes)) or (not isinstance(value, numbers.Real) and any(
+            isinstance(v, (bool, str, bytes)) for v in (value if isinstance(value, Sequence) else ()))):
+        # float("111") and float(True) would take them as numbers
+        raise TypeError(f"{name} takes one number, or one number per model; got {value!r:.60}")
     if isinstance(value, numbers.Real):
         values = [float(value)] * num_models
     else:
@@ -82,6 +88,8 @@ class StackedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"unknown optimizer kind {kind!r}; choose from {', '.join(KINDS)}")
         if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
             raise ValueError(f"betas must be two numbers in [0, 1); got {betas}")
+        if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+            raise TypeError(f"eps must be a number, got {type(eps).__name__}")
         if not 0.0 <= eps < math.inf:
             raise ValueError(f"eps must be a finite number ≥ 0; got {eps}")
         self.kind = kind
@@ -141,6 +149,8 @@ class StackedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None, live: Tensor | None = None):
         """One update of every model, or with `live` (bool [M], on the parameters' device) of the models it marks:
         a model left out keeps its parameters and optimizer state, whatever its gradients hold."""
+        if live is not None:
+            self._check_live(live)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -192,6 +202,17 @@ class StackedOptimizer(torch.optim.Optimizer):
         if key not in self._on_device:
             self._on_device[key] = torch.tensor(group[name], dtype=torch.float64, device=device)
         return self._on_device[key]
+
+    def _check_live(self, live):
+        """live: a bool tensor [M] on the parameters' device."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        if not isinstance(live, Tensor) or live.dtype != torch.bool:
+            raise TypeError(f"live must be a bool tensor [M], got "
+                            f"{live.dtype if isinstance(live, Tensor) else type(live).__name__}")
+        models = len(self.param_groups[0]["model_lr"]) if self.param_groups else 0
+        if tuple(live.shape) != (models,) or (params and live.device != params[0].device):
+            raise ValueError(f"live must be [M] = [{models}] on {params[0].device if params else 'any device'}, got "
+                             f"{list(live.shape)} on {live.device}")
 
     def _rates(self, group: dict, device: torch.device, live: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Each model's learning rate at this step and its weight decay (None where no model has any), both 0

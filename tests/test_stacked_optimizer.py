@@ -169,7 +169,6 @@ def test_takes_every_parameter_of_a_stacked_transformer(pe, dtype):
     (dict(lr=-1e-3), "lr must be a finite number ≥ 0; model 0 has -0.001"),
     (dict(lr=1e-3, weight_decay=[0.1] * M + [0.1]), "weight_decay has 7 values"),
     (dict(lr=1e-3, weight_decay=float("nan")), "weight_decay must be a finite number ≥ 0"),
-    (dict(lr="fast"), "lr takes one number, or one number per model"),
     (dict(lr=1e-3, momentum=0.9), "momentum is SGD's; adam takes its momentum from betas[0]"),
     (dict(lr=1e-3, kind="lion"), "unknown optimizer kind 'lion'"),
 ])
@@ -202,3 +201,28 @@ def test_a_state_of_another_kind_or_pack_size_is_refused_before_anything_changes
         smaller.load_state_dict(StackedOptimizer([torch.zeros(M, 2, requires_grad=True)], "adam", lr=1e-3)
                                 .state_dict())
     assert sgd.param_groups[0]["kind"] == "sgd" and smaller.param_groups[0]["model_lr"] == [1e-3] * (M - 1)
+
+
+@pytest.mark.parametrize("live, error, why", [
+    ([True, False, True], TypeError, "live must be a bool tensor"),  # AttributeError: 'list' has no 'dim'
+    (torch.tensor([1.0, 0.0, 1.0]), TypeError, "live must be a bool tensor"),
+    (torch.ones(3, 1, dtype=torch.bool), ValueError, r"live must be \[M\] = \[3\]"),  # zip()'s ValueError
+])
+def test_a_bad_live_mask_is_named(live, error, why):
+    p = torch.randn(3, 4, requires_grad=True)
+    optimizer = StackedOptimizer([p], "adam", lr=0.1)
+    p.grad = torch.ones_like(p)
+    before = p.detach().clone()
+    with pytest.raises(error, match=why):
+        optimizer.step(live=live)
+    assert torch.equal(p, before)
+
+
+@pytest.mark.parametrize("arguments, why", [(dict(lr="fast"), "lr takes one number, or one number per model"),
+                                            (dict(lr="111"), "lr takes one number"), (dict(lr=True), "lr takes"),
+                                            (dict(lr=[0.1, True, 0.1]), "lr takes"),
+                                            (dict(lr=0.1, eps=True), "eps must be a number")])
+def test_numbers_given_as_text_or_bools_are_refused(arguments, why):
+    """float('111') and float(True) took them as rates of 111 and 1."""
+    with pytest.raises(TypeError, match=why):
+        StackedOptimizer([torch.randn(3, 2, requires_grad=True)], "adam", **arguments)
