@@ -295,3 +295,17 @@ def test_the_module_s_only_token_is_checked_as_an_index():
     for bad, error in ((4, ValueError), (-5, ValueError), (1.0, TypeError), (True, TypeError)):
         with pytest.raises(error, match="only_token"):
             attention(x, only_token=bad)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float64_under_autocast_stays_float64(target):
+    """Autocast leaves float64 alone (a float64 matmul stays float64 under it); the op refused such a call with a
+    message that contradicted itself (w_qkv is torch.float64 but x is torch.float64 ...)."""
+    backend, device = target
+    args = make(device, torch.float64)
+    expected = call(args, backend)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        out, stats = call(args, backend)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected[0])
+    torch.testing.assert_close(stats, expected[1])

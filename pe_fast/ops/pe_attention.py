@@ -50,6 +50,14 @@ def autocast_on(device: torch.device) -> bool:
     return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
 
 
+def autocast_dtype(x: Tensor) -> torch.dtype | None:
+    """The dtype autocast computes x in, or None: autocast off, or x in float64, which autocast leaves alone (a
+    matmul of float64 tensors stays float64 under it)."""
+    if autocast_on(x.device) and x.dtype != torch.float64:
+        return torch.get_autocast_dtype(x.device.type)
+    return None
+
+
 def own_dtypes(device: torch.device):
     """The op's body, forward and backward, computes in its inputs' own dtypes (mixed under autocast: x in bf16,
     the PE's path in float32, projection.py), so autocast, where it is on, is switched off around it."""
@@ -283,7 +291,7 @@ def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     buffers; the PE's path computes in w_qkv's dtype, projection.py), which is x's but in autocast's mix. bias: x's.
     x as the op will compute it: under autocast in autocast's dtype, and the bias is not checked there
     (pe_attention casts both to it). probes keep their own dtype (check_inputs)."""
-    low = torch.get_autocast_dtype(x.device.type) if autocast_on(x.device) else None
+    low = autocast_dtype(x)
     computed = low or x.dtype
     cos, sin = rope if rope is not None else (None, None)
     given = {"x": x, "w_qkv": w_qkv, "pe": pe, "b_qkv": b_qkv, "rope[0]": cos, "rope[1]": sin,
@@ -311,18 +319,18 @@ def pe_attention(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | No
     and stats [M,H,3+K] (no gradient): the mean over batch and query rows of the row entropy, the row's
     largest probability, Σ_j p_ij², and Σ_j p_ij·probes[k,i,j] for each probe k.
     Optional: rope = (cos, sin) tables [N, dh/2] rotating q and k; bias [M,H,N,N] added to the logits.
-    Under torch.autocast, x and the bias are cast to the autocast dtype, and so is x @ w_qkv; the PE's part,
-    pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added (pe_fast.ops.projection says why).
+    Under torch.autocast, x and the bias are cast to the autocast dtype (float64 stays, as autocast leaves it), and
+    so is x @ w_qkv; the PE's part, pe @ w_qkv + b_qkv, stays in w_qkv's dtype until it is added
+    (pe_fast.ops.projection says why).
     A bad argument raises TypeError or ValueError naming it before any backend runs (`check_inputs`); no
     argument is cast to fit another's dtype (`check_dtypes`: pe, b_qkv and rope in w_qkv's, bias in x's).
     """
     if isinstance(num_heads, numbers.Integral) and not isinstance(num_heads, (bool, int)):
         num_heads = int(num_heads)  # numpy's integers: the schema takes a Python int
     check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend)
-    if autocast_on(x.device):
+    if (low := autocast_dtype(x)) is not None:
         # Like a matmul under autocast: the op runs in the autocast dtype (the kernels take bf16 directly);
         # the statistics stay float32 and the gradients flow back to each input's own dtype.
-        low = torch.get_autocast_dtype(x.device.type)
         x, bias = (None if t is None else t.to(low) for t in (x, bias))
     cos, sin = rope if rope is not None else (None, None)
     inputs = OpInputs(x, pe, w_qkv, b_qkv, num_heads, probes, cos, sin, bias, resolve_backend(backend, x.device))
