@@ -131,8 +131,8 @@ def save_dtseries(path, data, models=None):
     return path
 
 
-def save_dlabel(path, codes=CODES, models=None):
-    hdr = cifti2.Cifti2Header.from_axes((cifti2.LabelAxis(["parcels"], [NAMES]), models or brain_models()))
+def save_dlabel(path, codes=CODES, models=None, names=None):
+    hdr = cifti2.Cifti2Header.from_axes((cifti2.LabelAxis(["parcels"], [names or NAMES]), models or brain_models()))
     img = cifti2.Cifti2Image(codes[None].astype(np.int32), hdr)
     img.nifti_header.set_intent("ConnDenseLabel")
     nib.save(img, path)
@@ -289,6 +289,55 @@ def test_npz_and_h5_selection_problems(tmp_path):
         f["y"] = SERIES[1]
     raises("cannot tell which of its datasets", tmp_path / "two.h5")
     raises("no dataset 'z'", tmp_path / "two.h5", dataset="z")
+
+
+@pytest.mark.parametrize("link", ["soft", "hard"])
+def test_an_h5_timeseries_that_is_a_link_to_the_data_is_read(link, tmp_path):
+    """visititems passes a soft link by and visits an object once, under one of its names: a 'timeseries' link to
+    the data was missed, and a decoy dataset trained on in its place."""
+    with h5py.File(tmp_path / "linked.h5", "w") as f:
+        f["aaa_decoy"] = RNG.normal(size=(3, 50, 7))
+        f["real"] = SERIES
+        f["timeseries"] = h5py.SoftLink("/real") if link == "soft" else f["real"]
+    d = load_user_data(tmp_path / "linked.h5")
+    assert len(d.runs) == len(SERIES) and np.array_equal(np.asarray(d.runs[0]), SERIES[0])
+
+
+def test_integers_float64_rounds_are_refused(tmp_path):
+    """int64 data with an offset of 2**60 passed, rounded to steps of 256 in float64: the FC came out 0.05 off."""
+    np.save(tmp_path / "offset.npy", np.round(SERIES * 1000).astype(np.int64) + 2**60)
+    raises("integers beyond 2\\*\\*53 round in float64", tmp_path / "offset.npy")
+    np.save(tmp_path / "exact.npy", np.round(SERIES * 1000).astype(np.int64) + 2**52)  # exact: read as given
+    assert np.array_equal(np.asarray(load_user_data(tmp_path / "exact.npy").runs[0]),
+                          np.round(SERIES[0] * 1000).astype(np.int64) + 2**52)
+
+
+def test_a_cifti_run_named_twice_is_refused(tmp_path):
+    """Read as two runs of one subject, and with --split run the test run was the training run."""
+    run = save_dtseries(tmp_path / "sub1.dtseries.nii", RNG.normal(size=(30, 12)))
+    parc = save_dlabel(tmp_path / "atlas.dlabel.nii")
+    raises("sub1.dtseries.nii: named twice among the CIFTI runs", [run, tmp_path / "." / "sub1.dtseries.nii"],
+           parcellation=parc)
+
+
+@pytest.mark.parametrize("twice", ["A", "\u00e9"], ids=["one name", "one name in NFC"])
+def test_a_parcellation_naming_two_parcels_alike_is_refused(twice, tmp_path):
+    """Two parcels of one name were two tokens of one label: a regions table matched both to one row and
+    dropped another row without a word, and no table could satisfy the advice."""
+    names = dict(NAMES)
+    first, second = [key for key in sorted(names) if key][:2]
+    names[first] = (twice if twice == "A" else "\u00e9", names[first][1])
+    names[second] = (twice if twice == "A" else "e\u0301", names[second][1])
+    runs = [save_dtseries(tmp_path / f"sub{i}.dtseries.nii", RNG.normal(size=(30, 12))) for i in range(2)]
+    parc = save_dlabel(tmp_path / "dup.dlabel.nii", names=names)
+    raises("dup.dlabel.nii: two of its parcels are named", runs, parcellation=parc)
+
+
+def test_an_h5_with_two_timeseries_is_refused(tmp_path):
+    with h5py.File(tmp_path / "two_series.h5", "w") as f:
+        f.create_group("g1")["timeseries"] = RNG.normal(size=(3, 50, 7))
+        f.create_group("g2")["timeseries"] = SERIES
+    raises(r"2 datasets are named 'timeseries' \(g1/timeseries, g2/timeseries\)", tmp_path / "two_series.h5")
 
 
 def test_correlation_fc_in_small_chunks_equals_numpy_and_zeroes_a_constant_region():

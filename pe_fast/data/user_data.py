@@ -88,6 +88,10 @@ def load_user_data(path: PathLike | Sequence[PathLike], regions: PathLike | None
         if parcellation is None:
             raise DataError(f"{paths[0]}: CIFTI input needs a parcellation: pass parcellation='atlas.dlabel.nii'")
         _check_file(Path(parcellation), PARCELLATION_FILE)
+        resolved = [p.resolve() for p in paths]
+        if len(set(resolved)) < len(resolved):  # one run as two: in both the training and the test split
+            twice = next(p for p, r in zip(paths, resolved) if resolved.count(r) > 1)
+            raise DataError(f"{twice}: named twice among the CIFTI runs: name each run once")
         runs, subjects, run_names, parcel_names, tr = _read_cifti(paths, Path(parcellation))
         fmt = "CIFTI dtseries parcellated by " + Path(parcellation).name
         tr_seconds = tr if tr_seconds is None else tr_seconds
@@ -278,20 +282,30 @@ def _read_h5(p: Path, name: str | None):
             key, link = links[0]
             raise DataError(f"{p}: {key!r} is an external link to {link.filename}:{link.path}, data of another file: "
                             f"save the time series in the file itself")
-        found = []
-        f.visititems(lambda key, obj: found.append(key) if isinstance(obj, h5py.Dataset) else None)
+        # every name a dataset is reached by, soft and hard links within the file included: visititems passes a
+        # soft link by and an object once under one of its names, so a 'timeseries' link to the data was missed
+        # and another dataset read in its place
+        names = []
+        f.visititems_links(lambda key, link: names.append(key))
+        reached = {key: f.get(key) for key in names}
+        found = {key: obj for key, obj in reached.items() if isinstance(obj, h5py.Dataset)}
+        distinct = {obj.id: key for key, obj in reversed(found.items())}  # each dataset by its first name
+        series = {found[key].id: key for key in reversed(found) if key.split("/")[-1] == "timeseries"}
         if name is not None:
             if name not in found:
-                raise DataError(f"{p}: no dataset {name!r} (it has {found[:10]}): pass one of those names")
-        elif len(found) == 1:
-            name = found[0]
-        elif any(k.split("/")[-1] == "timeseries" for k in found):
-            name = next(k for k in found if k.split("/")[-1] == "timeseries")
+                raise DataError(f"{p}: no dataset {name!r} (it has {list(found)[:10]}): pass one of those names")
+        elif len(distinct) == 1:
+            name = next(iter(distinct.values()))
+        elif len(series) > 1:
+            raise DataError(f"{p}: {len(series)} datasets are named 'timeseries' ({', '.join(sorted(series.values()))}"
+                            f"): cannot tell which holds the time series; keep one of them")
+        elif series:
+            name = next(iter(series.values()))
         else:
-            name = next((k for k in found if f[k].ndim == 3), None)
+            name = min((key for key in distinct.values() if found[key].ndim == 3), default=None)
             if name is None:
-                raise DataError(f"{p}: cannot tell which of its datasets {found[:10]} holds the time series: "
-                                f"name it 'timeseries' or pass dataset=...")
+                raise DataError(f"{p}: cannot tell which of its datasets {list(found)[:10]} holds the time series: "
+                                f"name it 'timeseries'")
         ds = f[name]
         # data from outside the file named would be read: an external raw file, or a virtual dataset's sources
         if ds.is_virtual:
@@ -359,7 +373,13 @@ def _read_parcels(parcellation: Path):
     keys = [k for k in sorted(table) if k != 0 and (codes == k).any()]
     if not keys:
         raise DataError(f"{parcellation}: the parcellation labels no grayordinate: pass a .dlabel.nii with parcels")
-    return codes, keys, [str(table[k][0]) for k in keys], lab_models
+    names = [str(table[k][0]) for k in keys]
+    # the tokens' labels, and the names a regions table is matched by: one "é" however it was typed
+    normal = [unicodedata.normalize("NFC", name) for name in names]
+    if len(set(normal)) < len(normal):
+        twice = next(name for name in normal if normal.count(name) > 1)
+        raise DataError(f"{parcellation}: two of its parcels are named {twice!r}: give every parcel its own name")
+    return codes, keys, names, lab_models
 
 
 CORTEX_STRUCTURES = ("CIFTI_STRUCTURE_CORTEX_LEFT", "CIFTI_STRUCTURE_CORTEX_RIGHT")
@@ -426,6 +446,9 @@ def _describe(models) -> str:
 
 # ------------------------------------------------------------------ checks and the regions table
 
+EXACT_INTEGER = 2**53  # the largest integers float64 holds exactly
+
+
 def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
     if not runs:
         raise DataError(f"{where}: the file holds no subjects (a first axis of length 0): save the time series")
@@ -447,6 +470,11 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
                 t, k = np.argwhere(bad)[0]
                 raise DataError(f"{where}: {x[t, k]} at subject {s!r} {name}, time {a + t}, region {k}: "
                                 f"remove or interpolate the non-finite values")
+            if x.dtype.kind in "iu" and ((x > EXACT_INTEGER) | (x < -EXACT_INTEGER)).any():
+                t, k = np.argwhere((x > EXACT_INTEGER) | (x < -EXACT_INTEGER))[0]
+                raise DataError(f"{where}: {x[t, k]} at subject {s!r} {name}, time {a + t}, region {k}: integers "
+                                f"beyond 2**53 round in float64, in which the task computes (an offset of 2**60 "
+                                f"leaves steps of 256); subtract the offset or save float64 values")
             huge = np.abs(x) > np.float64(MAX_ABS_VALUE)  # a Python float would be cast to float32's inf, warning
             if huge.any():
                 t, k = np.argwhere(huge)[0]
