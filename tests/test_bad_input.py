@@ -124,6 +124,10 @@ CASES = [
     ("unknown optimizer in a list", LST + ["--optimizer", "adamw,lion"], "--optimizer"),
     ("momentum list without sgd", LST + ["--optimizer", "adam,adamw", "--momentum", "0,0.9"],
      "--momentum applies to --optimizer sgd"),
+    # bit for bit the same models, trained and listed twice
+    ("adam and adamw without decay", LST + ["--optimizer", "adam,adamw"], "AdamW without decay is Adam"),
+    ("adam and adamw, a decay of 0 among others", LST + ["--optimizer", "adamw,adam", "--weight-decay", "0,0.1"],
+     "--optimizer adamw,adam with a --weight-decay of 0"),
     ("lr nan", LST + ["--lr", "nan"], "--lr"),
     # the results store every float setting as float32: beyond its range it trained, then failed writing them
     ("lr beyond float32", LST + ["--lr", "1e308"], "--lr 1e+308 lies beyond float32's range"),

@@ -98,6 +98,12 @@ def check_grid(s: dict) -> int:
     """The grid's size, within MAX_MODELS; --seeds counts --seed-values where those are given."""
     if s["seed_values"] is not None and s["seeds"] != len(s["seed_values"]):
         raise UsageError(f"--seeds {s['seeds']} does not count --seed-values {','.join(map(str, s['seed_values']))}")
+    optimizers, decays = tuple(s.get("optimizer") or ()), s.get("weight_decay")
+    if {"adam", "adamw"} <= set(optimizers) and (decays is None or 0 in decays):
+        # AdamW decays decoupled, Adam through the gradient: without decay both are Adam, bit for bit
+        raise UsageError(f"--optimizer {','.join(optimizers)} with a --weight-decay of 0: AdamW without decay is "
+                         f"Adam, so each such model would train twice; drop one of them or give only non-zero "
+                         f"decays")
     # expand_grid's models: PE (σ where it has one) × the points of the grid's axes × seeds
     models = (s["seeds"] * sum(len(s["sigmas"]) if pe in SIGMA_PES else 1 for pe in s["pe"])
               * grid.count_points(s))
