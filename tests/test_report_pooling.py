@@ -88,11 +88,15 @@ def test_folders_that_did_not_train_alike_are_refused(runs, tmp_path, capsys):
     not_empty = tmp_path / "not-empty"
     not_empty.mkdir()
     (not_empty / "notes.txt").write_text("mine")
+    big = [tmp_path / f"big-seed-{i}" for i in range(2)]  # 16777217 and 16777216 alike in float32 and in :g
+    for folder in big:
+        sweep_results(folder, *NETSIM, "--pe", "learned", "--sigmas", "0.1", "--seed-values", "16777217")
     learned, random_1 = str(runs / "learned"), str(runs / "random-1")
     link = tmp_path / "learned-again"
     link.symlink_to(learned, target_is_directory=True)
     cases = (([learned, str(longer)], "trained with steps = 18"),
              ([learned, str(runs / "together")], "is in more than one folder"),
+             ([str(folder) for folder in big], "seed 16777217 is in more than one folder"),
              ([random_1, str(dropout)], "random trained with PE dropout 0.1"),
              ([learned], "two or more"),
              ([learned, learned], f"{Path(learned).resolve()} is named twice; name each folder once"),

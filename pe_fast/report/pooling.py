@@ -110,8 +110,9 @@ def pool(directories: list[Path], out: Path) -> Path:
     twice = results[results.duplicated(key, keep=False)]
     if len(twice):
         row = twice.iloc[0]
-        raise ReportError(f"{row.pe} σ={sigma_label(row.sigma)} seed {row.seed:g} is in more than one folder; give "
-                          f"each model once")
+        seed = int(row.seed) if pd.notna(row.seed) else None  # as given: 16777217 is not 1.67772e+07
+        raise ReportError(f"{row.pe} σ={sigma_label(row.sigma)} seed {seed} is in more than one folder; give each "
+                          f"model once")
     pe_tables = {k: v for p in parts for k, v in p[2].items()}
     if "attn_map_alignment" in results:  # against the pooled reference models, where every folder kept its maps
         maps_everywhere = all(any(k.startswith(run_folder.ATTENTION_MAP) for k in run.pe_tables)
