@@ -408,3 +408,16 @@ def test_a_folder_kept_without_pe_tables_gets_its_report(tmp_path):
     folder = shutil.copytree(DOCS / "cpu-glasser360-learned-10k", tmp_path / "run")
     text = report.write_report(folder).read_text()
     assert "No model with a PE table" in text and "| learned | 0.5 | 3 |" in text
+
+
+@pytest.mark.parametrize("argv, names", [(["some-run", "--rmds"], "unrecognized argument '--rmds'"),
+                                         (["some-run", "--outt", "x"], "unrecognized argument '--outt'"),
+                                         (["a", "b", "--out", ""], "--out names no folder")])
+def test_a_misspelled_report_option_is_named(argv, names, tmp_path, capsys, monkeypatch):
+    """A misspelled --rdms got the usage line alone, naming nothing."""
+    from pe_fast.report.cli import main as report_main
+    monkeypatch.chdir(tmp_path)
+    assert report_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and names in err and "usage" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -216,10 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     if "--out" in argv:
         at = argv.index("--out")
         out, argv = (argv[at + 1] if at + 1 < len(argv) else ""), argv[:at] + argv[at + 2:]
-    if not argv or any(a.startswith("-") for a in argv) or out == "" or (out is None and len(argv) != 1):
-        print("error: usage: python -m pe_fast.report DIR [--rdms] (one results folder), or "
-              "python -m pe_fast.report DIR DIR ... --out POOLED [--rdms] (several, pooled as one run)",
-              file=sys.stderr)
+    usage = ("usage: python -m pe_fast.report DIR [--rdms] (one results folder), or python -m pe_fast.report DIR "
+             "DIR ... --out POOLED [--rdms] (several, pooled as one run)")
+    if unknown := next((a for a in argv if a.startswith("-")), None):  # a misspelled --rdms once got the usage alone
+        print(f"error: unrecognized argument {unknown!r}; {usage}", file=sys.stderr)
+        return 2
+    if out == "":
+        print(f"error: --out names no folder; {usage}", file=sys.stderr)
+        return 2
+    if not argv or (out is None and len(argv) != 1):
+        print(f"error: {usage}", file=sys.stderr)
         return 2
     if rdms and not rsa.available():
         print("error: --rdms needs rsatoolbox, which is not installed: pip install \"pe_fast[rsa]\"", file=sys.stderr)
