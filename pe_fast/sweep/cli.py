@@ -21,6 +21,7 @@ from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, executors, folder, grid, live_curves, resume, settings
 from pe_fast.sweep.progress import Progress
 from pe_fast.sweep.task_loading import load_task
+from pe_fast.tasks import KINDS
 from pe_fast.train import BatchSampler, PackTrainer
 
 
@@ -51,7 +52,10 @@ def check_against_task(s: Settings, task):
             StackedTransformer(grid.model_config(s, task, kind), [0], [1.0 if kind in SIGMA_PES else None],
                                task.coordinates)
         except ValueError as error:
-            raise UsageError(f"--pe {kind}: {error}")
+            preset = KINDS[s.task].presets.get(s.preset or "", {})
+            if "pe" in preset and kind in settings.parse_list(preset["pe"], str, "--pe"):  # not the user's --pe
+                raise UsageError(f"--pe {kind}, of --preset {s.preset}: {error}; give --pe without it") from None
+            raise UsageError(f"--pe {kind}: {error}") from None
 
 
 def unreadable(error: OSError, out: Path) -> UsageError:
