@@ -407,18 +407,41 @@ def test_models_swapped_inside_a_weights_file_are_found_out(tmp_path, lst_run):
     assert pe_fast.load_run(lst_run.path).model(ids[0]) is not None  # untouched, it opens
 
 
-@pytest.mark.parametrize("step", [10**30, 3])
-def test_weights_taken_at_another_step_than_the_results_say_are_found_out(step, tmp_path, lst_run):
-    """The header's step edited, digests.json rewritten to match: run.pack(i).step read 10**30."""
+def set_meta(path: str, value):
+    """A header edit: pe_fast's metadata at path (keys joined by dots) set to value."""
     def edit(header):
         meta = json.loads(header["__metadata__"]["pe_fast"])
-        meta["step"] = step
+        *keys, last = path.split(".")
+        owner = meta
+        for key in keys:
+            owner = owner[key]
+        owner[last] = value
         header["__metadata__"]["pe_fast"] = json.dumps(meta)
         return header
-    folder = spoiled(tmp_path, lst_run, lambda path: rewrite_header(path, edit))
-    run_folder.write_digests(folder / "packs" / "0")
-    with pytest.raises(ReportError, match=f"its weights were taken at step {step}, where the results say its "
-                                          f"models trained 6 steps"):
+    return edit
+
+
+# each once opened as given (digests.json rewritten to match): run.pack(i).step read 10**30, and a model of another
+# σ, PE placement or PE dropout computed other outputs than the trained one
+@pytest.mark.parametrize("path, value, why", [
+    ("step", 10**30, f"its weights were taken at step {10**30}, where the results say its models trained 6 steps"),
+    ("step", 3, "its weights were taken at step 3"),
+    ("sigmas", None, "with PE .* σ .*, where config.json lists PE"),
+    # a sinusoidal PE keeps no tables: added at the input only, its tensors are the same
+    ("model_config.pe_at", "input", "its models add the PE at 'input', where config.json's settings say 'every'"),
+    ("model_config.pe_dropout", 0.5, "its models train with PE dropout 0.5"),
+])
+def test_weights_whose_header_disagrees_with_the_run_are_found_out(path, value, why, tmp_path, lst_run):
+    pe = "sin1d" if path == "model_config.pe_at" else "learned"
+    index = next(i for i, pack in enumerate(lst_run.config["packs"])
+                 if lst_run.results.set_index("model_id").loc[pack[0], "pe"] == pe)
+    if path == "sigmas":  # one σ per model, every one other than the run's
+        value = [7.5] * len(lst_run.config["packs"][index])
+    folder = tmp_path / "edited"
+    shutil.copytree(lst_run.path, folder)
+    rewrite_header(folder / "packs" / str(index) / run_folder.WEIGHTS, set_meta(path, value))
+    run_folder.write_digests(folder / "packs" / str(index))
+    with pytest.raises(ReportError, match=why):
         pe_fast.load_run(folder)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import numbers
 import os
 import re
@@ -23,7 +24,7 @@ from pe_fast.results import migrate, run_folder, weights
 from pe_fast.results.summary import is_baseline
 from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingError, Settings, check_choices, check_packs,
                                       check_executor_flags, check_range, check_ranges, check_task_rules, check_text,
-                                      check_types, trained_with)
+                                      check_types, pe_dropout_of, trained_with)
 from pe_fast.precision import PRECISIONS
 from pe_fast.program_exit import brief
 from pe_fast.tasks import KINDS
@@ -674,7 +675,8 @@ def _read_run(directory: Path) -> Run:
     trained_steps = dict(zip(results["model_id"], results["steps"])) if {"model_id", "steps"} <= set(results) else {}
     for index in finished:  # the models load_run(DIR).model(i) would build
         check_pack_weights(directory, index, list(packs[index]) if isinstance(packs, list) and index < len(packs)
-                           else None, config.get("settings"), trained_steps=trained_steps)
+                           else None, config.get("settings"), trained_steps=trained_steps,
+                           models=config.get("models") if isinstance(config.get("models"), list) else None)
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
@@ -808,19 +810,39 @@ def check_pooled_from(directory: Path, folders):
 
 
 def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None, settings: dict | None = None,
-                       pe_tables: dict[str, np.ndarray] | None = None, trained_steps: dict | None = None):
+                       pe_tables: dict[str, np.ndarray] | None = None, trained_steps: dict | None = None,
+                       models: list | None = None):
     """Pack `index`'s weights.safetensors, where it has one: tensors and text only, as its header declares
-    (weights.check_pack_weights), of the shape config.json's settings give (settings: None, not known), and holding
-    the models config.json gives the pack (model_ids; None: not known), taken at the step the results say its
-    models trained to (trained_steps: model id -> steps), or one ReportError naming it. With the pack's pe_tables,
-    each model's table there is the one its weights hold (the file is loaded whole)."""
+    (weights.check_pack_weights), of the shape and PE placement and dropout config.json's settings give (settings:
+    None, not known), and holding the models config.json gives the pack (model_ids; None: not known) with the PE
+    and σ it lists for each (models: config.json's), taken at the step the results say its models trained to
+    (trained_steps: model id -> steps), or one ReportError naming it. With the pack's pe_tables, each model's table
+    there is the one its weights hold (the file is loaded whole)."""
     path = run_folder.pack_folder(directory, index) / run_folder.WEIGHTS
     if not _present(path):
         return
     try:
-        held, config, step = weights.check_pack_weights(regular_file(path))
+        meta, config = weights.check_pack_weights(regular_file(path))
     except weights.UnreadableWeights as error:
         raise ReportError(str(error)) from None
+    held, step = list(meta["model_ids"]), meta["step"]
+    # what the model computes besides its shape: an edited header (digests rewritten) opened another model
+    listed = {m.get("model_id"): m for m in models or () if isinstance(m, dict)}
+    for model_id, sigma in zip(held, meta["sigmas"]):
+        entry = listed.get(model_id)
+        if entry is not None and (entry.get("pe") != config.pe or (entry.get("sigma") is None) != (sigma is None) or (
+                sigma is not None and not math.isclose(sigma, entry["sigma"], rel_tol=1e-6))):
+            raise ReportError(f"{path}: holds model {model_id} with PE {config.pe} σ {sigma}, where config.json lists "
+                              f"PE {entry.get('pe')!r:.20} σ {entry.get('sigma')!r:.20}: not this run's pack, or a "
+                              f"file was edited")
+    if settings and settings.get("pe_at") is not None and config.pe_at != settings["pe_at"]:
+        raise ReportError(f"{path}: its models add the PE at {config.pe_at!r}, where config.json's settings say "
+                          f"{settings['pe_at']!r:.20}: not this run's pack, or a file was edited")
+    if settings and "pe_dropout" in settings and "pe_dropout_on" in settings and isinstance(
+            settings["pe_dropout_on"], (list, tuple)) and config.pe_dropout != pe_dropout_of(settings, config.pe):
+        raise ReportError(f"{path}: its models train with PE dropout {config.pe_dropout}, where config.json's "
+                          f"settings give {config.pe} {pe_dropout_of(settings, config.pe)}: not this run's pack, or a "
+                          f"file was edited")
     recorded = {trained_steps[i] for i in held if i in trained_steps} if trained_steps else set()
     if recorded and recorded != {step}:  # run.pack(i).step read 10**30 from an edited header
         raise ReportError(f"{path}: its weights were taken at step {step}, where the results say its models trained "

@@ -326,9 +326,10 @@ GRID_AXES = tuple(sorted((name for name, flag in FLAGS.items() if flag.grid_axis
                          key=lambda name: FLAGS[name].grid_axis))
 
 
-def pe_dropout_of(s: Settings, kind: str) -> float:
-    """The dropout on x + PE that the models of this PE kind train with."""
-    return s.pe_dropout if kind in s.pe_dropout_on else 0.0
+def pe_dropout_of(s: Settings | dict, kind: str) -> float:
+    """The dropout on x + PE that the models of this PE kind train with (s: the Settings, or config.json's)."""
+    dropout, on = (s["pe_dropout"], s["pe_dropout_on"]) if isinstance(s, dict) else (s.pe_dropout, s.pe_dropout_on)
+    return dropout if kind in on else 0.0
 
 
 class SettingError(ValueError):

@@ -51,12 +51,12 @@ class PackWeights:
     step: int
 
 
-def check_pack_weights(path: Path) -> tuple[list[int], ModelConfig, int]:
+def check_pack_weights(path: Path) -> tuple[dict, ModelConfig]:
     """A weights file's header (its metadata, model configuration and declared tensors) checked without reading a
-    tensor, as the report checks every pack's; its model ids, model configuration and step. UnreadableWeights
-    names the file and what is wrong."""
+    tensor, as the report checks every pack's; its metadata (model ids, seeds, σ, step) and model configuration.
+    UnreadableWeights names the file and what is wrong."""
     meta, config, _tensors = _read_pack_weights(path, tensors=False)
-    return list(meta["model_ids"]), config, meta["step"]
+    return meta, config
 
 
 def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWeights:

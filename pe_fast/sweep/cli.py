@@ -119,8 +119,8 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
             reading.check_values(run_folder.pack_folder(out, index), results, curves, s.to_json(), list(s.packs))
             folder.check_pack_holds(run_folder.pack_folder(out, index), results, packs[index], s, index)
             reading.check_pack_weights(out, index, [m["model_id"] for m in packs[index]],
-                                       {name: getattr(s, name) for name in reading.MODEL_SHAPE}, pe_tables,
-                                       dict(zip(results["model_id"], results["steps"])))
+                                       s.to_json(), pe_tables, dict(zip(results["model_id"], results["steps"])),
+                                       packs[index])
             reading.check_trained_with(out / run_folder.CONFIG, s.trained_with(), run_folder.pack_folder(out, index))
             reading.check_digests(run_folder.pack_folder(out, index))  # last: the checks above say what is wrong
             reading.check_pack_files(run_folder.pack_folder(out, index))
