@@ -1414,7 +1414,8 @@ def test_a_ground_truth_edited_in_a_half_finished_folder_stops_the_resume(half_f
     truth["fc"] = np.eye(len(truth["fc"])) * 0.5 + 0.25
     np.savez(folder / "ground_truth.npz", **truth)
     before = snapshot(folder)
-    assert_one_line(capsys, resume_in_process(folder), "ground_truth.npz is not the ground truth of the task")
+    assert_one_line(capsys, resume_in_process(folder), "changed since the sweep started: its ground truth is not the "
+                                                       "one")
     assert snapshot(folder) == before
 
 

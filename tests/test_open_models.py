@@ -266,6 +266,21 @@ def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_r
         lst_run.attention(0, inputs)
 
 
+def test_a_data_file_changed_after_the_sweep_is_named_by_the_run(tmp_path):
+    """Two regions of the --data file swapped after the sweep (its sizes unchanged): task_inputs and attention
+    served the new data as the run's, without a word."""
+    data = tmp_path / "series.npy"
+    series = np.load(Path(__file__).parents[1] / "docs" / "example-fmri" / "series.npy")
+    np.save(data, series)
+    out = tmp_path / "run"
+    pe_fast.sweep.run(task="fmri", data=str(data), pe="learned", sigmas=0.5, steps=4, eval_every=2, seeds=1,
+                      threads=1, no_report=True, width=8, depth=1, mlp_width=16, out=str(out))
+    assert pe_fast.load_run(out).task_inputs("test").shape[0] > 0
+    np.save(data, series[:, :, [1, 0, *range(2, series.shape[2])]])
+    with pytest.raises(ReportError, match=f"the task's data \\(--data {data}\\) changed since the sweep started"):
+        pe_fast.load_run(out).task_inputs("test")
+
+
 @pytest.mark.parametrize("edit", [lambda task: task["sizes"].update(train=5), lambda task: task.update(sizes=[1])],
                          ids=["a size", "sizes of another kind"])
 def test_the_task_a_run_describes_is_the_task_its_inputs_come_from(edit, tmp_path, lst_run):

@@ -278,8 +278,29 @@ class Run:
                 raise ReportError(f"{self.path / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task "
                                   f"its settings load has {brief(now)}: the task's data changed since the sweep "
                                   f"(or config.json was edited)")
+            check_ground_truth(self.path, task, self.config.get("settings") or {})
             self._loaded["task"] = task
         return self._loaded["task"]
+
+
+def check_ground_truth(directory: Path, task, settings: dict):
+    """DIR/ground_truth.npz, written at the sweep's start, is the ground truth of the task its settings load now
+    (task.ground_truth()), or ReportError naming the task's data files: a data file changed since (regions
+    swapped, say) keeps its sizes, and the models would be scored or resumed on data they never saw."""
+    expected = task.ground_truth()
+    path = directory / run_folder.GROUND_TRUTH
+    if not expected or not path.exists():
+        return
+    found = read_ground_truth(regular_file(path))
+    if set(found) != set(expected) or not all(
+            np.array_equal(found[key], np.asarray(value), equal_nan=found[key].dtype.kind == "f")
+            for key, value in expected.items()):
+        kind = KINDS.get(settings.get("task"))
+        files = [f"--{setting.name.replace('_', '-')} {settings[setting.name]}" for setting in
+                 (kind.settings if kind else ()) if setting.files and settings.get(setting.name) is not None]
+        data = f"the task's data ({', '.join(files)})" if files else "the task's data"
+        raise ReportError(f"{data} changed since the sweep started: its ground truth is not the one {path} holds "
+                          f"(or that file was edited); use the data the sweep started with")
 
 
 def task_description_difference(recorded, task) -> tuple[str, object, object] | None:

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from pe_fast.models import StackedTransformer
@@ -99,18 +98,10 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
     folder): every finished pack's results this pack's models, every checkpoint loading safely and of this pack's
     shapes. Read only, before the lock is taken: a refusal writes nothing."""
     finished = run_folder.finished_packs(out)
-    expected = task.ground_truth()  # what the sweep wrote at its start: the folder's figures and alignments read it
-    if expected and (out / run_folder.GROUND_TRUTH).exists():
-        path = out / run_folder.GROUND_TRUTH
-        try:
-            found = reading.read_ground_truth(reading.regular_file(path))
-        except reading.ReportError as error:
-            raise UsageError(str(error)) from None
-        if set(found) != set(expected) or not all(
-                np.array_equal(found[key], np.asarray(value), equal_nan=found[key].dtype.kind == "f")
-                for key, value in expected.items()):
-            raise UsageError(f"{path} is not the ground truth of the task config.json describes (edited, or the "
-                             f"task's data changed since the sweep started)")
+    try:
+        reading.check_ground_truth(out, task, s.to_json())  # what the sweep wrote at its start
+    except reading.ReportError as error:
+        raise UsageError(str(error)) from None
     check_task_described(out, task)
     for index in sorted(finished):  # every finished pack readable as the results will read it, before training
         try:
