@@ -266,6 +266,26 @@ def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_r
         lst_run.attention(0, inputs)
 
 
+def test_a_sweep_s_packs_folder_names_the_sweep(lst_run):
+    """DIR/packs given for DIR read as a sweep with no results yet."""
+    with pytest.raises(ReportError, match=f"holds the packs of the sweep {lst_run.path.resolve()}; pass that folder"):
+        pe_fast.load_run(lst_run.path / "packs")
+
+
+def test_a_model_listed_in_another_pack_than_its_packs_say_is_refused(tmp_path, lst_run):
+    """config.json lists each model's pack twice (its models' pack, its packs): the two disagreeing passed, the
+    readers going by packs alone."""
+    folder = tmp_path / "edited"
+    shutil.copytree(lst_run.path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    first = config["models"][0]
+    first["pack"] = (first["pack"] + 1) % len(config["packs"])
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ReportError, match=f"models lists model {first['model_id']} in pack {first['pack']}, where "
+                                          f"its packs hold it in pack"):
+        pe_fast.load_run(folder)
+
+
 def test_a_data_file_changed_after_the_sweep_is_named_by_the_run(tmp_path):
     """Two regions of the --data file swapped after the sweep (its sizes unchanged): task_inputs and attention
     served the new data as the run's, without a word."""

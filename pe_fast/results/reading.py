@@ -681,7 +681,7 @@ def _read_run(directory: Path) -> Run:
     # σ is NaN for PEs without one; a writer may have stored None (object column), which plotting cannot use.
     results["sigma"] = pd.to_numeric(results["sigma"], errors="coerce")
     check_models_listed(directory, results, config.get("models"), config.get("settings") or {},
-                        required=isinstance(config.get("packs"), list))
+                        required=isinstance(config.get("packs"), list), packs=config.get("packs"))
     check_values(directory, results, curves, config.get("settings") or {}, config.get("packs"))
     check_results_are_last_evaluations(directory, results, curves)
     if "sigma" in curves:
@@ -734,6 +734,8 @@ def check_not_a_pack(directory: Path):
     if (run_folder.PACK_NAME.fullmatch(directory.resolve().name) and directory.resolve().parent.name == "packs"
             and run_folder.is_results_folder(parent)):
         raise ReportError(f"{directory} is pack {directory.resolve().name} of the sweep {parent}; pass that folder")
+    if directory.resolve().name == "packs" and run_folder.is_results_folder(directory.resolve().parent):
+        raise ReportError(f"{directory} holds the packs of the sweep {directory.resolve().parent}; pass that folder")
     if _present(directory / run_folder.CONFIG):
         return
     if _present(directory / run_folder.TRAINED_WITH) or _present(directory / run_folder.WEIGHTS):
@@ -1037,15 +1039,19 @@ def check_values(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, s
                                   f"{what}; not a pe_fast results folder")
 
 
-def check_models_listed(directory: Path, results: pd.DataFrame, models, settings: dict, required: bool):
+def check_models_listed(directory: Path, results: pd.DataFrame, models, settings: dict, required: bool,
+                        packs=None):
     """Each trained model of the results is one config.json lists, as it lists it (MODEL_IDENTITY: a relabelled PE,
     σ or learning rate passed every reader but --resume); ReportError naming the first that is not. Baselines are
     listed nowhere. required: config.json is a sweep's (or a pooling's), which lists its models; a hand-made one
-    need not (a sweep's with its list emptied or removed passed every reader)."""
+    need not (a sweep's with its list emptied or removed passed every reader). packs: config.json's, where each
+    listed model's pack must be the one that holds it (the readers open a model by its packs)."""
     if not isinstance(models, list):
         if not required:
             return
         models = []
+    pack_of = {i: index for index, pack in enumerate(packs) if isinstance(pack, list) for i in pack
+               if type(i) is int} if isinstance(packs, list) else {}
     for entry in models:  # as a sweep (grid.expand_grid, with its pack) or pooling (with pooled_from) lists it
         keys = set(entry) if isinstance(entry, dict) else set()
         if not (MODEL_REQUIRED <= keys <= MODEL_KEYS):
@@ -1053,6 +1059,10 @@ def check_models_listed(directory: Path, results: pd.DataFrame, models, settings
             raise ReportError(f"{directory / run_folder.CONFIG}: models lists an entry "
                               f"{'without' if MODEL_REQUIRED - keys else 'with'} {_shown(odd[0]) if odd else 'keys'}; "
                               f"not a pe_fast config")
+        if "pack" in entry and entry.get("model_id") in pack_of and entry["pack"] != pack_of[entry["model_id"]]:
+            raise ReportError(f"{directory / run_folder.CONFIG}: models lists model {entry['model_id']} in pack "
+                              f"{_shown(entry['pack'])}, where its packs hold it in pack {pack_of[entry['model_id']]}; "
+                              f"the two records of one sweep disagree")
         # and of the grid the settings describe: each listed value among the settings' (an edited lr passed)
         for key in ("pe", "sigma", *GRID_AXES):
             allowed = settings.get({"sigma": "sigmas"}.get(key, key))
