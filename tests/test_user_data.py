@@ -246,6 +246,13 @@ def test_regions_table_problems(tmp_path):
     raises(r"column\(s\) \['x', 'y'\] but not all of x, y, z", ts, write_table(tmp_path / "xy.csv", rows, "label,x,y"))
     rows = [f"{i},net" for i in range(6)]
     raises("no 'label' column", ts, write_table(tmp_path / "nolabel.csv", rows, "name,network"))
+    # the advice the file needs: its encoding, its separator (it has a header line)
+    text = write_table(tmp_path / "plain.csv", rows).read_text()
+    (tmp_path / "utf16.csv").write_text(text, encoding="utf-16")
+    raises("the regions table is not UTF-8 text .*: save it as CSV UTF-8", ts, tmp_path / "utf16.csv")
+    (tmp_path / "semicolons.csv").write_text(text.replace(",", ";"))
+    raises("one column holding semicolons, tabs or bars: separate its columns with commas", ts,
+           tmp_path / "semicolons.csv")
     rows = [f"r{i % 5},0,0,0,a" for i in range(6)]
     raises("'r0' is empty or repeated", ts, write_table(tmp_path / "dup.csv", rows))
     rows = [f"r{i},0,north,0,a" for i in range(6)]

@@ -509,7 +509,9 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
                     raise DataError(f"{p}:{reader.line_num}: the regions table's row holds {fields} fields, its "
                                     f"header {len(columns)}: give one field per column")
                 rows.append({k.strip().lower(): (v or "").strip() for k, v in row.items()})
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+    except UnicodeDecodeError as e:  # UTF-16 (Excel's "Unicode text"), Latin-1: the advice is the encoding
+        raise DataError(f"{p}: the regions table is not UTF-8 text ({_why(e)}): save it as CSV UTF-8") from None
+    except (OSError, csv.Error) as e:
         raise DataError(f"{p}: cannot read the regions table ({_why(e)}): give a CSV with a header line") from None
     repeated = next((c for c in columns if columns.count(c) > 1), None)
     if repeated is not None:  # a second column of the name would silently replace the first
@@ -517,6 +519,9 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
                         f"give each column once")
     if "label" not in columns:
         # its header unquoted: a file a results folder names may be anyone's (a secret's first line)
+        if len(columns) == 1 and any(mark in columns[0] for mark in ";\t|"):  # one column: not comma-separated
+            raise DataError(f"{p}: the regions table's header line is one column holding semicolons, tabs or bars: "
+                            f"separate its columns with commas")
         raise DataError(f"{p}: the regions table has no 'label' column in its header line ({len(columns)} "
                         f"columns): add a header line label[,x,y,z][,network]")
     xyz = [c for c in "xyz" if c in columns]
