@@ -121,6 +121,10 @@ def test_a_small_training_set_keeps_the_first_images_and_the_whole_test_set(tmp_
     assert refused.returncode == 2 and "--train-images 1: the first 1 training image(s) show the digit 0 only" in \
         refused.stderr and not (tmp_path / "x").exists()
     assert len(DigitClassTask(2).splits["train"]) == 2
+    # with --window W an item spans W images: 1,349 items were refused as more than the split's images, 2 items
+    # trained on 225 images at --window 224
+    with pytest.raises(ValueError, match="--train-images 2 with --window 224: each item then spans 224 images"):
+        DigitsTask(load_digit_regions(), "digits", train_images=2, window=224)
 
 
 def test_the_report_lays_a_pe_out_on_its_square_grid(tmp_path):

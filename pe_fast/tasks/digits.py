@@ -37,8 +37,8 @@ def grid_probes(grid: np.ndarray) -> torch.Tensor:
 
 
 # --train-images: the first N training images only (both digit tasks)
-TRAIN_IMAGES = TaskSetting("train_images", int, "train on the first N of the 1,349 training images (default all)",
-                           range=(1, None, "[)"))
+TRAIN_IMAGES = TaskSetting("train_images", int, "train on the first N of the 1,349 training images (default all; "
+                           "with --window 1)", range=(1, None, "[)"))
 
 
 TOKENS_SETTING = TaskSetting("tokens", str, "pixels (64 tokens, default) or patches (16 tokens of 2x2 pixels)",
@@ -69,6 +69,11 @@ class DigitsTask(MaskedRegionTask):
 
     def __init__(self, data, name: str, train_images: int | None = None, tokens: str = "pixels", **options):
         super().__init__(data, name, **options)
+        if train_images is not None and self.description["window"] != 1:
+            # an item is then a window of images, cut within each run: the first N items spanned N + window - 1
+            # images, and no count of items is a count of images
+            raise ValueError(f"--train-images {train_images} with --window {self.description['window']}: each item "
+                             f"then spans {self.description['window']} images; use one or the other")
         if train_images is not None:  # a small training set, where the PE's inductive bias should matter most
             train = self.splits["train"]
             keep = slice(0, check_train_images(train_images, len(train), least=2))
