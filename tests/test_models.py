@@ -146,3 +146,34 @@ def test_output_tokens_are_each_item_s_own_tokens_or_refused():
                             (torch.zeros(2, 3, dtype=torch.long), ValueError, r"\[M, B, K\] = \[2, 3, K\]")):
         with pytest.raises(error, match=f"output_tokens.*{why}"):
             model(tokens, output_tokens=bad)
+
+
+def test_seeds_and_sigmas_as_arrays_or_tensors_are_the_same_models():
+    """The checks of seeds and sigmas once refused a NumPy array or a tensor of them (an array's truth value)."""
+    config = ModelConfig(**TINY_CONFIG)
+    expected = StackedTransformer(config, [0, 1], [1.0, 2.0]).state_dict()
+    for seeds, sigmas in ((np.arange(2), np.array([1.0, 2.0])), (torch.arange(2), torch.tensor([1.0, 2.0])),
+                          (range(2), (1.0, 2.0))):
+        got = StackedTransformer(config, seeds, sigmas).state_dict()
+        assert all(torch.equal(got[name], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.parametrize("arguments, error, why", [
+    (dict(seeds=None, sigmas=[1.0]), TypeError, "seeds must be a sequence"),
+    (dict(seeds=3, sigmas=[1.0]), TypeError, "seeds must be a sequence"),
+    (dict(seeds=[0], sigmas=[1.0], init_gammas=[float("nan")]), ValueError, "init_gammas: one finite"),  # NaN weights
+])
+def test_a_pack_names_its_bad_sequences(arguments, error, why):
+    with pytest.raises(error, match=why):
+        StackedTransformer(ModelConfig(**TINY_CONFIG), **arguments)
+
+
+def test_bad_tokens_and_no_output_tokens_are_named():
+    """A wrong model count or width reached torch's RuntimeErrors; K = 0 output tokens passed the check, then
+    failed inside."""
+    model = StackedTransformer(ModelConfig(**TINY_CONFIG), [1, 2], [0.5, 0.5])
+    for tokens in (torch.randn(3, 2, 4, 3), torch.randn(2, 4, 3), torch.randn(2, 2, 4, 5)):
+        with pytest.raises(ValueError, match=r"tokens must be \[M, B, N, token_dim\] = \[2, B, 4, 3\]"):
+            model(tokens)
+    with pytest.raises(ValueError, match="output_tokens names no token"):
+        model(torch.randn(2, 3, 4, 3), output_tokens=torch.zeros(2, 3, 0, dtype=torch.long))

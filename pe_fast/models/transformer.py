@@ -163,8 +163,21 @@ def check_output_tokens(rows, tokens: Tensor, config: ModelConfig):
     if rows.dim() != 3 or tuple(rows.shape[:2]) != (M, B) or rows.device != tokens.device:
         raise ValueError(f"output_tokens must be [M, B, K] = [{M}, {B}, K] on {tokens.device}, got "
                          f"{list(rows.shape)} on {rows.device}")
-    if rows.numel() and not is_traced(rows) and not bool(((rows >= 0) & (rows < N)).all()):
+    if rows.shape[2] == 0:
+        raise ValueError("output_tokens names no token (K = 0): name at least one per item, or leave it None")
+    if not is_traced(rows) and not bool(((rows >= 0) & (rows < N)).all()):
         raise ValueError(f"output_tokens holds an index outside the {N} tokens (0 to {N - 1})")
+
+
+def as_items(name: str, values) -> list:
+    """A sequence argument as a list of Python or NumPy numbers (a tensor's as Python numbers), or TypeError."""
+    if isinstance(values, Tensor):
+        values = values.tolist()
+    elif isinstance(values, np.ndarray):
+        values = list(values)
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence (one per model), got {type(values).__name__}")
+    return list(values)
 
 
 def at_tokens(x: Tensor, rows: Tensor) -> Tensor:
@@ -184,14 +197,18 @@ class StackedTransformer(nn.Module):
         init_gammas: each model's γ (None: the default initialisation), whose embedding, attention and MLP weights
         then start with std fan_in^-γ; the readout head, biases, norms and the PE (σ) keep theirs."""
         super().__init__()
+        # a list, tuple, range, NumPy array or tensor of them: each item a number of its own
+        seeds, sigmas = (as_items(name, value) for name, value in (("seeds", seeds), ("sigmas", sigmas)))
         if not seeds or len(sigmas) != len(seeds):
             raise ValueError(f"seeds and sigmas: one seed and one σ per model, at least one model; got {len(seeds)} "
                              f"seeds and {len(sigmas)} σ")
-        for seed in seeds:  # int() would take 1.5 as 1: another model's weights
-            if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        # int() would take 1.5 as 1: another model's weights; below 2**63, so that with its streams' offsets
+        # (pe_fast.seeds) it stays a torch seed
+        for seed in seeds:
+            if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) or not 0 <= seed < 2**63:
                 raise ValueError(f"seeds: {seed!r} is not a whole number from 0 to 2**63 - 1")
         for sigma in sigmas:
-            if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, bool)
+            if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, (bool, np.bool_))
                                           and 0 < sigma < math.inf):
                 raise ValueError(f"sigmas: {sigma!r} is not a positive finite σ (or None)")
         self.config, self.seeds = config, list(seeds)
@@ -201,6 +218,11 @@ class StackedTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(generators, config) for _ in range(config.depth))
         self.head = StackedLinear(generators, config.width, config.out_dim)
         if init_gammas is not None:
+            init_gammas = as_items("init_gammas", init_gammas)
+            if len(init_gammas) != len(seeds) or not all(
+                    gamma is None or (isinstance(gamma, numbers.Real) and not isinstance(gamma, (bool, np.bool_))
+                                      and math.isfinite(gamma)) for gamma in init_gammas):
+                raise ValueError(f"init_gammas: one finite γ (or None) per model, got {init_gammas!r:.60}")
             for weight, drawn_std in self.gamma_scaled_weights():
                 scale_to_fan_in_power(weight, drawn_std, init_gammas)
         M, head_dim = len(seeds), config.width // config.heads
@@ -239,6 +261,11 @@ class StackedTransformer(nn.Module):
         output_tokens [M,B,K] (models that predict at every token): the outputs at these tokens alone,
         [M,B,K,out], the last block's MLP sublayer and the head computed there only: a training loss that reads K
         of the N tokens (the masked-token tasks) needs no more."""
+        c, M = self.config, len(self.seeds)
+        if not isinstance(tokens, Tensor) or tokens.dim() != 4 or tokens.shape[0] != M or tuple(tokens.shape[2:]) != (
+                c.num_tokens, c.token_dim):
+            raise ValueError(f"tokens must be [M, B, N, token_dim] = [{M}, B, {c.num_tokens}, {c.token_dim}], got "
+                             f"{list(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
         if output_tokens is not None:
             check_output_tokens(output_tokens, tokens, self.config)
         h = self.embed(tokens)
