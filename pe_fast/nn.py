@@ -85,6 +85,10 @@ class StackedLinear(nn.Module):
     def forward(self, x: Tensor, *, gelu: bool = False, add_bias: bool = True) -> Tensor:
         """gelu: GELU(x @ W + b), fused on the CPU (pe_fast.ops.sublayer_ends); add_bias=False: x @ W alone, for a
         caller that adds the bias itself (folded into a later fused op)."""
+        M, d_in = self.weight.shape[:2]
+        if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[0] != M or x.shape[-1] != d_in:
+            raise ValueError(f"x must be [M, ..., in] = [{M}, ..., {d_in}], got "
+                             f"{list(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
         if gelu and self.bias is not None and add_bias:
             return linear_gelu(x, self.weight, self.bias)
         shape = x.shape
@@ -162,6 +166,9 @@ class PEAttention(nn.Module):
                rope: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None,
                only_token: int | None = None) -> tuple[Tensor, Tensor]:
         """forward without the output projection."""
+        M, D = self.w_qkv.shape[:2]
+        if isinstance(x, Tensor) and (x.dim() != 4 or x.shape[0] != M or x.shape[3] != D):  # else pe_attention's
+            raise ValueError(f"x must be [M, B, N, D] = [{M}, B, N, {D}] for this layer, got {list(x.shape)}")
         out, stats = pe_attention(x, pe, self.w_qkv, self.b_qkv, self.num_heads, probes, rope=rope, bias=bias,
                                   backend=self.backend)
         if only_token is not None:

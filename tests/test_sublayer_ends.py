@@ -196,3 +196,32 @@ def test_the_stacked_layers_name_their_bad_arguments(build, error, why):
     import pe_fast.nn
     with pytest.raises(error, match=why):
         build(pe_fast.nn)
+
+
+def test_the_sublayer_ends_name_their_bad_arguments():
+    """A NaN or negative eps gave NaN outputs without a word; non-tensors reached torch's AttributeErrors."""
+    a, scale, beta = torch.randn(2, 5, 6), torch.ones(2, 6), torch.zeros(2, 6)
+    for eps in (float("nan"), -1.0, True):
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            sublayer_ends.residual_layer_norm(a, a, scale, beta, eps=eps)
+    with pytest.raises(ValueError, match=r"b must have a's shape \[2, 5, 6\]"):
+        sublayer_ends.residual_layer_norm(a, torch.randn(2, 4, 6), scale, beta)
+    with pytest.raises(TypeError, match="weight must be a floating tensor"):
+        sublayer_ends.residual_layer_norm(a, a, [[1.0] * 6] * 2, beta)
+    with pytest.raises(TypeError, match="bias must be a floating tensor, got NoneType"):
+        sublayer_ends.linear_gelu(a, torch.randn(2, 6, 3), None)
+
+
+def test_a_layer_s_input_of_another_shape_names_x():
+    """A wrong model count or width reached torch's RuntimeErrors (StackedLinear), or blamed the layer's own
+    w_qkv, which the caller never passed (PEAttention)."""
+    from pe_fast.nn import PEAttention, StackedLinear
+    layer = StackedLinear([torch.Generator().manual_seed(i) for i in range(2)], 4, 3)
+    for x in (torch.randn(3, 5, 4), torch.randn(2, 5, 5)):
+        for gelu in (False, True):
+            with pytest.raises(ValueError, match=r"x must be \[M, \.\.\., in\] = \[2, \.\.\., 4\]"):
+                layer(x, gelu=gelu)
+    attention = PEAttention(8, 2, 2)
+    for x in (torch.randn(3, 3, 5, 8), torch.randn(2, 3, 5, 6)):
+        with pytest.raises(ValueError, match=r"x must be \[M, B, N, D\] = \[2, B, N, 8\] for this layer"):
+            attention(x)

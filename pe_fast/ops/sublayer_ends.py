@@ -55,8 +55,17 @@ class _LinearGelu(torch.autograd.Function):
         return dx, dweight, dbias
 
 
+def check_tensors(**tensors):
+    """Each a floating tensor (mixed dtypes run torch's ops), or a TypeError naming it."""
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got "
+                            f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}")
+
+
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """GELU(x @ weight + bias) of a pack: x [M, ..., in], weight [M, in, out], bias [M, out]; exact GELU."""
+    check_tensors(x=x, weight=weight, bias=bias)
     M, width = x.shape[0], x.shape[-1]
     if weight.dim() != 3 or tuple(weight.shape[:2]) != (M, width):
         raise ValueError(f"weight must be [M, in, out] = [{M}, {width}, out] for x {list(x.shape)}, got "
@@ -97,6 +106,11 @@ def residual_layer_norm(a: Tensor, b: Tensor, weight: Tensor, beta: Tensor, add:
     """LayerNorm(a + b + add)·weight + beta of a pack, over the last dim: a, b [M, ..., D]; weight, beta [M, D];
     add [M, T, D] (a per-token addend, the same for every sequence of T tokens: a PE, plus a bias folded in),
     [M, 1, D] (the same for every token) or None."""
+    check_tensors(a=a, b=b, weight=weight, beta=beta, **({} if add is None else {"add": add}))
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf")):
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+    if b.shape != a.shape:
+        raise ValueError(f"b must have a's shape {list(a.shape)}, got {list(b.shape)}")
     M, T, D = a.shape[0], a.shape[-2], a.shape[-1]
     for name, tensor in (("weight", weight), ("beta", beta)):
         if tuple(tensor.shape) != (M, D):
