@@ -30,6 +30,7 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,9 +45,11 @@ def per_model_values(name: str, value: PerModel, num_models: int) -> list[float]
     """One float per model, checked; a single number stands for every model."""
     if isinstance(value, Tensor):
         value = value.detach().cpu().tolist()
-    if isinstance(value, (bool, str, bytes)) or (not isinstance(value, numbers.Real) and any(
-            isinstance(v, (bool, str, bytes)) for v in (value if isinstance(value, Sequence) else ()))):
-        # float("111") and float(True) would take them as numbers
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.dtype.kind in "fiu" else list(value)  # text or bools: refused below
+    not_numbers = (bool, np.bool_, str, bytes)  # float("111") and float(True) would take them as numbers
+    if isinstance(value, not_numbers) or (not isinstance(value, numbers.Real) and any(
+            isinstance(v, not_numbers) for v in (value if isinstance(value, Sequence) else ()))):
         raise TypeError(f"{name} takes one number, or one number per model; got {value!r:.60}")
     if isinstance(value, numbers.Real):
         values = [float(value)] * num_models
@@ -86,6 +89,11 @@ class StackedOptimizer(torch.optim.Optimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer kind {kind!r}; choose from {', '.join(KINDS)}")
+        if isinstance(betas, (np.ndarray, Tensor)):
+            betas = tuple(betas.tolist())
+        if not isinstance(betas, Sequence) or not all(isinstance(beta, numbers.Real)
+                                                      and not isinstance(beta, (bool, np.bool_)) for beta in betas):
+            raise TypeError(f"betas must be two numbers, got {betas!r:.60}")
         if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
             raise ValueError(f"betas must be two numbers in [0, 1); got {betas}")
         if not isinstance(eps, numbers.Real) or isinstance(eps, bool):

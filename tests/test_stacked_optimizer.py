@@ -226,3 +226,14 @@ def test_numbers_given_as_text_or_bools_are_refused(arguments, why):
     """float('111') and float(True) took them as rates of 111 and 1."""
     with pytest.raises(TypeError, match=why):
         StackedOptimizer([torch.randn(3, 2, requires_grad=True)], "adam", **arguments)
+
+
+@pytest.mark.parametrize("arguments, why", [(dict(lr=[np.True_, 1e-3]), "lr takes one number"),
+                                            (dict(lr=np.array(["1", "2"])), "lr takes one number"),
+                                            (dict(lr=1e-3, betas=("0.9", "0.9")), "betas must be two numbers")])
+def test_numpy_bools_and_text_are_refused_too(arguments, why):
+    with pytest.raises(TypeError, match=why):
+        StackedOptimizer([torch.randn(2, 3, requires_grad=True)], "adamw", **arguments)
+    optimizer = StackedOptimizer([torch.randn(2, 3, requires_grad=True)], "adamw", lr=np.array([1e-3, 2e-3]),
+                                 betas=np.array([0.9, 0.99]))
+    assert optimizer.param_groups[0]["model_lr"] == [1e-3, 2e-3] and optimizer.param_groups[0]["betas"] == (0.9, 0.99)
