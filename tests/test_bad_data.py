@@ -177,6 +177,9 @@ CASES = [
     # the user gave no --pe: the preset's is named as the preset's
     ("preset PE without the centroids it needs", FMRI + ["--data", "NPY", "--preset", "all-pes"],
      "--pe sinnd, of --preset all-pes: PE 'sinnd' needs token coordinates"),
+    ("given PE without the centroids it needs, beside a preset", FMRI + ["--data", "NPY", "--preset", "all-pes",
+                                                                         "--pe", "learned,sinnd"],
+     "--pe sinnd: PE 'sinnd' needs token coordinates"),
     ("window longer than the data", FMRI + ["--data", "NPY", "--window", "100000"],
      "--window 100000 is longer than the shortest run of the data (60 time points)"),
     ("window longer than the simulation", NETSIM + ["--window", "100000"],

@@ -585,6 +585,16 @@ def test_an_openmp_thread_count_openmp_ignores_is_refused(value, tmp_path, capsy
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_openmp_thread_count_openmp_takes_is_taken(tmp_path, monkeypatch):
+    """'+1' (OpenMP reads it as 1) was refused with the values it ignores."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "+1")
+    threads = torch.get_num_threads()
+    try:
+        assert sweep_main(LST + ["--out", str(tmp_path / "run")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 # another extension module named _C: torch's own, whose init once ran as pe_fast's (a segfault)
 TORCH_C = next(Path(torch.__file__).parent.glob("_C.*.so"))
 
@@ -1014,9 +1024,29 @@ def test_a_checkpoint_of_expanded_or_shared_tensors_resumes(unfinished, tmp_path
     assert resume_in_process(folder) == 0
 
 
+@pytest.mark.parametrize("inside", ["packs", "packs/0"])
+def test_resume_of_a_sweep_s_packs_names_the_sweep(inside, unfinished, tmp_path, capsys, no_lock):
+    """--resume --out DIR/packs was told to start a new sweep there, which is then refused inside DIR."""
+    folder = tmp_path / "run"
+    shutil.copytree(unfinished, folder)
+    (folder / "packs" / "0").mkdir(exist_ok=True)
+    assert_one_line(capsys, sweep_main(["--resume", "--out", str(folder / inside)]),
+                    f"holds packs of the sweep {folder.resolve()}; resume that folder")
+
+
+def test_a_relative_compiler_cache_under_a_folder_with_a_space_is_refused(tmp_path, capsys, monkeypatch):
+    """Checked as given ("cache"), it passed; torch compiles under its absolute path, which the space split."""
+    (tmp_path / "a b").mkdir()
+    monkeypatch.chdir(tmp_path / "a b")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "cache")
+    assert_one_line(capsys, sweep_main(LST + ["--out", "run"]), "holds a space, a line break")
+    assert list((tmp_path / "a b").iterdir()) == []
+
+
 @pytest.mark.parametrize("flags", [[], ["--ntk-items", "4"], ["--optimizer", "sgd", "--momentum", "0.5"],
                                    ["--lr", "1e-3,2e-3", "--schedule", "cosine", "--warmup", "1"],
-                                   ["--lr", "1e-3,1e30"], ["--optimizer", "sgd", "--momentum", "0.5", "--lr", "1e-3,1e30"]],
+                                   ["--lr", "1e-3,1e30"],
+                                   ["--optimizer", "sgd", "--momentum", "0.5", "--lr", "1e-3,1e30"]],
                          ids=["default", "tangent kernel probe", "sgd", "stacked optimizer", "diverged",
                               "diverged sgd"])
 def test_an_untouched_trained_checkpoint_resumes_as_its_pack_leaves_it(flags, tmp_path):

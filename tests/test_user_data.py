@@ -250,6 +250,8 @@ def test_regions_table_problems(tmp_path):
     text = write_table(tmp_path / "plain.csv", rows).read_text()
     (tmp_path / "utf16.csv").write_text(text, encoding="utf-16")
     raises("the regions table is not UTF-8 text .*: save it as CSV UTF-8", ts, tmp_path / "utf16.csv")
+    (tmp_path / "utf16le.csv").write_bytes(text.encode("utf-16-le"))  # no byte-order mark: it decodes as UTF-8
+    raises("the regions table is not UTF-8 text .*NUL bytes", ts, tmp_path / "utf16le.csv")
     (tmp_path / "semicolons.csv").write_text(text.replace(",", ";"))
     raises("one column holding semicolons, tabs or bars: separate its columns with commas", ts,
            tmp_path / "semicolons.csv")
@@ -338,6 +340,14 @@ def test_a_parcellation_naming_two_parcels_alike_is_refused(twice, tmp_path):
     runs = [save_dtseries(tmp_path / f"sub{i}.dtseries.nii", RNG.normal(size=(30, 12))) for i in range(2)]
     parc = save_dlabel(tmp_path / "dup.dlabel.nii", names=names)
     raises("dup.dlabel.nii: two of its parcels are named", runs, parcellation=parc)
+
+
+def test_an_h5_whose_links_loop_is_refused(tmp_path):
+    """A soft link to itself: h5py's "too many links" RuntimeError, a traceback."""
+    with h5py.File(tmp_path / "loop.h5", "w") as f:
+        f["raw"] = SERIES
+        f["timeseries"] = h5py.SoftLink("/timeseries")
+    raises("loop.h5: its links cannot be followed", tmp_path / "loop.h5")
 
 
 def test_an_h5_with_two_timeseries_is_refused(tmp_path):

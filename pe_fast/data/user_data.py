@@ -287,7 +287,11 @@ def _read_h5(p: Path, name: str | None):
         # and another dataset read in its place
         names = []
         f.visititems_links(lambda key, link: names.append(key))
-        reached = {key: f.get(key) for key in names}
+        try:
+            reached = {key: f.get(key) for key in names}
+        except (RuntimeError, KeyError) as e:  # a soft link that leads to itself: "too many links"
+            raise DataError(f"{p}: its links cannot be followed ({_why(e)}): save the time series without "
+                            f"looping links") from None
         found = {key: obj for key, obj in reached.items() if isinstance(obj, h5py.Dataset)}
         distinct = {obj.id: key for key, obj in reversed(found.items())}  # each dataset by its first name
         series = {found[key].id: key for key in reversed(found) if key.split("/")[-1] == "timeseries"}
@@ -473,8 +477,8 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
             if x.dtype.kind in "iu" and ((x > EXACT_INTEGER) | (x < -EXACT_INTEGER)).any():
                 t, k = np.argwhere((x > EXACT_INTEGER) | (x < -EXACT_INTEGER))[0]
                 raise DataError(f"{where}: {x[t, k]} at subject {s!r} {name}, time {a + t}, region {k}: integers "
-                                f"beyond 2**53 round in float64, in which the task computes (an offset of 2**60 "
-                                f"leaves steps of 256); subtract the offset or save float64 values")
+                                f"beyond 2**53 round in float64, in which the task computes (there to steps of "
+                                f"{np.spacing(abs(float(x[t, k]))):g}); subtract the offset or save float64 values")
             huge = np.abs(x) > np.float64(MAX_ABS_VALUE)  # a Python float would be cast to float32's inf, warning
             if huge.any():
                 t, k = np.argwhere(huge)[0]
@@ -519,6 +523,9 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
                         f"give each column once")
     if "label" not in columns:
         # its header unquoted: a file a results folder names may be anyone's (a secret's first line)
+        if any("\x00" in column for column in columns):  # UTF-16 without its byte-order mark reads as UTF-8
+            raise DataError(f"{p}: the regions table is not UTF-8 text (its header holds NUL bytes: UTF-16?): save "
+                            f"it as CSV UTF-8")
         if len(columns) == 1 and any(mark in columns[0] for mark in ";\t|"):  # one column: not comma-separated
             raise DataError(f"{p}: the regions table's header line is one column holding semicolons, tabs or bars: "
                             f"separate its columns with commas")

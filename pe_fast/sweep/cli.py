@@ -52,7 +52,7 @@ def check_against_task(s: Settings, task):
                                task.coordinates)
         except ValueError as error:
             preset = KINDS[s.task].presets.get(s.preset or "", {})
-            if "pe" in preset and kind in settings.parse_list(preset["pe"], str, "--pe"):  # not the user's --pe
+            if "pe" in preset and tuple(s.pe) == settings.parse_list(preset["pe"], str, "--pe"):  # not a --pe given
                 raise UsageError(f"--pe {kind}, of --preset {s.preset}: {error}; give --pe without it") from None
             raise UsageError(f"--pe {kind}: {error}") from None
 

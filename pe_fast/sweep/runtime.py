@@ -134,7 +134,8 @@ def check_inductor_cache(out: str | None = None):
         raise UsageError(f"{name} names no folder; {advice}")
     # inductor's C++ compile command is split as a shell would (shlex): at whitespace, and quotes and backslashes
     # are taken away
-    if any(character.isspace() or character in "'\"\\" for character in path):
+    # a relative path too: torch compiles under its absolute one (a folder "a b" above it split the command)
+    if any(character.isspace() or character in "'\"\\" for character in os.path.abspath(path)):
         raise UsageError(f"{name} holds a space, a line break, a quote or a backslash, which torch's C++ compiler "
                          f"command splits or drops; {advice}")
     folder = Path(path).absolute()
@@ -197,7 +198,7 @@ def resolve(s: dict):
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache(s.get("out"))
     threads = os.environ.get("OMP_NUM_THREADS")
-    if threads is not None and not all(re.fullmatch(r"\s*[0-9]+\s*", part) and 0 < int(part) <= MAX_THREADS
+    if threads is not None and not all(re.fullmatch(r"\s*\+?[0-9]+\s*", part) and 0 < int(part) <= MAX_THREADS
                                        for part in threads.split(",")):
         # OpenMP warns on stderr and takes its default: the sweep would run on another count than the one set
         # (str.isdigit() also passed '²', which int() then refused with a traceback)
