@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
-from pe_fast.ops.sublayer_ends import linear_gelu, residual_layer_norm
+from pe_fast.ops.sublayer_ends import check_eps, linear_gelu, residual_layer_norm
 
 
 def uniform_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> Tensor:
@@ -105,8 +105,7 @@ class StackedLayerNorm(nn.Module):
     def __init__(self, num_models: int, width: int, eps: float = 1e-5):
         super().__init__()
         check_sizes(num_models=num_models, width=width)
-        if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 < eps < math.inf):
-            raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+        check_eps(eps)
         self.weight = nn.Parameter(torch.ones(num_models, width))
         self.bias = nn.Parameter(torch.zeros(num_models, width))
         self.eps = eps

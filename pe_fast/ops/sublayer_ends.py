@@ -10,6 +10,9 @@ in float64); in float32 they differ by rounding.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -63,6 +66,12 @@ def check_tensors(**tensors):
                             f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}")
 
 
+def check_eps(eps):
+    """A layer norm's eps: a positive finite number (NaN or below 0 gives NaN outputs), or ValueError."""
+    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 < eps < math.inf):
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+
+
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """GELU(x @ weight + bias) of a pack: x [M, ..., in], weight [M, in, out], bias [M, out]; exact GELU."""
     check_tensors(x=x, weight=weight, bias=bias)
@@ -107,8 +116,7 @@ def residual_layer_norm(a: Tensor, b: Tensor, weight: Tensor, beta: Tensor, add:
     add [M, T, D] (a per-token addend, the same for every sequence of T tokens: a PE, plus a bias folded in),
     [M, 1, D] (the same for every token) or None."""
     check_tensors(a=a, b=b, weight=weight, beta=beta, **({} if add is None else {"add": add}))
-    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf")):
-        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+    check_eps(eps)
     if b.shape != a.shape:
         raise ValueError(f"b must have a's shape {list(a.shape)}, got {list(b.shape)}")
     M, T, D = a.shape[0], a.shape[-2], a.shape[-1]
