@@ -730,12 +730,11 @@ def _read_run(directory: Path) -> Run:
 def check_not_a_pack(directory: Path):
     """A finished pack's folder (DIR/packs/<i>, or a copy of one) is part of its sweep, not a results folder: the
     report wrote its figures into one, and the sweep's own readers then refused the sweep."""
-    parent = directory.resolve().parent.parent  # first: a config.json copied into a pack does not make it a run
-    if (run_folder.PACK_NAME.fullmatch(directory.resolve().name) and directory.resolve().parent.name == "packs"
-            and run_folder.is_results_folder(parent)):
-        raise ReportError(f"{directory} is pack {directory.resolve().name} of the sweep {parent}; pass that folder")
-    if directory.resolve().name == "packs" and run_folder.is_results_folder(directory.resolve().parent):
-        raise ReportError(f"{directory} holds the packs of the sweep {directory.resolve().parent}; pass that folder")
+    # first: a config.json copied into a pack does not make it a run
+    if (sweep := run_folder.sweep_of_packs(directory)) is not None:
+        name = directory.resolve().name
+        held = "holds the packs" if name == "packs" else f"is pack {name}"
+        raise ReportError(f"{directory} {held} of the sweep {sweep}; pass that folder")
     if _present(directory / run_folder.CONFIG):
         return
     if _present(directory / run_folder.TRAINED_WITH) or _present(directory / run_folder.WEIGHTS):

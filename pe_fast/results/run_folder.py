@@ -416,6 +416,17 @@ def check_writable(out: Path):
         raise OutFolderError(f"{out}: cannot write in {existing} ({error.strerror or error})")
 
 
+def sweep_of_packs(folder: Path) -> Path | None:
+    """The sweep whose packs/ (or one pack of it, packs/<i>) folder is, or None: a folder given for DIR that is
+    part of DIR."""
+    folder = folder.resolve()
+    if folder.name == "packs" and is_results_folder(folder.parent):
+        return folder.parent
+    if PACK_NAME.fullmatch(folder.name) and folder.parent.name == "packs" and is_results_folder(folder.parent.parent):
+        return folder.parent.parent
+    return None
+
+
 def is_results_folder(folder: Path) -> bool:
     """Whether folder is a sweep's or a pooled report's: its config.json beside packs/, or a config.json of
     theirs alone (a sweep's first file); or, as the readers take a folder without config.json, one holding

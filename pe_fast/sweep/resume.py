@@ -62,10 +62,7 @@ def from_resume(args: argparse.Namespace) -> Settings:
     try:
         config = run_folder.read_config(Path(args.out))
     except FileNotFoundError:
-        out = Path(args.out).resolve()
-        sweep = next((folder for folder in (out.parent, out.parent.parent) if folder.name != "packs"
-                      and (folder / "packs") in (out, out.parent) and run_folder.is_results_folder(folder)), None)
-        if sweep is not None:  # DIR/packs or DIR/packs/0: the sweep is DIR
+        if (sweep := run_folder.sweep_of_packs(Path(args.out))) is not None:  # DIR/packs or DIR/packs/0
             raise UsageError(f"--resume: {args.out} holds packs of the sweep {sweep}; resume that folder")
         raise UsageError(f"--resume: {path} does not exist; not a sweep folder (start one without --resume)")
     except (OSError, ValueError) as error:
