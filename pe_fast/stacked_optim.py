@@ -212,15 +212,15 @@ class StackedOptimizer(torch.optim.Optimizer):
         return self._on_device[key]
 
     def _check_live(self, live):
-        """live: a bool tensor [M] on the parameters' device."""
-        params = [p for group in self.param_groups for p in group["params"]]
+        """live: a bool tensor [M] on the parameters' device (every step with a mask: the first parameter's)."""
         if not isinstance(live, Tensor) or live.dtype != torch.bool:
             raise TypeError(f"live must be a bool tensor [M], got "
                             f"{live.dtype if isinstance(live, Tensor) else type(live).__name__}")
+        first = next((group["params"][0] for group in self.param_groups if group["params"]), None)
         models = len(self.param_groups[0]["model_lr"]) if self.param_groups else 0
-        if tuple(live.shape) != (models,) or (params and live.device != params[0].device):
-            raise ValueError(f"live must be [M] = [{models}] on {params[0].device if params else 'any device'}, got "
-                             f"{list(live.shape)} on {live.device}")
+        if tuple(live.shape) != (models,) or (first is not None and live.device != first.device):
+            raise ValueError(f"live must be [M] = [{models}] on {first.device if first is not None else 'any device'}"
+                             f", got {list(live.shape)} on {live.device}")
 
     def _rates(self, group: dict, device: torch.device, live: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Each model's learning rate at this step and its weight decay (None where no model has any), both 0
