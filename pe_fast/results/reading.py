@@ -272,21 +272,27 @@ class Run:
                 task = KINDS[settings.task].load(settings)
             except (ValueError, OSError) as error:
                 raise ReportError(f"{self.path}: the task cannot be loaded from its settings ({error})")
-            # its models were trained on the task config.json describes: other data would be scored as theirs
-            if (difference := task_description_difference(self.config.get("task"), task)) is not None:
-                key, was, now = difference
-                raise ReportError(f"{self.path / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task "
-                                  f"its settings load has {brief(now)}: the task's data changed since the sweep "
-                                  f"(or config.json was edited)")
-            check_ground_truth(self.path, task, self.config.get("settings") or {})
+            check_task_recorded(self.path, self.config, task)  # other data would be scored as its models'
             self._loaded["task"] = task
         return self._loaded["task"]
 
 
+def check_task_recorded(directory: Path, config: dict, task):
+    """The task loaded from a run's settings is the one the run trained on, or ReportError: config.json's
+    description of it (task_description_difference) and DIR/ground_truth.npz (check_ground_truth), both written at
+    the sweep's start. A data file changed since would be scored, or resumed, as the run's data."""
+    if (difference := task_description_difference(config.get("task"), task)) is not None:
+        key, was, now = difference
+        raise ReportError(f"{directory / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task its "
+                          f"settings load has {brief(now)}: the task's data changed since the sweep started (or "
+                          f"config.json was edited); use the data the sweep started with")
+    check_ground_truth(directory, task, config.get("settings") or {})
+
+
 def check_ground_truth(directory: Path, task, settings: dict):
-    """DIR/ground_truth.npz, written at the sweep's start, is the ground truth of the task its settings load now
-    (task.ground_truth()), or ReportError naming the task's data files: a data file changed since (regions
-    swapped, say) keeps its sizes, and the models would be scored or resumed on data they never saw."""
+    """DIR/ground_truth.npz is the ground truth of the task its settings load now (task.ground_truth()), or
+    ReportError naming the task's data files: a data file changed since the sweep started (regions swapped, say)
+    keeps its sizes."""
     expected = task.ground_truth()
     path = directory / run_folder.GROUND_TRUTH
     if not expected or not path.exists():

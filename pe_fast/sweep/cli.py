@@ -14,7 +14,7 @@ import torch
 
 from pe_fast.models import StackedTransformer
 from pe_fast.models.absolute_pe import SIGMA_PES
-from pe_fast.program_exit import brief, print_error
+from pe_fast.program_exit import print_error
 from pe_fast.results import reading, run_folder
 from pe_fast.results.settings import Settings
 from pe_fast.sweep import UsageError, executors, folder, grid, live_curves, resume, settings
@@ -99,10 +99,9 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
     shapes. Read only, before the lock is taken: a refusal writes nothing."""
     finished = run_folder.finished_packs(out)
     try:
-        reading.check_ground_truth(out, task, s.to_json())  # what the sweep wrote at its start
+        reading.check_task_recorded(out, {**run_folder.read_config(out), "settings": s.to_json()}, task)
     except reading.ReportError as error:
-        raise UsageError(str(error)) from None
-    check_task_described(out, task)
+        raise UsageError(f"{error}, or start a new sweep") from None
     for index in sorted(finished):  # every finished pack readable as the results will read it, before training
         try:
             results, curves, pe_tables = reading.read_pack(run_folder.pack_folder(out, index), s.task)
@@ -123,18 +122,6 @@ def check_resumable(out: Path, s: Settings, packs: list[list[dict]], task):
             executors.check_checkpoint_fits(s, task, packs[index], out, index)
         except run_folder.UnreadableCheckpoint as error:
             raise UsageError(str(error))
-
-
-def check_task_described(out: Path, task):
-    """The task --resume loaded is the one config.json describes (reading.task_description_difference): a data file
-    changed since the sweep started would train the packs left on other data than the finished ones."""
-    recorded = run_folder.read_config(out).get("task")
-    if (difference := reading.task_description_difference(recorded, task)) is None:
-        return
-    key, was, now = difference
-    raise UsageError(f"{out / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task --resume loads has "
-                     f"{brief(now)}: the task's data changed since the sweep started (or config.json was edited); "
-                     f"rerun with the data it started with, or start a new sweep")
 
 
 def default_out(s: Settings) -> str:
