@@ -315,7 +315,7 @@ def test_compare_lst_logs_bad_argument_is_one_line(tmp_path, capsys):
 
 
 def test_compressed_npz_that_inflates_far_beyond_its_size_is_refused_unread(tmp_path, capsys):
-    """A 0.3 MB .npz whose member inflates to 258 MiB: refused from its declared size, as a results folder's
+    """A 0.3 MB .npz whose member inflates to 258 MiB (516 as float64): refused from its declared size, as a results folder's
     files are (pe_fast.data.declared_size), not read whole first."""
     import zipfile
     bomb = tmp_path / "bomb.npz"
@@ -326,7 +326,20 @@ def test_compressed_npz_that_inflates_far_beyond_its_size_is_refused_unread(tmp_
         for _ in range(shape[0] * 33):
             member.write(bytes(4 * 1000 * 1024))
     code = sweep_main(FMRI + ["--data", str(bomb), "--out", str(tmp_path / "run")])
-    assert_one_line(capsys, code, f"--data {bomb} declares 258 MiB once read, from 0.3 MiB on disk")
+    assert_one_line(capsys, code, f"--data {bomb} declares 516 MiB once read, from 0.3 MiB on disk")
+    assert not (tmp_path / "run").exists()
+
+
+def test_small_integers_are_judged_by_the_floats_they_become(tmp_path, capsys):
+    """int8 values (1 byte each on disk) become float64 once read: a 0.1 MB .npz of 40 M int8 values passed the
+    rule counted in stored bytes (40 MB, under the 256 MiB floor) and then took GBs as floats (issue 55)."""
+    bomb = tmp_path / "small_ints.npz"
+    values = np.zeros((4, 5_000_000, 10), np.int8)
+    values[:, ::7] = 1
+    np.savez_compressed(bomb, s=values)
+    assert bomb.stat().st_size < 2**20
+    code = sweep_main(FMRI + ["--data", str(bomb), "--out", str(tmp_path / "run")])
+    assert_one_line(capsys, code, f"--data {bomb} declares 1,526 MiB once read, from")
     assert not (tmp_path / "run").exists()
 
 

@@ -1880,6 +1880,13 @@ def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path,
     assert (folder / "pe_tables.npz").stat().st_size < 2**21
     with pytest.raises(reading.ReportError, match="pe_tables.npz declares 512 MiB once read"):
         reading.load_run(folder)
+    small_ints = np.zeros((10, 3_000_000), np.int8)  # 29 MB as int8, 229 MiB as the floats the readers make
+    small_ints[:, ::5] = 1
+    np.savez_compressed(folder / "pe_tables.npz", model_0=small_ints)
+    monkeypatch.setattr(declared_size, "EXPANSION_FLOOR", 2**27)
+    with pytest.raises(reading.ReportError, match="pe_tables.npz declares 229 MiB once read"):
+        reading.load_run(folder)
+    monkeypatch.undo()
     (folder / "pe_tables.npz").unlink()
     pd.DataFrame({"pe": ["learned"] * 2**23, "sigma": 0.1, "model_id": 0}).to_parquet(folder / "results.parquet")
     assert (folder / "results.parquet").stat().st_size < 2**20  # 8 M rows of one value: a few KB

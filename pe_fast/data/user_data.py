@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_fast.data.declared_size import inflation, stored_bytes
+from pe_fast.data.declared_size import elements_read_bytes, inflation, npz_member_read_bytes, stored_bytes
 from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_centroid_distance
 from pe_fast.number_text import check_ascii_number
 
@@ -146,7 +146,8 @@ def _read_array_file(p: Path, dataset: str | None):
             arr = np.load(p, mmap_mode="r")
         except Exception as e:
             raise DataError(f"{p}: not a readable .npy file ({_why(e)}): save it with numpy.save") from None
-        _check_declared(p, arr.nbytes)  # a sparse file's holes: GBs of zeros scanned from a few kB
+        # a sparse file's holes: GBs of zeros scanned from a few kB
+        _check_declared(p, elements_read_bytes(arr.shape, arr.dtype))
         return (*_split_subjects(arr, p), "npy, memory-mapped")
     if ext == ".npz":
         return _read_npz(p, dataset)
@@ -235,7 +236,7 @@ def _read_npz(p: Path, key: str | None):
         if not members:
             raise DataError(f"{p}: the .npz file holds no arrays: save the time series with numpy.savez")
         # a compressed member is read whole into memory: a few MB may inflate to GBs
-        _check_declared(p, sum(i.file_size for i in members.values()))
+        _check_declared(p, sum(npz_member_read_bytes(zf, i) for i in members.values()))
         try:
             arrays = {k: _npz_member(p, zf, i) for k, i in members.items()}
         except DataError:
@@ -324,10 +325,10 @@ def _read_h5(p: Path, name: str | None):
             raise DataError(f"{p}: dataset {name!r} holds an HDF5 enum (categories {sorted(categories)[:4]}), not "
                             f"numbers: save float32 or float64 values")
         _check_dtype(ds, p)
-        declared = ds.size * ds.dtype.itemsize
+        declared = elements_read_bytes(ds.shape, ds.dtype)
         if declared > _MEMORY_BYTES:
-            raise DataError(f"{p}: dataset {name!r} declares shape {ds.shape} ({declared / 2**30:.0f} GiB), "
-                            f"more than this machine's memory ({_MEMORY_BYTES / 2**30:.0f} GiB)")
+            raise DataError(f"{p}: dataset {name!r} declares shape {ds.shape} ({declared / 2**30:.0f} GiB once "
+                            f"read), more than this machine's memory ({_MEMORY_BYTES / 2**30:.0f} GiB)")
         _check_declared(p, declared)  # chunks never written read as the fill value: GBs from a few kB
         offset = ds.id.get_offset()
         if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0:

@@ -438,9 +438,10 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
+            declared = sum(declared_size.npz_member_read_bytes(archive, m) for m in members)
     except (zipfile.BadZipFile, OSError, ValueError) as error:
         raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
-    check_expansion(path, sum(m.file_size for m in members), path.stat().st_size)
+    check_expansion(path, declared, path.stat().st_size)
     names = [m.filename for m in members]
     twice = next((name for name in names if names.count(name) > 1), None)
     if twice is not None:  # np.load would keep one of the two, silently
