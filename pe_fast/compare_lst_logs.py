@@ -65,8 +65,7 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
     try:
         with open(path, "rb") as file:  # a file, not a path's text: pandas would expand a leading ~
             if path.suffix == ".parquet":  # a few MB may declare GBs of rows, as a results folder's tables may
-                import pyarrow.parquet
-                check_parquet_size(path, pyarrow.parquet.read_metadata(file))
+                check_parquet_size(path, file)
                 file.seek(0)
             # low_memory=False: the columns' types from the whole file, not per chunk with a DtypeWarning
             logs = pd.read_parquet(file) if path.suffix == ".parquet" else pd.read_csv(file, low_memory=False)

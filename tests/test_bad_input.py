@@ -1894,6 +1894,26 @@ def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path,
     assert_one_line(capsys, report_main([str(folder)]), "results.parquet declares")
 
 
+def dictionary_text_table(rows: int, text: str, **numbers):
+    """A parquet table whose pe column holds one long text in every row, stored once in a dictionary page."""
+    import pyarrow as pa
+    pe = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([text]))
+    return pa.table({"pe": pe, **{name: pa.array(np.full(rows, value)) for name, value in numbers.items()}})
+
+
+def test_text_stored_once_and_read_in_every_row_is_judged_as_read(tmp_path, capsys):
+    """A 59 KB curves.parquet whose text column holds a 200 KB string through a dictionary page took 9 GB to read
+    (issue 55): the text's bytes are counted over every row, from the dictionary and its indices, before reading."""
+    import pyarrow.parquet as pq
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    pq.write_table(dictionary_text_table(40_000, "x" * 200_000, sigma=0.1, model_id=0), folder / "results.parquet",
+                   compression="zstd")
+    assert (folder / "results.parquet").stat().st_size < 2**16
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), "results.parquet declares 7,629 MiB once read")
+    assert snapshot(folder) == before
+
+
 @pytest.mark.parametrize("flags, flag", [(FMRI, "--data"), (LST, "--lst-ood")])
 def test_a_pipe_given_as_a_data_file_is_named_for_what_it_is(flags, flag, tmp_path, capsys):
     """A FIFO where a data file belongs: one line saying it is not a regular file (it once said "no such file",

@@ -297,6 +297,22 @@ def test_logs_that_expand_far_beyond_their_file_are_not_read(tmp_path, capsys, m
     assert code == 2 and err.count("\n") == 1 and "declares" in err, err
 
 
+def test_logs_whose_text_is_stored_once_and_read_in_every_row_are_not_read(tmp_path, capsys):
+    """A 71 KB logs file whose condition column holds a 300 KB string through a dictionary page took 12 GB: its
+    text is counted over every row before it is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    write_run(tmp_path / "run", test_offset=0.0)
+    rows = 20_000
+    condition = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array(["a" * 300_000]))
+    pq.write_table(pa.table(dict(pe=["learned"] * rows, sigma=np.full(rows, 0.5), seed=np.full(rows, 2235),
+                                 epoch=np.full(rows, 200), phase=["test"] * rows, condition=condition,
+                                 accuracy=np.full(rows, 0.5))), tmp_path / "logs.parquet", compression="zstd")
+    code, err = main([str(tmp_path / "run"), "--logs", str(tmp_path / "logs.parquet")]), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "declares 5,722 MiB once read" in err, err
+    assert not (tmp_path / "run" / "compare_lst_logs.md").exists()
+
+
 @pytest.mark.parametrize("logs", ["", " "])
 def test_an_empty_logs_name_is_refused_not_read_as_the_authors(logs, tmp_path, capsys):
     write_run(tmp_path / "run", test_offset=0.0)

@@ -394,12 +394,43 @@ def check_expansion(path: Path, declared: int, stored: int):
         raise ReportError(problem)
 
 
-def check_parquet_size(path: Path, meta):
-    """check_expansion for a parquet file from its metadata (pyarrow's FileMetaData): 8 bytes a cell once read,
-    or its pages' own uncompressed size where larger (text: a few compressed bytes may hold a 300 MB string)."""
+def check_parquet_size(path: Path, file):
+    """check_expansion for an open parquet file: 8 bytes a cell once read, or its pages' own uncompressed size where
+    larger (text: a few compressed bytes may hold a 300 MB string), or its text as every row reads it (a dictionary
+    page holds a 300 KB string once, and 4,000 rows read it 4,000 times). Returns its metadata."""
+    import pyarrow.parquet
+    meta = pyarrow.parquet.read_metadata(file)
     pages = sum(meta.row_group(g).column(c).total_uncompressed_size
                 for g in range(meta.num_row_groups) for c in range(meta.num_columns))
-    check_expansion(path, max(meta.num_rows * max(1, meta.num_columns) * 8, pages), path.stat().st_size)
+    stored = path.stat().st_size
+    check_expansion(path, max(meta.num_rows * max(1, meta.num_columns) * 8, pages), stored)
+    check_expansion(path, _parquet_text_bytes(path, file, meta), stored)
+    return meta
+
+
+def _parquet_text_bytes(path: Path, file, meta) -> int:
+    """The bytes of the text columns' strings over every row, counted from their dictionaries and indices (never
+    decoded row by row)."""
+    import pyarrow as pa
+    import pyarrow.compute as compute
+    import pyarrow.parquet
+    fields = list(meta.schema.to_arrow_schema())
+    if nested := next((f.name for f in fields if pa.types.is_nested(f.type)), None):
+        raise ReportError(f"{path}: column {str(nested)[:40]!r} is nested (a list or a struct); not a table pe_fast "
+                          f"reads")
+    # flat: each leaf column is a field; text and bytes are stored as BYTE_ARRAY, however the arrow schema types them
+    text = [meta.schema.column(c).name for c in range(meta.num_columns)
+            if meta.schema.column(c).physical_type == "BYTE_ARRAY"]
+    if not text:
+        return 0
+    total = 0
+    for chunk in pyarrow.parquet.ParquetFile(file, read_dictionary=text).read(columns=text).columns:
+        for part in chunk.chunks:
+            lengths = compute.fill_null(compute.binary_length(part.dictionary), 0).to_numpy(zero_copy_only=False)
+            indices = compute.fill_null(part.indices, 0).to_numpy(zero_copy_only=False)
+            total += int(lengths.astype(np.int64)[indices].sum()) if len(lengths) else 0
+    file.seek(0)
+    return total
 
 
 def check_parquet_schema(path: Path, meta):
@@ -416,14 +447,14 @@ def check_parquet_schema(path: Path, meta):
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
-    import pyarrow.parquet
     regular_file(path)
     with open(path, "rb") as file:  # a file, not a path's text: see run_folder.write_parquet
         try:
-            meta = pyarrow.parquet.read_metadata(file)
+            meta = check_parquet_size(path, file)
+        except ReportError:
+            raise
         except Exception as error:  # pyarrow raises several types for a truncated or foreign file
             raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
-        check_parquet_size(path, meta)
         check_parquet_schema(path, meta)
         try:
             file.seek(0)
