@@ -2140,6 +2140,14 @@ def checkpoint_of_pack_1_with(change):
     return spoil
 
 
+def shared_list_of(levels: int) -> list:
+    """A list reached 2**levels times through one shared object at each level: a few hundred bytes pickled."""
+    shared = [0]
+    for _ in range(levels):
+        shared = [shared, shared]
+    return shared
+
+
 def weights_of_pack_0_as_model(model_id: int):
     """Pack 0's weights.safetensors as a pack of the same shapes holding model `model_id` writes it."""
     def spoil(folder: Path):
@@ -2212,6 +2220,11 @@ HALF_FINISHED_CASES = [
     ("config.json's ntk_items edited", config_with(ntk_items=1), "says --ntk-items 1, not 8"),
     ("checkpoint's record of settings forged", checkpoint_of_pack_1_with(lambda s: s.update(trained_with="[]")),
      "1.checkpoint.pt holds a record of settings no pe_fast writes; delete it to retrain pack 1"),
+    # 2**30 items from a 300 KB file: a hang with memory growing, in the curves' check or in the load's own walk
+    ("checkpoint's curves holding one list many times over",
+     checkpoint_of_pack_1_with(lambda s: s["curves"][0].update(x=shared_list_of(30))), "holds more than"),
+    ("checkpoint's sampler holding one list many times over",
+     checkpoint_of_pack_1_with(lambda s: s["sampler"].update(bomb=shared_list_of(30))), "holds more than"),
 ]
 
 

@@ -598,10 +598,28 @@ _NUMPY_DATA = [np._core.multiarray._reconstruct, np._core.multiarray.scalar, np.
                *(type(np.dtype(t)) for t in (np.float32, np.float64, np.int64, np.bool_))]
 
 
+def _items_within(value, limit: int) -> bool:
+    """Whether value's containers and leaves, counted each time they are reached (as every walk over it does),
+    number at most limit: a pickle may refer to one list from two places at each of 30 levels, 2**30 items from a
+    few hundred bytes, or to a list from inside itself."""
+    stack, count = [value], 0
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+    return True
+
+
 def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
     try:
         with torch.serialization.safe_globals(_NUMPY_DATA):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # unpickling refused, truncated, or not a checkpoint at all
         # torch's message buries the cause ("unsupported GLOBAL posix.system ...") among advice
         advice = ("Weights only load failed", "Check the documentation", "Please file an issue")
@@ -609,6 +627,12 @@ def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
         cause = next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
         raise UnreadableCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {cause[:160]}); "
                                    f"delete it to retrain pack {index} from its start")
+    # a pickle spends at least a byte on each item it holds once: more items than bytes were reached twice
+    if not _items_within(state, limit := max(2**20, path.stat().st_size)):
+        raise UnreadableCheckpoint(f"{path} holds more than {limit:,} values, more than its size can hold without "
+                                   f"referring to some many times over; delete it to retrain pack {index} from its "
+                                   f"start")
+    return state
 
 
 def load_checkpoint(out: Path, index: int) -> dict | None:
