@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         text = markdown(table, verdicts, directories)
         if out is not None:
             try:  # written beside and renamed over: a link planted at out is replaced, never written through
-                run_folder.write_atomic(out, lambda tmp: tmp.write_text(text))
+                run_folder.write_atomic(out, lambda file: file.write(text.encode()))
             except OSError as error:
                 raise CompareError(f"{named}{out}: cannot write ({error.strerror or error})")
     except (CompareError, ReportError) as error:  # ReportError: a folder named by nothing

@@ -1894,6 +1894,43 @@ def test_a_table_that_expands_far_beyond_its_file_is_one_line_not_read(tmp_path,
     assert_one_line(capsys, report_main([str(folder)]), "results.parquet declares")
 
 
+def test_a_folder_swapped_for_a_link_while_the_report_writes_leads_no_write_out(tmp_path, capsys, monkeypatch):
+    """figures/ moved away and a link to a folder outside put in its place after the report's checks: the
+    figures went through the link (issue 55, a race); every write now opens its way below DIR without
+    following links, and the report stops in one line."""
+    from pe_fast.report import figures
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    original = figures.save
+
+    def swap_then_save(fig, path):
+        if not (folder / "figures").is_symlink():
+            (folder / "figures").rename(tmp_path / "moved")
+            (folder / "figures").symlink_to(outside)
+        original(fig, path)
+    monkeypatch.setattr(figures, "save", swap_then_save)
+    assert_one_line(capsys, report_main([str(folder)]),
+                    f"{folder / 'figures'}: a link or a file where pe_fast writes a folder")
+    assert list(outside.iterdir()) == []
+
+
+def test_writes_below_a_results_folder_follow_no_link_on_the_way(tmp_path):
+    """run_folder.write_atomic below `under`: a link on the way is refused, a link at the file's own place is
+    replaced (never written through), and nothing lands outside."""
+    folder, outside = tmp_path / "run", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "kept.txt").write_text("mine")
+    (folder / "packs").symlink_to(outside)
+    with pytest.raises(OSError, match="a link or a file where pe_fast writes a folder"):
+        run_folder.write_atomic(folder / "packs" / "kept.txt", lambda file: file.write(b"theirs"), under=folder)
+    (folder / "report.md").symlink_to(outside / "kept.txt")
+    run_folder.write_atomic(folder / "report.md", lambda file: file.write(b"report"), under=folder)
+    assert (outside / "kept.txt").read_text() == "mine" and sorted(p.name for p in outside.iterdir()) == ["kept.txt"]
+    assert not (folder / "report.md").is_symlink() and (folder / "report.md").read_text() == "report"
+
+
 def dictionary_text_table(rows: int, text: str, **numbers):
     """A parquet table whose pe column holds one long text in every row, stored once in a dictionary page."""
     import pyarrow as pa

@@ -193,7 +193,7 @@ def write_report(directory: str | os.PathLike, more_files: tuple[str, ...] = ())
     drawn, skipped = draw_figures(run, view, align, directory)
     text = report_markdown(Report(directory.resolve().name, directory, run, task, view, align,
                                   convergence(run.curves, view), drawn, skipped))
-    run_folder.write_atomic(report, lambda tmp: tmp.write_text(text))
+    run_folder.write_atomic(report, lambda file: file.write(text.encode()), under=directory)
     return report
 
 

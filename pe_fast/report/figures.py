@@ -87,9 +87,11 @@ def figure_legend(fig, axes, extra=()):
 
 
 def save(fig, path: Path):
-    """Written atomically: a reader (a browser on a running sweep's report) never sees half a PNG."""
+    """Written atomically: a reader (a browser on a running sweep's report) never sees half a PNG. path is
+    DIR/figures/NAME.png: nothing on the way below DIR is followed through a link."""
     try:  # tight: a long title is never clipped
-        run_folder.write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight"))
+        run_folder.write_atomic(path, lambda file: fig.savefig(file, dpi=100, format="png", bbox_inches="tight"),
+                                under=path.parents[1])
     finally:
         plt.close(fig)
 
@@ -662,6 +664,6 @@ def draw_figures(run: Run, view: TaskView, align: Alignment | None, directory: P
         drawn.update(brain_drawn)
         skipped += brain_skipped
     for name in FIGURES:
-        if name not in drawn and (folder / f"{name}.png").exists():
-            (folder / f"{name}.png").unlink()
+        if name not in drawn:
+            run_folder.remove_file(folder / f"{name}.png", under=directory)
     return drawn, skipped

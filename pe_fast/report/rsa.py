@@ -12,6 +12,7 @@ rank-correlation table (issue 16 item 4). Optional: `pip install "pe_fast[rsa]"`
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,10 @@ def as_rdms(run: Run, task: str, directory: Path):
 def export(run: Run, task: str, directory: Path) -> Path:
     path = directory / RDMS_FILE
     rdms = as_rdms(run, task, directory)
-    run_folder.write_atomic(path, lambda tmp: rdms.save(str(tmp), file_type="hdf5", overwrite=True))
+    with tempfile.TemporaryDirectory() as private:  # rsatoolbox writes to a path: its own, then copied in
+        rdms.save(str(Path(private) / RDMS_FILE), file_type="hdf5", overwrite=True)
+        written = (Path(private) / RDMS_FILE).read_bytes()
+    run_folder.write_atomic(path, lambda file: file.write(written), under=directory)
     return path
 
 

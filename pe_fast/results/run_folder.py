@@ -17,18 +17,22 @@ Every file is written to a temporary name beside its target, flushed to disk, an
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
 import numbers
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
 import tempfile
 import time
 from collections.abc import Callable
+from typing import BinaryIO
 from pathlib import Path
 
 import numpy as np
@@ -169,30 +173,65 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, write: Callable[[Path], None]):
-    """write(tmp) writes the file's content to tmp; then tmp is flushed to disk and renamed over path. The file
-    gets the permissions the umask gives (mkstemp's 0600 would hide results from the rest of a group)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
+def _open_folder(path: Path, under: Path | None) -> int:
+    """A descriptor of the folder path. Below `under` (a results folder) no part of the way is followed through a
+    link: one swapped in for a folder after the checks would lead a write out of the results folder."""
+    if under is None:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    folder = os.open(under, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())
-        write(tmp)
-        with open(tmp, "rb+") as file:
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        for part in path.relative_to(under).parts:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+    except OSError as error:
+        os.close(folder)
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):  # what a link or a file in a folder's place give
+            raise OSError(error.errno, "a link or a file where pe_fast writes a folder (was the folder changed while "
+                                       "it ran?)", str(path)) from None
         raise
+    return folder
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], under: Path | None = None):
+    """write(file) writes the file's content into a new file beside path; it is flushed to disk and renamed over
+    path, so a reader never sees half a file and a link planted at path is replaced, not written through. Below
+    `under` no folder on the way is a link (_open_folder). The file gets the permissions the umask gives."""
+    folder = _open_folder(path.parent, under)
+    try:
+        name = f".{path.name}{PARTIAL}{secrets.token_hex(4)}"
+        made = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
+        try:
+            with open(made, "wb") as file:
+                write(file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder)
+            raise
+    finally:
+        os.close(folder)
+
+
+def remove_file(path: Path, under: Path):
+    """path removed, where it is there, through the same way as write_atomic's (a link is removed, not followed)."""
+    folder = _open_folder(path.parent, under)
+    try:
+        os.unlink(path.name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(folder)
 
 
 def write_json(path: Path, data: dict):
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str)))
+    write_atomic(path, lambda file: file.write(json.dumps(data, indent=2, default=str).encode()))
 
 
-def save_npz(path: Path, arrays: dict):
-    with open(path, "wb") as file:  # a file object: np.savez would add ".npz" to the temporary name
-        np.savez_compressed(file, **arrays)
+def save_npz(file: BinaryIO, arrays: dict):
+    np.savez_compressed(file, **arrays)  # a file object: given a path, np.savez would add ".npz" to it
 
 
 def sha256(path: Path) -> str:
@@ -262,7 +301,7 @@ def write_start(out: Path, config: dict, ground_truth: dict[str, np.ndarray]):
     while it runs and --resume can continue it."""
     write_json(out / CONFIG, config)
     if ground_truth:
-        write_atomic(out / GROUND_TRUTH, lambda tmp: save_npz(tmp, ground_truth))
+        write_atomic(out / GROUND_TRUTH, lambda file: save_npz(file, ground_truth))
 
 
 # config.json's parts, as the sweep (sweep/folder.py) and the pooled report write them
@@ -473,20 +512,19 @@ def check_inside(out: Path):
                                    f"its folder only: replace the link by the folder or file itself")
 
 
-def write_parquet(table: pd.DataFrame, path: Path):
-    """Written through a file we open: given a path, pandas expands a leading ~ (a folder named "~" would be
-    $HOME) and pyarrow reads "s3:..." as a URL."""
-    with open(path, "wb") as file:
-        table.to_parquet(file, index=False)
+def write_parquet(table: pd.DataFrame, file: BinaryIO):
+    """Written to a file we opened: given a path, pandas expands a leading ~ (a folder named "~" would be $HOME) and
+    pyarrow reads "s3:..." as a URL."""
+    table.to_parquet(file, index=False)
 
 
 def write_final(out: Path, results: pd.DataFrame, curves: pd.DataFrame, pe_tables: dict[str, np.ndarray],
                 summary: str):
     """Every pack together in the top-level files; results.parquet last (its presence means finished)."""
-    write_atomic(out / PE_TABLES, lambda tmp: save_npz(tmp, pe_tables))
-    write_atomic(out / CURVES, lambda tmp: write_parquet(curves, tmp))
-    write_atomic(out / SUMMARY, lambda tmp: tmp.write_text(summary))
-    write_atomic(out / RESULTS, lambda tmp: write_parquet(results, tmp))
+    write_atomic(out / PE_TABLES, lambda file: save_npz(file, pe_tables))
+    write_atomic(out / CURVES, lambda file: write_parquet(curves, file))
+    write_atomic(out / SUMMARY, lambda file: file.write(summary.encode()))
+    write_atomic(out / RESULTS, lambda file: write_parquet(results, file))
     write_digests(out)
 
 
@@ -529,7 +567,7 @@ def step_path(out: Path, index: int) -> Path:
 def write_step(out: Path, index: int, step: int):
     path = step_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda tmp: tmp.write_text(f"{step}\n"))
+    write_atomic(path, lambda file: file.write(f"{step}\n".encode()), under=out)
 
 
 def read_step(out: Path, index: int) -> int | None:
@@ -585,7 +623,7 @@ def save_checkpoint(out: Path, index: int, state: dict):
     # OSError into a RuntimeError of its own (a traceback, not the sweep's one line)
     serialised = io.BytesIO()
     torch.save(state, serialised)
-    write_atomic(path, lambda tmp: tmp.write_bytes(serialised.getbuffer()))
+    write_atomic(path, lambda file: file.write(serialised.getbuffer()), under=out)
 
 
 class UnreadableCheckpoint(Exception):
@@ -713,8 +751,9 @@ def write_pack(out: Path, index: int, results: pd.DataFrame, curves: pd.DataFram
     tmp = Path(tempfile.mkdtemp(prefix=f".pack-{index}{PARTIAL}", dir=out))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the pack from the rest of a group
-        write_parquet(results, tmp / RESULTS)
-        write_parquet(curves, tmp / CURVES)
+        for name, table in ((RESULTS, results), (CURVES, curves)):
+            with open(tmp / name, "wb") as file:
+                write_parquet(table, file)
         np.savez_compressed(tmp / PE_TABLES, **pe_tables)
         (tmp / TRAINED_WITH).write_text(json.dumps(trained_with, indent=2))
         if save_weights is not None:

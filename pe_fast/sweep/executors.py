@@ -570,7 +570,7 @@ class SlurmExecutor:
                                  f"with --resume to submit it again") from None
             jobs.update(zip(new, submitted))
         recorded.update({str(index): job.job_id for index, job in jobs.items()})
-        run_folder.write_atomic(jobs_file, lambda tmp: Path(tmp).write_text(json.dumps(recorded, indent=1)))
+        run_folder.write_atomic(jobs_file, lambda file: file.write(json.dumps(recorded, indent=1).encode()))
         where = "submitit's local executor" if s.slurm_local else "SLURM"
         print(f"pe_fast sweep: {len(new)} pack jobs submitted to {where}"
               + (f", {resumed} still running from before" if resumed else "") + f"; logs in {folder}",
