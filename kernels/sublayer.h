@@ -115,8 +115,26 @@ struct NormRows {
   }
 };
 
-// Forward: y = (x − mean)·rstd·w + β per row, x = a + b + add; mean and rstd [rows] kept for the backward.
-// x: scratch [width].
+// A row's mean and 1/sqrt(variance + eps) in units of its largest |x|: where |x| passes about 1e19 in float, the sum
+// of squares (or beyond 1e37 the sum) overflows, and 1/sqrt(inf) would make every x̂ zero.
+template <typename T>
+void scaled_moments(const T* __restrict__ x, int D, T eps, T& mu, T& inv) {
+  T largest = T(0);
+  for (int j = 0; j < D; ++j) largest = std::max(largest, std::abs(x[j]));
+  if (!(largest > T(0)) || !std::isfinite(largest)) return;  // NaN or inf in the row: they stay in mu and inv
+  const T unit = T(1) / largest;
+  T sum = T(0);
+  for (int j = 0; j < D; ++j) sum += x[j] * unit;
+  const T m = sum / T(D);
+  T squares = T(0);
+  for (int j = 0; j < D; ++j) squares += (x[j] * unit - m) * (x[j] * unit - m);
+  mu = m * largest;
+  inv = unit / std::sqrt(squares / T(D) + eps * unit * unit);
+}
+
+// Forward: y = (x − mean)·rstd·w + β per row, x = a + b + add; mean and rstd [rows] kept for the backward. x − mean
+// is taken in halves, (x/2 − mean/2)·(2·rstd), the same numbers where it fits and finite where x − mean would pass
+// float's largest value. x: scratch [width].
 template <typename T>
 void residual_layer_norm_forward(const NormRows<T>& n, T eps, T* __restrict__ y, T* __restrict__ mean,
                                  T* __restrict__ rstd, T* __restrict__ x) {
@@ -126,14 +144,16 @@ void residual_layer_norm_forward(const NormRows<T>& n, T eps, T* __restrict__ y,
     T sum = T(0);
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < D; ++j) sum += x[j];
-    const T mu = sum / T(D);
+    T mu = sum / T(D);
     T squares = T(0);
 #pragma omp simd reduction(+ : squares)
     for (int j = 0; j < D; ++j) squares += (x[j] - mu) * (x[j] - mu);
-    const T inv = T(1) / std::sqrt(squares / T(D) + eps);  // the biased variance, as torch's layer_norm
+    T inv = T(1) / std::sqrt(squares / T(D) + eps);  // the biased variance, as torch's layer_norm
+    if (!std::isfinite(squares)) scaled_moments(x, D, eps, mu, inv);
+    const T half_mu = mu * T(0.5), twice_inv = inv * T(2);
     T* yr = y + r * D;
 #pragma omp simd
-    for (int j = 0; j < D; ++j) yr[j] = (x[j] - mu) * inv * n.w[j] + n.beta[j];
+    for (int j = 0; j < D; ++j) yr[j] = (x[j] * T(0.5) - half_mu) * twice_inv * n.w[j] + n.beta[j];
     mean[r] = mu;
     rstd[r] = inv;
   }
@@ -149,12 +169,12 @@ void residual_layer_norm_backward(const NormRows<T>& n, const T* __restrict__ me
   const int D = n.width;
   for (int64_t r = 0; r < n.rows; ++r) {
     n.input(r, x);
-    const T mu = mean[r], inv = rstd[r];
+    const T half_mu = mean[r] * T(0.5), twice_inv = rstd[r] * T(2), inv = rstd[r];
     const T* dyr = dy + r * D;
     T sum_g = T(0), sum_gx = T(0);
 #pragma omp simd reduction(+ : sum_g, sum_gx)
     for (int j = 0; j < D; ++j) {
-      const T xhat = (x[j] - mu) * inv;
+      const T xhat = (x[j] * T(0.5) - half_mu) * twice_inv;  // in halves, as the forward's
       const T g = dyr[j] * n.w[j];
       sum_g += g;
       sum_gx += g * xhat;

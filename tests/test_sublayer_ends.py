@@ -84,6 +84,30 @@ def test_float32_is_float64_rounded():
     assert max(compare(fused, layer_norm_reference, [a, r, g, beta, add])) < 2e-5
 
 
+@pytest.mark.parametrize("scale", [1e19, 1e20, 1e30, 1e37, 1e38])
+def test_float32_layer_norm_of_huge_finite_values_equals_float64(scale):
+    """Rows of |x| beyond about 1e19, whose squares overflow float: the layer norm returned β for all of them, and
+    a zero input gradient (issue 55); torch's own float32 layer norm returns NaN there. Now: float64's numbers,
+    forward and gradients, to float32's rounding relative to each one's largest."""
+    M, B, N, D = 2, 2, 5, 32
+    a, r, add, g, beta = leaves((M, B, N, D), (M, B, N, D), (M, N, D), (M, D), (M, D), dtype=torch.float32)
+    with torch.no_grad():
+        for t in (a, r, add):
+            t.mul_(scale / 3)
+    fused = lambda a, b, w, beta, add: sublayer_ends.residual_layer_norm(a, b, w, beta, add)  # noqa: E731
+    inputs = [a, r, g, beta, add]
+    y = fused(*inputs)
+    seed = torch.Generator().manual_seed(1)
+    dy = torch.randn(y.shape, generator=seed, dtype=torch.float64)
+    grads = torch.autograd.grad(y, inputs, dy.float())
+    exact_inputs = as_float64(inputs)
+    exact = layer_norm_reference(*exact_inputs)
+    exact_grads = torch.autograd.grad(exact, exact_inputs, dy)
+    for got, want in zip([y, *grads], [exact, *exact_grads]):
+        assert torch.isfinite(got).all()
+        assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def test_float32_gelu_and_its_derivative_over_the_whole_range():
     """Both branches of the erf fit, its switch at |x| = 0.9·√2, the far tails where torch's float32 GELU is 0,
     and exp(−x²/2)'s underflow: within 5e-7 absolutely of the exact values (torch's float32: 1.2e-6)."""
