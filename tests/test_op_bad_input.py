@@ -109,6 +109,12 @@ CASES = [
      ValueError, r"probes holds NaN or ±inf"),
     ("rope table with an inf", with_rope_table(1, lambda t: t.index_fill(0, torch.tensor([0]), float("inf"))),
      ValueError, r"rope\[1\] holds NaN or ±inf"),
+    # finite probes near float32's largest: the statistics' sums over rows were inf from the reference, finite from
+    # the C++ kernels; beyond float32 (float64 probes of 1e300) inf from both
+    ("probes near float32's largest", changed("probes", lambda p: p.float().index_fill(0, torch.tensor([0]), 3e38)),
+     ValueError, r"probes hold 3e\+38, beyond ±1e\+30"),
+    ("probes beyond float32", changed("probes", lambda p: p.double().index_fill(0, torch.tensor([0]), 1e300)),
+     ValueError, r"probes hold 1e\+300, beyond ±1e\+30"),
     # the backends index dense memory: these failed deep inside (reshape, bmm, the C++ op's dispatch)
     *[(f"sparse {name}", changed(name, torch.Tensor.to_sparse), TypeError, rf"{name} must be a dense tensor")
       for name in ("x", "w_qkv", "probes")],
@@ -233,15 +239,30 @@ def test_attention_maps_beyond_the_machines_memory_are_a_value_error_naming_x(mo
     """The reference materialises [M,B,H,N,N] maps: 100,000 tokens asked torch's allocator for 80 GB and ended in
     its RuntimeError (a machine with swap would page first). The kernels, which never hold a map, still run."""
     import importlib
-    monkeypatch.setattr(importlib.import_module("pe_fast.ops.pe_attention"), "MACHINE_BYTES", 24 * 2**30)  # this test's machine, whatever runs it
+    monkeypatch.setattr(importlib.import_module("pe_fast.ops.pe_attention"), "available_bytes", lambda: 24 * 2**30)
     x = torch.randn(1, 1, 1, 16).expand(1, 1, 100_000, 16)
     w_qkv = torch.randn(1, 16, 48)
     with pytest.raises(ValueError, match=r"x \[M,B,N,D\] \[1, 1, 100000, 16\]: the reference's attention maps of "
-                                         r"100,000 tokens need about 224 GiB, more than this machine's memory \(24 GiB\)"):
+                                         r"100,000 tokens need about 224 GiB, more than the memory free now \(24 GiB\)"):
         pe_attention(x, None, w_qkv, None, 2, backend="reference")
     if "cpp" in BACKENDS:
         out, _ = pe_attention(x[:, :, :2000], None, w_qkv, None, 2, backend="cpp")
         assert out.shape == (1, 1, 2000, 16)
+
+
+def test_attention_maps_beyond_the_memory_free_now_are_a_value_error_naming_x():
+    """Under an address-space limit (ulimit -v 6 GiB) the reference's 19 GB of maps passed the check against the
+    machine's whole memory and failed in torch's allocator with a traceback: the check takes the memory free now."""
+    import subprocess
+    import sys
+    code = ("import resource, torch; from pe_fast.ops import pe_attention\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, resource.RLIM_INFINITY))\n"
+            "try:\n"
+            "    pe_attention(torch.randn(1, 1, 40000, 2), None, torch.randn(1, 2, 6), None, 1, backend='reference')\n"
+            "except ValueError as error:\n"
+            "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "more than the memory free now (6 GiB)" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_table_found_finite_is_checked_again_once_changed_in_place():

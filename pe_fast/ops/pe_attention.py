@@ -7,8 +7,10 @@ One `torch.library` custom op (schema, fake tensor, autograd, vmap) whose body d
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import os
+import resource
 from typing import NamedTuple
 
 import torch
@@ -66,20 +68,34 @@ def own_dtypes(device: torch.device):
     return contextlib.nullcontext()
 
 
-# The machine's memory: the reference materialises every attention map, and an allocation beyond it fails in
-# torch's allocator with a RuntimeError of its own (or, with swap, pages for minutes first)
+# The memory an allocation may take now: the reference materialises every attention map, and an allocation beyond
+# it fails in torch's allocator with a RuntimeError of its own (or, with swap, pages for minutes first)
 MACHINE_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 REFERENCE_MAPS = 3  # the logits, probabilities and their logarithms, [M,B,H,N,N] each
 
 
+def available_bytes() -> int:
+    """The memory free for a new allocation: Linux's MemAvailable (else the machine's memory), within the process's
+    address-space limit (ulimit -v), where it has one."""
+    available = MACHINE_BYTES
+    try:
+        with open("/proc/meminfo") as meminfo:
+            available = next((int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")),
+                             available)
+    except (OSError, ValueError, IndexError):
+        pass
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return available if limit == resource.RLIM_INFINITY else min(available, limit)
+
+
 def check_reference_fits(i: OpInputs) -> None:
-    """ValueError naming x where the reference's attention maps would not fit in the machine's memory (CPU)."""
+    """ValueError naming x where the reference's attention maps would not fit in the memory free now (CPU)."""
     M, B, N, _ = i.x.shape
     needed = REFERENCE_MAPS * M * B * i.num_heads * N * N * reference.accumulation_dtype(i.x).itemsize
-    if i.x.device.type == "cpu" and needed > MACHINE_BYTES:
+    if i.x.device.type == "cpu" and needed > (free := available_bytes()):
         raise ValueError(f"x [M,B,N,D] {list(i.x.shape)}: the reference's attention maps of {N:,} tokens need about "
-                         f"{needed / 2**30:,.0f} GiB, more than this machine's memory ({MACHINE_BYTES / 2**30:,.0f} "
-                         f"GiB); pass fewer items (B) at a time")
+                         f"{needed / 2**30:,.0f} GiB, more than the memory free now ({free / 2**30:,.0f} GiB); "
+                         f"pass fewer items (B) at a time")
 
 
 def _forward(*args):
@@ -204,6 +220,8 @@ def _(info, in_dims, *args):
 # Every backend computes in these (a kernel that lacks one hands it to the reference); integer or complex
 # tensors would fail deep inside a matmul, or be truncated to the weights' dtype without a word.
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# The largest |probe|: a statistic's sum over B·N rows of p·probe stays within float32 up to 3·10⁸ rows.
+PROBE_LIMIT = 1e30
 # (x's dtype, w_qkv's) where they differ: autocast's mix, x @ W in 16 bits and the PE's path in float32
 # (projection.py). Any other pair would round one side to the other's precision without a word.
 MIXED_PRECISION = ((torch.bfloat16, torch.float32), (torch.float16, torch.float32))
@@ -277,10 +295,17 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
     if bias is not None and not bias.requires_grad and not is_traced(bias) and not bool(torch.isfinite(bias).all()):
         raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such as "
                          "-1e4, whose softmax weight is 0 in float32)")
-    # fixed tables: a NaN in one made every output (RoPE) or a statistic (probes) NaN without a word
+    # fixed tables: a NaN in one made every output (RoPE) or a statistic (probes) NaN without a word; a probe near
+    # float's largest value made the statistics' sums over rows inf (one backend) or not (another)
     for name, table in (("probes", probes), *((f"rope[{i}]", t) for i, t in enumerate(rope or ()))):
-        if table is not None and not table.is_meta and not is_traced(table) and not bool(torch.isfinite(table).all()):
+        if table is None or table.is_meta or is_traced(table) or not table.is_floating_point() or table.numel() == 0:
+            continue
+        largest = float(table.abs().amax())
+        if not math.isfinite(largest):
             raise ValueError(f"{name} holds NaN or ±inf: give finite values")
+        if name == "probes" and largest > PROBE_LIMIT:
+            raise ValueError(f"probes hold {largest:.3g}, beyond ±{PROBE_LIMIT:.0e}: the statistics sum p·probe over "
+                             f"rows in float32; give probes as weights (0/1 masks or similar)")
 
 
 def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,
