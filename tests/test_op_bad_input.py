@@ -243,7 +243,8 @@ def test_attention_maps_beyond_the_machines_memory_are_a_value_error_naming_x(mo
     x = torch.randn(1, 1, 1, 16).expand(1, 1, 100_000, 16)
     w_qkv = torch.randn(1, 16, 48)
     with pytest.raises(ValueError, match=r"x \[M,B,N,D\] \[1, 1, 100000, 16\]: the reference's attention maps of "
-                                         r"100,000 tokens need about 224 GiB, more than the memory free now \(24 GiB\)"):
+                                         r"100,000 tokens need about 224 GiB, more than the memory free now "
+                                         r"\(24 GiB\)"):
         pe_attention(x, None, w_qkv, None, 2, backend="reference")
     if "cpp" in BACKENDS:
         out, _ = pe_attention(x[:, :, :2000], None, w_qkv, None, 2, backend="cpp")
