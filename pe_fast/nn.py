@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
-from pe_fast.ops.sublayer_ends import check_eps, linear_gelu, residual_layer_norm
+from pe_fast.ops.sublayer_ends import autocasting, check_eps, linear_gelu, residual_layer_norm
 
 
 def uniform_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> Tensor:
@@ -70,6 +70,20 @@ def check_generators(generators):
                         f"{generators!r:.60}")
 
 
+def check_layer_input(x, weight: Tensor) -> None:
+    """x [M, ..., width] for a layer whose weight is [M, width, ...]: a tensor of that shape on the weight's device
+    and (outside autocast, which casts) in its dtype, or a ValueError / TypeError naming x."""
+    M, width = weight.shape[:2]
+    if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[0] != M or x.shape[-1] != width:
+        raise ValueError(f"x must be [M, ..., width] = [{M}, ..., {width}], got "
+                         f"{list(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+    if x.device != weight.device:  # a meta x gave a CPU tensor of uninitialised memory
+        raise ValueError(f"x is on {x.device}, the layer's weights on {weight.device}: move one to the other")
+    if x.dtype != weight.dtype and not autocasting(x.device):
+        raise TypeError(f"x is {x.dtype}, the layer's weights {weight.dtype}: give x in their dtype (or run under "
+                        f"torch.autocast)")
+
+
 class StackedLinear(nn.Module):
     """y = x @ W_m + b_m for every model m; x [M, ..., in] -> [M, ..., out]. Initialised like nn.Linear."""
 
@@ -85,10 +99,7 @@ class StackedLinear(nn.Module):
     def forward(self, x: Tensor, *, gelu: bool = False, add_bias: bool = True) -> Tensor:
         """gelu: GELU(x @ W + b), fused on the CPU (pe_fast.ops.sublayer_ends); add_bias=False: x @ W alone, for a
         caller that adds the bias itself (folded into a later fused op)."""
-        M, d_in = self.weight.shape[:2]
-        if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[0] != M or x.shape[-1] != d_in:
-            raise ValueError(f"x must be [M, ..., in] = [{M}, ..., {d_in}], got "
-                             f"{list(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        check_layer_input(x, self.weight)
         if gelu and self.bias is not None and add_bias:
             return linear_gelu(x, self.weight, self.bias)
         shape = x.shape
@@ -113,6 +124,7 @@ class StackedLayerNorm(nn.Module):
     def forward(self, x: Tensor, residual: Tensor | None = None, add: Tensor | None = None) -> Tensor:
         """LN(x)·w + b; with a residual, LN(x + residual + add)·w + b in one fused op on the CPU
         (pe_fast.ops.sublayer_ends; add [M, T, D] repeats over each sequence's T tokens)."""
+        check_layer_input(x, self.weight)
         if residual is not None:
             return residual_layer_norm(x, residual, self.weight, self.bias, add, self.eps)
         y = F.layer_norm(x, x.shape[-1:], eps=self.eps)

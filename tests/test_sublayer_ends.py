@@ -243,9 +243,48 @@ def test_a_layer_s_input_of_another_shape_names_x():
     layer = StackedLinear([torch.Generator().manual_seed(i) for i in range(2)], 4, 3)
     for x in (torch.randn(3, 5, 4), torch.randn(2, 5, 5)):
         for gelu in (False, True):
-            with pytest.raises(ValueError, match=r"x must be \[M, \.\.\., in\] = \[2, \.\.\., 4\]"):
+            with pytest.raises(ValueError, match=r"x must be \[M, \.\.\., width\] = \[2, \.\.\., 4\]"):
                 layer(x, gelu=gelu)
     attention = PEAttention(8, 2, 2)
     for x in (torch.randn(3, 3, 5, 8), torch.randn(2, 3, 5, 6)):
         with pytest.raises(ValueError, match=r"x must be \[M, B, N, D\] = \[2, B, N, 8\] for this layer"):
             attention(x)
+
+
+def test_a_layer_s_input_of_another_model_count_device_or_dtype_names_x():
+    """StackedLayerNorm broadcast model 0's parameters over an x of two models; a meta x through StackedLinear gave
+    a CPU tensor of uninitialised memory; float64 or integer tokens reached torch's RuntimeErrors (issue 55)."""
+    from pe_fast.nn import StackedLayerNorm, StackedLinear
+    norm = StackedLayerNorm(1, 4)
+    for residual in (None, torch.randn(2, 3, 4)):
+        with pytest.raises(ValueError, match=r"x must be \[M, \.\.\., width\] = \[1, \.\.\., 4\]"):
+            norm(torch.randn(2, 3, 4), residual)
+    linear = StackedLinear([torch.Generator()], 3, 4)
+    with pytest.raises(ValueError, match="x is on meta, the layer's weights on cpu"):
+        linear(torch.zeros(1, 2, 3, device="meta"))
+    with pytest.raises(TypeError, match="x is torch.float64, the layer's weights torch.float32"):
+        linear(torch.zeros(1, 2, 3, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's mix of dtypes is its own to reconcile
+        assert linear(torch.zeros(1, 2, 3, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    model = StackedTransformer(ModelConfig(num_tokens=4, token_dim=3, out_dim=2, width=8, depth=1, heads=2,
+                                           mlp_width=8, pe="none"), [1], [None])
+    for tokens in (torch.randn(1, 2, 4, 3, dtype=torch.float64), torch.ones(1, 2, 4, 3, dtype=torch.long)):
+        with pytest.raises(TypeError, match=f"tokens are {tokens.dtype}, the model's weights torch.float32"):
+            model(tokens)
+
+
+def test_the_sublayer_ends_name_mixed_dtypes_and_empty_axes_and_take_empty_batches():
+    """Mixed dtypes reached "expected scalar type Float", a pack of no models "cannot reshape", a 1-D input an
+    IndexError; a batch of no rows reached the C++ kernels' RuntimeError. Now the first three name the argument
+    and the last returns the empty result torch's ops give."""
+    x, w, b = torch.randn(2, 5, 3), torch.randn(2, 3, 4), torch.randn(2, 4)
+    with pytest.raises(TypeError, match="weight is torch.float64 but x is torch.float32"):
+        sublayer_ends.linear_gelu(x, w.double(), b)
+    with pytest.raises(ValueError, match=r"x must be \[M, \.\.\., width\] with M and width at least 1, got "
+                                         r"\[0, 5, 3\]"):
+        sublayer_ends.linear_gelu(x[:0], w[:0], b[:0])
+    with pytest.raises(ValueError, match=r"a must be \[M, \.\.\., width\] with M and width at least 1, got \[3\]"):
+        sublayer_ends.residual_layer_norm(torch.randn(3), torch.randn(3), torch.ones(3, 3), torch.zeros(3, 3))
+    empty = torch.randn(2, 0, 3)
+    assert sublayer_ends.linear_gelu(empty, w, b).shape == (2, 0, 4)
+    assert sublayer_ends.residual_layer_norm(empty, empty, torch.ones(2, 3), torch.zeros(2, 3)).shape == (2, 0, 3)

@@ -266,6 +266,12 @@ class StackedTransformer(nn.Module):
                 c.num_tokens, c.token_dim):
             raise ValueError(f"tokens must be [M, B, N, token_dim] = [{M}, B, {c.num_tokens}, {c.token_dim}], got "
                              f"{list(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        weight = self.embed.weight
+        if tokens.device != weight.device:
+            raise ValueError(f"tokens are on {tokens.device}, the model on {weight.device}: move one to the other")
+        if tokens.dtype != weight.dtype and not sublayer_ends.autocasting(tokens.device):
+            raise TypeError(f"tokens are {tokens.dtype}, the model's weights {weight.dtype}: give tokens in their "
+                            f"dtype (or run under torch.autocast)")
         if output_tokens is not None:
             check_output_tokens(output_tokens, tokens, self.config)
         h = self.embed(tokens)

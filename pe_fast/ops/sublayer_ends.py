@@ -27,9 +27,10 @@ BUILT = extension.MODULE is not None and hasattr(torch.ops.pe_fast_cpp, "residua
 
 
 def fusable(*tensors: Tensor | None) -> bool:
-    """Whether the C++ kernels take these tensors: CPU, one float32/float64 dtype, plain eager, no autocast."""
+    """Whether the C++ kernels take these tensors: CPU, not empty, one float32/float64 dtype, plain eager, no
+    autocast."""
     present = [t for t in tensors if t is not None]
-    return (BUILT and all(t.device.type == "cpu" for t in present)
+    return (BUILT and all(t.device.type == "cpu" and t.numel() > 0 for t in present)
             and len({t.dtype for t in present}) == 1 and present[0].dtype in FUSED_DTYPES
             and not torch.is_autocast_enabled("cpu") and not is_traced(*present))
 
@@ -58,12 +59,28 @@ class _LinearGelu(torch.autograd.Function):
         return dx, dweight, dbias
 
 
-def check_tensors(**tensors):
-    """Each a floating tensor (mixed dtypes run torch's ops), or a TypeError naming it."""
+def autocasting(device: torch.device) -> bool:
+    """Whether torch.autocast casts ops on this device now (then mixed dtypes are its to reconcile)."""
+    return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
+
+
+def check_tensors(*, one_dtype: bool = False, **tensors):
+    """Each a floating tensor with a model axis of at least one model, all on the first one's device and, with
+    one_dtype (what a batched matmul needs; sums promote), outside autocast (which casts them) in its dtype; or a
+    TypeError / ValueError naming the odd one."""
+    first_name, first = None, None
     for name, tensor in tensors.items():
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
             raise TypeError(f"{name} must be a floating tensor, got "
                             f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}")
+        if tensor.dim() < 2 or 0 in (tensor.shape[0], tensor.shape[-1]):
+            raise ValueError(f"{name} must be [M, ..., width] with M and width at least 1, got {list(tensor.shape)}")
+        if first is None:
+            first_name, first = name, tensor
+        elif tensor.device != first.device:
+            raise ValueError(f"{name} is on {tensor.device} but {first_name} on {first.device}: give one device")
+        elif one_dtype and tensor.dtype != first.dtype and not autocasting(first.device):
+            raise TypeError(f"{name} is {tensor.dtype} but {first_name} is {first.dtype}: give one dtype")
 
 
 def check_eps(eps):
@@ -74,7 +91,7 @@ def check_eps(eps):
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """GELU(x @ weight + bias) of a pack: x [M, ..., in], weight [M, in, out], bias [M, out]; exact GELU."""
-    check_tensors(x=x, weight=weight, bias=bias)
+    check_tensors(x=x, weight=weight, bias=bias, one_dtype=True)
     M, width = x.shape[0], x.shape[-1]
     if weight.dim() != 3 or tuple(weight.shape[:2]) != (M, width):
         raise ValueError(f"weight must be [M, in, out] = [{M}, {width}, out] for x {list(x.shape)}, got "
