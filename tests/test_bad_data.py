@@ -95,7 +95,8 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     files["EMPTY_FOLDER"] = str(tmp_path / "empty")
     files["SUPERSCRIPT"] = str(tmp_path / "superscript.csv")  # '³' passes str.isdigit, not int()
     Path(files["SUPERSCRIPT"]).write_text("ID,LST_num,condition,puzzles,solutions\n0,,Binary,12³0500000000000,3\n")
-    for name, make in (("ZERO_LINK", lambda p: p.symlink_to("/dev/zero")), ("PIPE", os.mkfifo)):
+    for name, make in (("ZERO_LINK", lambda p: p.symlink_to("/dev/zero")), ("PIPE", os.mkfifo),
+                       ("FOLDER_NAMED_CSV", Path.mkdir)):
         folder = tmp_path / name.lower()  # a puzzle folder: a good file, then one that never ends
         folder.mkdir()
         (folder / "a.csv").write_text(Path(files["NOT_LATIN"]).read_text().splitlines()[0] + "\n"
@@ -224,6 +225,12 @@ CASES = [
      "--lst-ood {OOD_OF_TRAINING}:0: its puzzle 1 is a training puzzle (puzzle 290 of {TRAIN300})"),
     ("puzzle folder with a pipe", LST + ["--lst-ood", "PIPE"],
      "--lst-ood {PIPE}/b.csv:0: not a regular file (a pipe, device or socket)"),
+    # it said "a pipe, device or socket", sending the user to look for one
+    ("puzzle folder with a folder named b.csv", LST + ["--lst-ood", "FOLDER_NAMED_CSV"],
+     "--lst-ood {FOLDER_NAMED_CSV}/b.csv:0: a folder, not a puzzle CSV file"),
+    # the error named --lst-train, the first flag naming the file
+    ("one file as training and generalisation puzzles", LST + ["--lst-train", "TRAIN300", "--lst-ood", "TRAIN300"],
+     "--lst-ood {TRAIN300}:0: its puzzle 1 is a training puzzle (puzzle 1 of {TRAIN300})"),
     ("h5 of chunks never written", FMRI + ["--data", "UNWRITTEN"],
      "--data {UNWRITTEN} declares 954 MiB once read, from 0.0 MiB on disk"),
     ("h5 with a damaged chunk", FMRI + ["--data", "DAMAGED"],

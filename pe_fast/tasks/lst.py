@@ -102,7 +102,8 @@ class LSTTask:
             if (repeat := first_repeat(both)) is not None:  # each alone has none: an ood puzzle is a pool's
                 raise PuzzleFileError(ood_path, 0, f"its puzzle {repeat[0] - len(pool) + 1} is a training puzzle "
                                                    f"(puzzle {repeat[1] + 1} of {pool.source}): generalisation "
-                                                   f"would be scored on puzzles the models trained on")
+                                                   f"would be scored on puzzles the models trained on",
+                                      setting="lst_ood")
         elif train_path is None and (ood_per_condition, ood_min_distance, seed) == DEFAULT_GENERALISATION:
             ood = default_generalisation_set()  # what the next line would draw, as it drew it once
         else:

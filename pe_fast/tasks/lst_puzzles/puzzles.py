@@ -30,13 +30,15 @@ class PuzzleFileError(ValueError):
     """A puzzle file that cannot be used; the message reads ``"{path}:{line}: {problem}"``.
 
     ``line`` counts physical lines with the header as line 1; line 0 means the file as a whole
-    (missing, unreadable, a folder without CSV files).
+    (missing, unreadable, a folder without CSV files). ``setting``: the task's setting that named the file, where
+    the error knows it (one file may be named by two).
     """
 
-    def __init__(self, path: str | os.PathLike, line: int, problem: str):
+    def __init__(self, path: str | os.PathLike, line: int, problem: str, setting: str | None = None):
         self.path = str(path)
         self.line = line
         self.problem = problem
+        self.setting = setting
         super().__init__(f"{self.path}:{line}: {problem}")
 
 
@@ -160,6 +162,8 @@ def read_puzzles(path: str | os.PathLike) -> Puzzles:
     """Read one puzzle CSV file; raises PuzzleFileError on the first problem found (each row's form first, then
     whether the rows are puzzles with their solutions)."""
     path = Path(path)
+    if path.is_dir():
+        raise PuzzleFileError(path, 0, "a folder, not a puzzle CSV file")
     if not path.is_file():  # a pipe would never end, a link to /dev/zero never stop growing
         raise PuzzleFileError(path, 0, "not a regular file (a pipe, device or socket)" if path.exists()
                               else "no such file")
