@@ -48,7 +48,9 @@ def per_model_values(name: str, value: PerModel, num_models: int) -> list[float]
     if isinstance(value, np.ndarray):
         value = value.tolist() if value.dtype.kind in "fiu" else list(value)  # text or bools: refused below
     not_numbers = (bool, np.bool_, str, bytes)  # float("111") and float(True) would take them as numbers
-    if isinstance(value, not_numbers) or (not isinstance(value, numbers.Real) and any(
+    # a dict gave its keys, a set its items in no order
+    if isinstance(value, not_numbers) or not isinstance(value, (numbers.Real, Sequence)) or (not isinstance(
+            value, numbers.Real) and any(
             isinstance(v, not_numbers) for v in (value if isinstance(value, Sequence) else ()))):
         raise TypeError(f"{name} takes one number, or one number per model; got {value!r:.60}")
     if isinstance(value, numbers.Real):
@@ -76,6 +78,35 @@ def along_model_axis(vector: Tensor, tensors: list[Tensor]) -> list[Tensor]:
     return [views[t.dim()] for t in tensors]
 
 
+def check_betas_and_eps(betas, eps) -> None:
+    """Adam's betas, two numbers in [0, 1), and its eps, a finite number ≥ 0; or a TypeError / ValueError."""
+    if not isinstance(betas, Sequence) or not all(isinstance(beta, numbers.Real)
+                                                  and not isinstance(beta, (bool, np.bool_)) for beta in betas):
+        raise TypeError(f"betas must be two numbers, got {betas!r:.60}")
+    if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1); got {betas}")
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    if not 0.0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite number ≥ 0; got {eps}")
+
+
+def check_group_numbers(group: dict, kind: str, num_models: int) -> None:
+    """A parameter group's numbers, however they came (the constructor, add_param_group, a state dict loaded):
+    M values of each per-model number, momentum SGD's and below 1, betas and eps; each replaced by its checked
+    list. A TypeError / ValueError naming the number otherwise."""
+    for name in PER_MODEL:
+        group[name] = per_model_values(name.removeprefix("model_"), group[name], num_models)
+    if kind != "sgd" and any(group["model_momentum"]):
+        raise ValueError(f"momentum is SGD's; {kind} takes its momentum from betas[0]")
+    if any(v >= 1 for v in group["model_momentum"]):
+        raise ValueError(f"momentum must be below 1; got {group['model_momentum']}")
+    check_betas_and_eps(group["betas"], group["eps"])
+    factor = group.get("lr", 1.0)  # the schedule's factor on every model's rate
+    if not (isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 <= factor < math.inf):
+        raise ValueError(f"lr (the schedule's factor) must be a finite number ≥ 0; got {factor!r:.40}")
+
+
 class StackedOptimizer(torch.optim.Optimizer):
     """Adam, AdamW or SGD over stacked parameters [M, ...], with lr, weight_decay and momentum per model.
 
@@ -91,15 +122,6 @@ class StackedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"unknown optimizer kind {kind!r}; choose from {', '.join(KINDS)}")
         if isinstance(betas, (np.ndarray, Tensor)):
             betas = tuple(betas.tolist())
-        if not isinstance(betas, Sequence) or not all(isinstance(beta, numbers.Real)
-                                                      and not isinstance(beta, (bool, np.bool_)) for beta in betas):
-            raise TypeError(f"betas must be two numbers, got {betas!r:.60}")
-        if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
-            raise ValueError(f"betas must be two numbers in [0, 1); got {betas}")
-        if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-            raise TypeError(f"eps must be a number, got {type(eps).__name__}")
-        if not 0.0 <= eps < math.inf:
-            raise ValueError(f"eps must be a finite number ≥ 0; got {eps}")
         self.kind = kind
         # The device copies of the per-model values, made once: {(name, values, device): float64 [M]}
         self._on_device: dict[tuple, Tensor] = {}
@@ -119,14 +141,12 @@ class StackedOptimizer(torch.optim.Optimizer):
         if len(leading) > 1 or not all(isinstance(size, int) for size in leading):
             raise ValueError(f"every parameter needs the model axis first, [M, ...], with the same M; got leading "
                              f"sizes {sorted(leading, key=str)}")
+        if (odd := next((p for p in params if not p.is_floating_point()), None)) is not None:  # never moved
+            raise TypeError(f"every parameter must be a floating tensor; got one of {odd.dtype}")
         num_models = leading.pop() if leading else 0
-        for name in PER_MODEL:
-            value = param_group.get(name, self.defaults[name])
-            param_group[name] = per_model_values(name.removeprefix("model_"), value, num_models)
-        if self.kind != "sgd" and any(param_group["model_momentum"]):
-            raise ValueError(f"momentum is SGD's; {self.kind} takes its momentum from betas[0]")
-        if any(v >= 1 for v in param_group["model_momentum"]):
-            raise ValueError(f"momentum must be below 1; got {param_group['model_momentum']}")
+        for name in (*PER_MODEL, "betas", "eps"):
+            param_group.setdefault(name, self.defaults[name])
+        check_group_numbers(param_group, self.kind, num_models)
         super().add_param_group(param_group)
 
     def current_lrs(self) -> list[float]:
@@ -142,9 +162,13 @@ class StackedOptimizer(torch.optim.Optimizer):
             if saved.get("kind") != self.kind or not all(name in saved for name in PER_MODEL):
                 raise ValueError(f"this optimizer state is not a {self.kind} StackedOptimizer's (kind "
                                  f"{saved.get('kind')!r}); build the optimizer that wrote it")
-            if len(saved["model_lr"]) != len(group["model_lr"]):
-                raise ValueError(f"this optimizer state is for {len(saved['model_lr'])} models; this pack has "
+            if not isinstance(saved["model_lr"], Sequence) or len(saved["model_lr"]) != len(group["model_lr"]):
+                raise ValueError(f"this optimizer state is for {len(saved['model_lr'])!r:.20} models; this pack has "
                                  f"{len(group['model_lr'])}")
+            try:  # the constructor's rules, on a copy: nothing changes before every group passes
+                check_group_numbers({**saved}, self.kind, len(group["model_lr"]))
+            except (TypeError, ValueError, KeyError) as error:
+                raise ValueError(f"this optimizer state holds numbers no StackedOptimizer takes: {error}") from None
         super().load_state_dict(state_dict)
         # torch casts a parameter's state to the parameter's dtype: the powers go back to float64, as saved
         params = [p for group in self.param_groups for p in group["params"]]

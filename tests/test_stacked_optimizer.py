@@ -237,3 +237,33 @@ def test_numpy_bools_and_text_are_refused_too(arguments, why):
     optimizer = StackedOptimizer([torch.randn(2, 3, requires_grad=True)], "adamw", lr=np.array([1e-3, 2e-3]),
                                  betas=np.array([0.9, 0.99]))
     assert optimizer.param_groups[0]["model_lr"] == [1e-3, 2e-3] and optimizer.param_groups[0]["betas"] == (0.9, 0.99)
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda group: group.update(model_lr=[float("nan")] * M), "lr must be a finite number ≥ 0; model 0 has nan"),
+    (lambda group: group.update(betas=(2.0, 0.5)), r"betas must be two numbers in \[0, 1\)"),
+    (lambda group: group.update(eps=-1.0), "eps must be a finite number ≥ 0"),
+    (lambda group: group.update(lr=float("inf")), "lr \\(the schedule's factor\\) must be a finite number"),
+])
+def test_a_state_loaded_is_held_to_the_constructor_s_rules(change, why):
+    """load_state_dict took a NaN rate and betas of 2.0, which the constructor refuses, and trained with them
+    (issue 55): a state's numbers pass the same checks, before anything changes."""
+    optimizer = StackedOptimizer([w.requires_grad_() for w in initial_weights()], "adam", lr=1e-3)
+    state = optimizer.state_dict()
+    change(state["param_groups"][0])
+    with pytest.raises(ValueError, match=why):
+        optimizer.load_state_dict(state)
+    group = optimizer.param_groups[0]
+    assert group["model_lr"] == [1e-3] * M and group["betas"] == (0.9, 0.999) and group["lr"] == 1.0
+
+
+@pytest.mark.parametrize("params, lr, error, why", [
+    ([torch.ones(2, 3, dtype=torch.long)], 0.5, TypeError, "every parameter must be a floating tensor"),
+    ([torch.zeros(2, 3, requires_grad=True)], {0.5: "a", 0.25: "b"}, TypeError, "lr takes one number"),
+    ([torch.zeros(2, 3, requires_grad=True)], {0.5, 0.25}, TypeError, "lr takes one number"),
+])
+def test_integer_parameters_and_rates_in_a_dict_or_set_are_refused(params, lr, error, why):
+    """An integer parameter was taken and never updated; a dict's keys or a set's items in no order became the
+    per-model rates."""
+    with pytest.raises(error, match=why):
+        StackedOptimizer(params, "sgd", lr=lr)
