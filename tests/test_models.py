@@ -124,7 +124,7 @@ def test_a_model_configuration_names_its_bad_field(change, error, why):
 @pytest.mark.parametrize("seeds, sigmas, why", [
     ([], [], "at least one model"),
     ([1.5], [0.1], "seeds: 1.5 is not a whole number"),  # int() took it as seed 1's model
-    ([0], [float("nan")], "sigmas: nan is not a positive finite"),  # accepted: every output NaN
+    ([0], [float("nan")], r"sigmas: nan is not a σ in \[1e-15, 1e\+06\]"),  # accepted: every output NaN
 ])
 def test_a_pack_names_its_bad_seeds_and_sigmas(seeds, sigmas, why):
     with pytest.raises(ValueError, match=why):
@@ -161,7 +161,18 @@ def test_seeds_and_sigmas_as_arrays_or_tensors_are_the_same_models():
 @pytest.mark.parametrize("arguments, error, why", [
     (dict(seeds=None, sigmas=[1.0]), TypeError, "seeds must be a sequence"),
     (dict(seeds=3, sigmas=[1.0]), TypeError, "seeds must be a sequence"),
-    (dict(seeds=[0], sigmas=[1.0], init_gammas=[float("nan")]), ValueError, "init_gammas: one finite"),  # NaN weights
+    (dict(seeds=[0], sigmas=[1.0], init_gammas=[float("nan")]), ValueError, r"init_gammas: one γ in \[0, 4\]"),
+    # the sweep's ranges, which the model did not hold (issue 55): an inf PE table, an all-zero one, all-zero weights,
+    # an OverflowError
+    (dict(seeds=[0], sigmas=[1e39]), ValueError, r"sigmas: 1e\+39 is not a σ in \[1e-15, 1e\+06\]"),
+    (dict(seeds=[0], sigmas=[1e-50]), ValueError, r"sigmas: 1e-50 is not a σ in \[1e-15, 1e\+06\]"),
+    (dict(seeds=[0], sigmas=[1.0], init_gammas=[1e6]), ValueError, r"init_gammas: one γ in \[0, 4\]"),
+    (dict(seeds=[0], sigmas=[1.0], init_gammas=[-1e3]), ValueError, r"init_gammas: one γ in \[0, 4\]"),
+    # NaN coordinates made every output NaN; a row count of another task's failed at the first forward
+    (dict(seeds=[0], sigmas=[1.0], coordinates=np.full((4, 2), np.nan)), ValueError, "coordinates hold NaN"),
+    (dict(seeds=[0], sigmas=[1.0], coordinates=np.zeros((5, 2))), ValueError,
+     r"coordinates must be \[num_tokens, k\] = \[4, k ≥ 1\], got \[5, 2\]"),
+    (dict(seeds=[0], sigmas=[1.0], coordinates=np.zeros((4, 0))), ValueError, "coordinates must be"),
 ])
 def test_a_pack_names_its_bad_sequences(arguments, error, why):
     with pytest.raises(error, match=why):

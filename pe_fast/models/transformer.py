@@ -50,6 +50,11 @@ def compute_path_problem(path: str, device_type: str) -> str | None:
 SIZES = ("num_tokens", "token_dim", "out_dim", "width", "depth", "heads", "mlp_width")  # each a whole number ≥ 1
 
 
+MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
+MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
+MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     num_tokens: int
@@ -80,8 +85,9 @@ class ModelConfig:
             raise ValueError(f"pe_at must be 'every' or 'input', got {self.pe_at!r}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} is not divisible by heads {self.heads}")
-        if not 0 <= self.pe_dropout < 1:
-            raise ValueError(f"pe_dropout must lie in [0, 1), got {self.pe_dropout}")
+        if not (isinstance(self.pe_dropout, numbers.Real) and not isinstance(self.pe_dropout, bool)
+                and 0 <= self.pe_dropout < 1):
+            raise ValueError(f"pe_dropout must be a number in [0, 1), got {self.pe_dropout!r:.40}")
         if self.pe_dropout and self.pe not in ADDITIVE_PES:
             raise ValueError(f"pe_dropout applies to the PEs added to x ({', '.join(ADDITIVE_PES)}), "
                              f"not to {self.pe!r}")
@@ -169,6 +175,19 @@ def check_output_tokens(rows, tokens: Tensor, config: ModelConfig):
         raise ValueError(f"output_tokens holds an index outside the {N} tokens (0 to {N - 1})")
 
 
+def check_coordinates(coordinates, num_tokens: int) -> None:
+    """The tokens' coordinates [num_tokens, k ≥ 1], finite real numbers, or a ValueError naming them (NaN ones made
+    every output NaN; a wrong row count failed at the first forward, naming the PE)."""
+    try:
+        values = np.asarray(coordinates, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"coordinates must be an array of numbers [num_tokens, k], got {coordinates!r:.40}") from None
+    if values.ndim != 2 or values.shape[0] != num_tokens or values.shape[1] < 1:
+        raise ValueError(f"coordinates must be [num_tokens, k] = [{num_tokens}, k ≥ 1], got {list(values.shape)}")
+    if not np.isfinite(values).all():
+        raise ValueError("coordinates hold NaN or ±inf: give each token's finite position")
+
+
 def as_items(name: str, values) -> list:
     """A sequence argument as a list of Python or NumPy numbers (a tensor's as Python numbers), or TypeError."""
     if isinstance(values, Tensor):
@@ -207,10 +226,10 @@ class StackedTransformer(nn.Module):
         for seed in seeds:
             if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) or not 0 <= seed < 2**63:
                 raise ValueError(f"seeds: {seed!r} is not a whole number from 0 to 2**63 - 1")
-        for sigma in sigmas:
+        for sigma in sigmas:  # beyond, the PE table is inf, or 0 and without geometry
             if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, (bool, np.bool_))
-                                          and 0 < sigma < math.inf):
-                raise ValueError(f"sigmas: {sigma!r} is not a positive finite σ (or None)")
+                                          and MIN_SIGMA <= sigma <= MAX_SIGMA):
+                raise ValueError(f"sigmas: {sigma!r} is not a σ in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (or None)")
         self.config, self.seeds = config, list(seeds)
         self.sigmas = [None if s is None else float(s) for s in sigmas]
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -219,12 +238,16 @@ class StackedTransformer(nn.Module):
         self.head = StackedLinear(generators, config.width, config.out_dim)
         if init_gammas is not None:
             init_gammas = as_items("init_gammas", init_gammas)
+            # beyond, fan_in^-γ overflows (γ = -1000) or its weights are all 0 (γ = 1e6)
             if len(init_gammas) != len(seeds) or not all(
                     gamma is None or (isinstance(gamma, numbers.Real) and not isinstance(gamma, (bool, np.bool_))
-                                      and math.isfinite(gamma)) for gamma in init_gammas):
-                raise ValueError(f"init_gammas: one finite γ (or None) per model, got {init_gammas!r:.60}")
+                                      and 0 <= gamma <= MAX_INIT_GAMMA) for gamma in init_gammas):
+                raise ValueError(f"init_gammas: one γ in [0, {MAX_INIT_GAMMA:g}] (or None) per model, got "
+                                 f"{init_gammas!r:.60}")
             for weight, drawn_std in self.gamma_scaled_weights():
                 scale_to_fan_in_power(weight, drawn_std, init_gammas)
+        if coordinates is not None:
+            check_coordinates(coordinates, config.num_tokens)
         M, head_dim = len(seeds), config.width // config.heads
         pe_blocks = config.depth if config.pe_at == "every" else 1
         self.absolute = self.rotary = self.relative = None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pe_fast.models import PE_KINDS
+from pe_fast.models.transformer import MAX_INIT_GAMMA, MAX_SIGMA, MIN_SIGMA
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.precision import PRECISIONS
 from pe_fast.program_exit import CONTROL_CHARACTER, brief
@@ -32,14 +33,11 @@ MAX_SLURM_MINUTES = 365 * 24 * 60  # per job: SLURM clusters cap jobs at days, n
 MAX_WIDTH = 2**16
 MAX_MLP_WIDTH = 4 * MAX_WIDTH  # the default MLP width of the widest model
 MAX_DEPTH = 1000
-MAX_SIGMA = 1e6       # σ·N(0,1) stays far inside float32, and its square too
 # the tangent kernel's probe items: each costs a forward and 4 backwards per evaluation, and 4 gradients' memory
 MAX_NTK_ITEMS = 256
-MAX_INIT_GAMMA = 4.0  # std fan_in^-4: past the phase diagram of Zhang et al. (γ ≤ 1.5), still a float32 normal
 # float32's smallest normal number: the optimizers step in float32, where a smaller rate is 0 (a run that trains
 # nothing, silently)
 MIN_LR = float(np.finfo(np.float32).tiny)
-MIN_SIGMA = 1e-15     # σ² well above float32's smallest normal number: the PE's geometry stays measurable
 # the largest finite float32: a sweep computes in float32 at most, and every float setting is stored (results.parquet's
 # columns, the models' numbers) as float32, where a larger value is infinite
 FLOAT32_MAX = float(np.finfo(np.float32).max)
