@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import numbers
 from collections.abc import Sequence
 
