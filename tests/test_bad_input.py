@@ -1490,13 +1490,13 @@ def test_a_task_source_elsewhere_still_resumes(half_finished_lst_of_a_file):
 
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):
     """The checkpoint is written as every other file is, so a full disk there is the same one line."""
-    write_bytes = Path.write_bytes
+    write_atomic = run_folder.write_atomic
 
-    def full_for_checkpoints(path, data):
-        if ".checkpoint.pt" in path.name:
+    def full_for_checkpoints(path, write, under=None):
+        def disk_full(file):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return write_bytes(path, data)
-    monkeypatch.setattr(Path, "write_bytes", full_for_checkpoints)
+        return write_atomic(path, disk_full if ".checkpoint.pt" in path.name else write, under)
+    monkeypatch.setattr(run_folder, "write_atomic", full_for_checkpoints)
     threads = torch.get_num_threads()
     try:
         code = sweep_main([*NETSIM, "--checkpoint-every", "2", "--out", str(tmp_path / "run")])
@@ -1852,6 +1852,13 @@ def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     ({"fc": np.eye(4, dtype=complex)}, "entry fc is a complex128 array"),
     # gradients[:, 0] after 8 figures (IndexError)
     ({"fc": np.eye(4), "gradients": np.zeros((4, 0))}, "entry gradients of shape"),
+    # the rules a regions table's centroids follow (every region on one point passed here), a gradient that is no
+    # axis (numpy's warnings, then NaN), values whose squares overflow in the figures (issue 55)
+    ({"fc": np.eye(4), "centroids": np.zeros((4, 3))}, "its centroids put over half the pairs of regions on one"),
+    ({"fc": np.eye(4), "centroids": np.eye(4, 3) * 1e9}, "its centroids hold values beyond ±1,000,000"),
+    ({"fc": np.eye(4), "gradients": np.ones((4, 2))}, "entry gradients holds a column that is the same for every"),
+    ({"fc": np.eye(4), "gradients": np.arange(8.0).reshape(4, 2) * 1e300}, "entry gradients holds values beyond "
+                                                                            "float32's range"),
 ])
 def test_a_ground_truth_of_the_wrong_shape_is_one_line_before_any_figure(truth, must_name, tmp_path, capsys):
     """ground_truth.npz indexed by token in the figures: a wrong shape was a 22-line IndexError after figures/ had
@@ -2090,7 +2097,7 @@ def test_a_report_it_cannot_write_is_one_line(tmp_path, capsys, monkeypatch):
     one line naming the file, exit 2, no traceback."""
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
 
-    def read_only(path, write):
+    def read_only(path, write, under=None):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
     monkeypatch.setattr(run_folder, "write_atomic", read_only)
     assert_one_line(capsys, report_main([str(folder)]), f"{folder}/figures/")

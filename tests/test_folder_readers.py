@@ -106,11 +106,29 @@ def top_level_score_edited(folder):
 
 
 def pe_table_scaled(folder):
-    path = folder / run_folder.PE_TABLES
+    """Model 0's table in its pack's pe_tables.npz (the top level's is compared with it)."""
+    path = folder / "packs" / "0" / run_folder.PE_TABLES
     with np.load(path) as stored:
         tables = {key: stored[key] for key in stored.files}
     tables["model_0"] = tables["model_0"] * 100
     np.savez_compressed(path, **tables)
+
+
+def top_level_pe_table_edited(folder):
+    path = folder / run_folder.PE_TABLES
+    with np.load(path) as stored:
+        tables = {key: stored[key] for key in stored.files}
+    np.savez_compressed(path, **{**tables, "model_0": tables["model_0"] * 100})
+    run_folder.write_digests(folder)
+
+
+def pe_tables_below_float32(folder):
+    for path in (folder / run_folder.PE_TABLES, folder / "packs" / "0" / run_folder.PE_TABLES):
+        with np.load(path) as stored:
+            tables = {key: stored[key] for key in stored.files}
+        tables["model_0"] = tables["model_0"].astype(np.float64) * 1e-310  # beside 0 in float32
+        np.savez_compressed(path, **tables)
+        run_folder.write_digests(path.parent)
 
 
 def weights_scaled_keeping_their_header(folder):
@@ -201,6 +219,11 @@ TAMPERS = {
     # the record of the digests rewritten (it is no signature) over a score edited at the top level only: the packs
     "a top-level score edited, its record rewritten": (top_level_score_edited,
                                                         "results.parquet: its test_acc is not its packs'"),
+    # the report drew the edited top-level table (issue 55); numbers no float32 holds made the metrics 0 / 0
+    "a top-level PE table edited, its record rewritten": (top_level_pe_table_edited,
+                                                          "pe_tables.npz: its model_0 differs from"),
+    "a PE table below float32's smallest, its record rewritten": (pe_tables_below_float32,
+                                                                  "holds numbers beyond any float32 a sweep computes"),
     # the results edited alone: they are each model's last evaluation in the curves (their digests rewritten)
     "a result edited alone": (lambda f: (pd.read_parquet(f / run_folder.RESULTS).assign(test_acc=0.99).to_parquet(
         f / run_folder.RESULTS), run_folder.write_digests(f)), "results.parquet gives model 0 test_acc 0.99, its last "
@@ -211,7 +234,7 @@ TAMPERS = {
     # a number edited passes every check of its kind: the folder's record of its files tells
     "a score edited in results.parquet": (lambda f: rewrite_tables(f, score_edited),
                                           "results.parquet has changed since it was written"),
-    "a PE table scaled": (pe_table_scaled, "pe_tables.npz has changed since it was written"),
+    "a PE table scaled": (pe_table_scaled, "pe_tables.npz: its model_0 differs from"),
     "weights scaled, their header kept": (weights_scaled_keeping_their_header,
                                           "weights.safetensors has changed since it was written"),
     "the record naming a file outside": (lambda f: (f / run_folder.DIGESTS).write_text('{"../x": "' + "0" * 64 + '"}'),

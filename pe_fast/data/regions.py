@@ -114,6 +114,26 @@ class RegionData:
                 f"{len(set(self.subjects))} subjects, {self.n_timepoints} time points, {k}, {c}; {self.source}")
 
 
+MAX_COORDINATE_MM = 1e6  # a kilometre: far beyond any brain, in any unit a table would use
+MIN_COORDINATE_SPAN_MM = 1e-6  # a nanometre: far below any brain's regions, in any unit a table would use
+
+
+def centroids_problem(centroids: np.ndarray, coinciding: bool = True) -> str | None:
+    """What keeps centroids [N, 3] from being the regions' places, whatever their source (a regions table, a
+    results folder's ground truth), or None; coinciding=False leaves out whether they coincide (the caller names
+    the regions that do)."""
+    if not np.isfinite(centroids).all():
+        return "hold NaN or Inf"
+    if np.abs(centroids).max() > MAX_COORDINATE_MM:  # squared distances would overflow to inf
+        return f"hold values beyond ±{MAX_COORDINATE_MM:,.0f}"
+    span = float(np.ptp(centroids, axis=0).max()) if len(centroids) else 0.0
+    if 0 < span < MIN_COORDINATE_SPAN_MM:  # squared distances would underflow to 0, as if the regions coincided
+        return f"span only {span:.3g}"
+    if coinciding and len(centroids) > 1 and median_centroid_distance(centroids) == 0:
+        return "put over half the pairs of regions on one point (their median distance, the 3D measures' scale, is 0)"
+    return None
+
+
 def median_centroid_distance(centroids: np.ndarray) -> float:
     """The median distance between two regions' centroids: the length scale of the 3D measures (the near_3d
     attention probe). It is 0 when more than half the pairs of regions share a point, which leaves those

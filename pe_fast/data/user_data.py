@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from pe_fast.data.declared_size import elements_read_bytes, inflation, npz_member_read_bytes, stored_bytes
-from pe_fast.data.regions import DataError, RegionData, correlation_fc, median_centroid_distance
+from pe_fast.data.regions import DataError, RegionData, centroids_problem, correlation_fc, median_centroid_distance
 from pe_fast.number_text import check_ascii_number
 
 PathLike = str | os.PathLike
@@ -497,10 +497,6 @@ def _check_runs(runs: list, subjects: list[str], run_names: list[str], where):
                             f"({flat.size} constant regions): drop those regions or that run")
 
 
-MAX_COORDINATE_MM = 1e6  # a kilometre: far beyond any brain, in any unit a table would use
-MIN_COORDINATE_SPAN_MM = 1e-6  # a nanometre: far below any brain's regions, in any unit a table would use
-
-
 def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
     try:
         # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark, which would hide the first column's name
@@ -558,14 +554,8 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         if bad is not None:
             raise DataError(f"{p}: region {bad!r} has a non-numeric x, y or z: give coordinates in mm")
         centroids = np.array([[float(r[c]) for c in "xyz"] for r in rows])
-        if not np.isfinite(centroids).all():
-            raise DataError(f"{p}: the x, y, z columns hold NaN or Inf: give finite coordinates in mm")
-        if np.abs(centroids).max() > MAX_COORDINATE_MM:  # squared distances would overflow to inf
-            raise DataError(f"{p}: the x, y, z columns hold values beyond ±{MAX_COORDINATE_MM:,.0f}: give "
-                            f"coordinates in mm")
-        span = float(np.ptp(centroids, axis=0).max())
-        if 0 < span < MIN_COORDINATE_SPAN_MM:  # squared distances would underflow to 0, as if the regions coincided
-            raise DataError(f"{p}: the x, y, z columns span only {span:.3g}: give coordinates in mm")
+        if (problem := centroids_problem(centroids, coinciding=False)) is not None:  # coinciding: named below
+            raise DataError(f"{p}: the x, y, z columns {problem}: give coordinates in mm")
     networks, network_names = None, None
     if "network" in columns:
         values = [unicodedata.normalize("NFC", r["network"]) for r in rows]  # one "é", however it was typed

@@ -103,32 +103,36 @@ def fc_gradients(fc: np.ndarray, n_components: int = GRADIENTS) -> np.ndarray:
         return diffusion_gradients(fc, n_components, kernel="normalized_angle")
 
 
-def _centred_svd(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _centred_svd(table: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(u, s, scale) of the token-centred table: s in units of scale, its largest |entry|, so that the squares of
+    the spectrum neither underflow (a table near 1e-310: 0 / 0) nor overflow."""
     table = np.asarray(table, dtype=np.float64)
     if table.ndim != 2 or not np.isfinite(table).all():
         raise ValueError(f"a PE table must be a finite [N, D] array, got shape {table.shape}")
-    u, s, _ = np.linalg.svd(table - table.mean(axis=0), full_matrices=False)
-    if s[0] == 0:
+    centred = table - table.mean(axis=0)
+    scale = float(np.abs(centred).max()) if centred.size else 0.0
+    if scale == 0:
         raise ValueError("the PE table is the same vector for every token: it has no principal components")
-    return u, s
+    u, s, _ = np.linalg.svd(centred / scale, full_matrices=False)
+    return u, s, scale
 
 
 def pe_principal_components(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """PC scores [N, k] of the token-centred table and each PC's share of its variance [k].
     Sign: each score column's largest-|value| entry is positive."""
-    u, s = _centred_svd(table)
-    return _positive_peak(u[:, :k] * s[:k]), s[:k] ** 2 / np.sum(s ** 2)
+    u, s, scale = _centred_svd(table)
+    return _positive_peak(u[:, :k] * (s[:k] * scale)), s[:k] ** 2 / np.sum(s ** 2)
 
 
 def effective_rank(table: np.ndarray) -> float:
     """(Σs)² / Σs² of the token-centred table's singular values: 1 for rank 1, k for k equal ones."""
-    _, s = _centred_svd(table)
+    _, s, _ = _centred_svd(table)
     return float(s.sum() ** 2 / np.sum(s ** 2))
 
 
 def pc1_share(table: np.ndarray) -> float:
     """s₁² / Σs²: the first principal component's share of the token-centred table's variance."""
-    _, s = _centred_svd(table)
+    _, s, _ = _centred_svd(table)
     return float(s[0] ** 2 / np.sum(s ** 2))
 
 
@@ -151,7 +155,7 @@ def gradient_alignment(table: np.ndarray, gradients: np.ndarray, n_pcs: int = 5)
     """For each gradient column, (best |Pearson r| with any of the PE's first n_pcs PC scores, that PC's
     0-based index). PCs with no variance (beyond the table's rank) are left out."""
     gradients = np.asarray(gradients, dtype=np.float64).reshape(len(gradients), -1)
-    u, s = _centred_svd(table)
+    u, s, _ = _centred_svd(table)
     n_pcs = min(n_pcs, int(np.sum(s > s[0] * 1e-10)))
     r = _abs_correlations(gradients, u[:, :n_pcs])
     return [(float(row.max()), int(row.argmax())) for row in r]
@@ -164,7 +168,7 @@ def grid_axis_alignment(table: np.ndarray, rows: np.ndarray, cols: np.ndarray) -
     so PC1 and PC2 may be any rotation within their plane; R² measures the plane and ignores the rotation.
     The two PCs are uncorrelated, so R² = r(PC1, axis)² + r(PC2, axis)². Random tables give about 2/N.
     """
-    u, s = _centred_svd(table)
+    u, s, _ = _centred_svd(table)
     k = min(2, int(np.sum(s > s[0] * 1e-10)))
     r = _abs_correlations(np.column_stack([rows, cols]).astype(np.float64), u[:, :k])
     return float(np.sum(r[0] ** 2)), float(np.sum(r[1] ** 2))

@@ -315,6 +315,9 @@ def gradient_figure(results: pd.DataFrame, pe_tables: dict, ground_truth: Path, 
     if models.empty:
         return "no pe_tables.npz entry for a learned PE model."
     chosen = models.sort_values(["sigma", "model_id"]).groupby("sigma", sort=True).head(1)
+    for model in chosen.itertuples():  # no principal axis to show
+        if np.ptp(pe_tables[run_folder.pe_table_key(model.model_id)][0], axis=0).max() == 0:
+            return f"the block-0 PE of model {model.model_id} (σ={model.sigma:g}) is the same vector for every token."
     fig, axes = panel_grid(len(chosen), width=3.6, height=3.4)
     for ax, model in zip(axes, chosen.itertuples()):
         table = pe_tables[run_folder.pe_table_key(model.model_id)][0]

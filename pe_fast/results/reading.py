@@ -17,6 +17,7 @@ import torch
 
 from pe_fast import memory
 from pe_fast.data import declared_size
+from pe_fast.data.regions import centroids_problem
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
@@ -484,6 +485,8 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         raise ReportError(f"{path} is not a readable .npz file ({type(error).__name__})")
 
 
+FLOAT32_SMALLEST = float(np.finfo(np.float32).smallest_subnormal)
+
 # pe_tables.npz's entries (keys: run_folder.py): a model's PE tables [N, D] or [L, N, D], its mean attention maps
 # [L, N, N]
 def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
@@ -510,8 +513,11 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
         table = table.astype(native if square else np.float64, copy=False)
         tables[key] = table = table[None] if table.ndim == 2 else table
         finite = table[np.isfinite(table)]
-        # a sweep writes float32, and attention maps are probabilities: anything else was not trained
-        if (np.abs(finite) > FLOAT32_MAX).any() or (square and ((finite < 0) | (finite > 1 + 1e-3)).any()):
+        # a sweep writes float32, and attention maps are probabilities: anything else was not trained (a value
+        # below float32's smallest, not 0, made the metrics' norms 0 / 0)
+        magnitude = np.abs(finite)
+        if (magnitude > FLOAT32_MAX).any() or ((magnitude > 0) & (magnitude < FLOAT32_SMALLEST)).any() or (
+                square and ((finite < 0) | (finite > 1 + 1e-3)).any()):
             raise ReportError(f"{path}: entry {key} holds numbers beyond any "
                               f"{'probability' if square else 'float32'} a sweep computes; not a pe_fast results "
                               f"folder")
@@ -549,6 +555,17 @@ def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np
                               f"{shape} of real numbers over the {tokens} tokens; not a pe_fast results folder")
         if real and not np.isfinite(array).all():  # the task's data were checked finite before the sweep wrote it
             raise ReportError(f"{path}: entry {name} holds NaN or inf; not a pe_fast results folder")
+        # beyond float32, squares and products in the figures' correlations overflow
+        if real and array.size and np.abs(array).max() > FLOAT32_MAX:
+            raise ReportError(f"{path}: entry {name} holds values beyond float32's range; not a pe_fast results "
+                              f"folder")
+        if name == "centroids" and (problem := centroids_problem(array.astype(np.float64))) is not None:
+            raise ReportError(f"{path}: its centroids {problem}, which no task's regions do; not a pe_fast results "
+                              f"folder")
+        # a connectivity gradient is an axis across the regions: a constant one correlates with nothing (NaN)
+        if name == "gradients" and array.size and (np.ptp(array, axis=0) == 0).any():
+            raise ReportError(f"{path}: entry gradients holds a column that is the same for every region, not a "
+                              f"gradient; not a pe_fast results folder")
         # the figures and alignments read each gradient column as an axis across the regions
         if name == "gradients" and array.shape[1] == 0:
             raise ReportError(f"{path}: entry gradients of shape {list(array.shape)} holds no gradient; not a "
@@ -741,7 +758,7 @@ def _read_run(directory: Path) -> Run:
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     if top[run_folder.RESULTS].is_file() and finished:  # a finished sweep's tables: its packs'
         check_made_of_packs(directory, top_results, top_curves,
-                            [run_folder.pack_folder(directory, index) for index in finished])
+                            [run_folder.pack_folder(directory, index) for index in finished], pe_tables)
     # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
     # every check of its kind)
     packs_folder = directory / "packs"  # every pack's folder, its results readable or not (Run.pack opens either)
@@ -820,10 +837,19 @@ def check_trained_with(config_path: Path, settings: dict, folder: Path):
                           f"(config.json edited since)")
 
 
-def check_made_of_packs(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, packs: list[Path]):
-    """The top-level results and curves of a finished sweep are its packs' (the sweep writes them from the packs;
-    the record of their digests is no signature: a top-level table edited under a rewritten digests.json passed).
-    ReportError naming the first model whose rows differ from its pack's."""
+def check_made_of_packs(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, packs: list[Path],
+                        pe_tables: dict[str, np.ndarray]):
+    """The top-level results, curves and PE tables of a finished sweep are its packs' (the sweep writes them from
+    the packs; the record of their digests is no signature: a top-level table edited under a rewritten digests.json
+    passed). ReportError naming the first model or table that differs from its pack's."""
+    for pack in packs:
+        if not _present(pack / run_folder.PE_TABLES):
+            continue
+        for key, table in read_pe_tables(pack / run_folder.PE_TABLES).items():
+            if key not in pe_tables or not np.array_equal(pe_tables[key], table):
+                raise ReportError(f"{directory / run_folder.PE_TABLES}: its {key} differs from "
+                                  f"{pack / run_folder.PE_TABLES}'s, of which the sweep made it: one of the two was "
+                                  f"edited")
     for name, top in ((run_folder.RESULTS, results), (run_folder.CURVES, curves)):
         parts = [_read_parquet(pack / name) for pack in packs if _present(pack / name)]
         if not parts or "model_id" not in top:
