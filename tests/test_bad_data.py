@@ -232,7 +232,7 @@ CASES = [
     ("one file as training and generalisation puzzles", LST + ["--lst-train", "TRAIN300", "--lst-ood", "TRAIN300"],
      "--lst-ood {TRAIN300}:0: its puzzle 1 is a training puzzle (puzzle 1 of {TRAIN300})"),
     ("h5 of chunks never written", FMRI + ["--data", "UNWRITTEN"],
-     "--data {UNWRITTEN} declares 954 MiB once read, from 0.0 MiB on disk"),
+     "--data {UNWRITTEN} declares 1,907 MiB once read, from 0.0 MiB on disk"),
     ("h5 with a damaged chunk", FMRI + ["--data", "DAMAGED"],
      "--data {DAMAGED}: cannot read dataset 'timeseries'"),
     ("sparse npy", FMRI + ["--data", "SPARSE"], "--data {SPARSE} declares 7,629 MiB once read, from 0.0 MiB on disk"),

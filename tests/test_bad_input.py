@@ -289,6 +289,19 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no results folder, nothing else either
 
 
+def test_an_out_folder_beginning_with_a_tilde_is_refused_from_python_and_flags(tmp_path, capsys, monkeypatch):
+    """out="~/x" made a folder named ~ in the current folder (issue 55), which a later rm -rf ~ would meet: a
+    leading ~ is refused, naming the path written out, whether it came from Python or a quoted flag."""
+    import pe_fast.sweep
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(ValueError, match=f"'~/x' begins with ~, which only a shell expands: write the path out "
+                                         f"\\('{tmp_path}/home/x'\\)"):
+        pe_fast.sweep.run(task="netsim", steps=2, out="~/x")
+    assert_one_line(capsys, sweep_main(LST + ["--out", "~/x"]), "'~/x' begins with ~")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("arguments, must_name", [
     (dict(task="fmri", data=np.zeros((2, 10, 5))), "--data: expected str, got a numpy.ndarray of shape (2, 10, 5)"),
     (dict(task="lst", sigmas=np.zeros((2, 2))),
@@ -1971,7 +1984,8 @@ def test_a_pipe_given_as_a_data_file_is_named_for_what_it_is(flags, flag, tmp_pa
 
 def test_a_folder_named_tilde_is_that_folder_not_home(tmp_path, capsys, monkeypatch):
     """pandas expands a leading ~ of a path's text: a folder named "~" was read, and a sweep's --out ~ written, as
-    $HOME. The parquet files go through files pe_fast opens, so "~" is the folder of that name."""
+    $HOME. The parquet files go through files pe_fast opens, so "~" is the folder of that name; a folder to write
+    named with a leading ~ is refused (test_an_out_folder_beginning_with_a_tilde_...), and ./~ is that folder."""
     from pe_fast.results.reading import load_run
     home = tmp_path / "home"
     minimal_run(home, pd.DataFrame({**GOOD, "ood_acc": [0.1, 0.2]}))  # another run's numbers, in $HOME
@@ -1984,7 +1998,7 @@ def test_a_folder_named_tilde_is_that_folder_not_home(tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path / "elsewhere")
     threads = torch.get_num_threads()
     try:
-        assert sweep_main(LST + ["--out", "~"]) == 0
+        assert sweep_main(LST + ["--out", "./~"]) == 0
     finally:
         torch.set_num_threads(threads)
     assert load_run("~").results["pe"].tolist() == ["learned"] and snapshot(home) == before

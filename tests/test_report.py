@@ -207,7 +207,7 @@ def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
     networks = np.repeat([2, 0, 1], 4)
     fc = np.where(networks[:, None] == networks[None, :], 0.6, -0.1) + np.eye(12) * 0.4
     labels = np.array([f"region{i}" for i in range(12)])  # the sweep also stores region names
-    gradients = np.column_stack([networks - 1.0, np.arange(12.0), np.ones(12)])
+    gradients = np.column_stack([networks - 1.0, np.arange(12.0), np.cos(np.arange(12.0))])  # each varies: a gradient
     np.savez(tmp_path / "ground_truth.npz", fc=fc, networks=networks, labels=labels, gradients=gradients)
 
     text = report.write_report(tmp_path).read_text()

@@ -741,6 +741,7 @@ def _read_run(directory: Path) -> Run:
     check_results_are_last_evaluations(directory, results, curves)
     if "sigma" in curves:
         curves["sigma"] = pd.to_numeric(curves["sigma"], errors="coerce")
+    read_tables = pe_tables  # as read, diverged ones too: compared with the packs' below
     diverged = sorted(key for key, table in pe_tables.items() if not np.isfinite(table).all())
     if diverged:  # NaN / inf weights (too large a learning rate): no figure or RSA can use them
         notes.append(f"{len(diverged)} PE table(s) or attention map(s) hold NaN or inf (diverged models: "
@@ -758,7 +759,7 @@ def _read_run(directory: Path) -> Run:
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
     if top[run_folder.RESULTS].is_file() and finished:  # a finished sweep's tables: its packs'
         check_made_of_packs(directory, top_results, top_curves,
-                            [run_folder.pack_folder(directory, index) for index in finished], pe_tables)
+                            [run_folder.pack_folder(directory, index) for index in finished], read_tables)
     # last, after the checks that name what is wrong: each file the one its writer wrote (an edited number passes
     # every check of its kind)
     packs_folder = directory / "packs"  # every pack's folder, its results readable or not (Run.pack opens either)
@@ -846,7 +847,7 @@ def check_made_of_packs(directory: Path, results: pd.DataFrame, curves: pd.DataF
         if not _present(pack / run_folder.PE_TABLES):
             continue
         for key, table in read_pe_tables(pack / run_folder.PE_TABLES).items():
-            if key not in pe_tables or not np.array_equal(pe_tables[key], table):
+            if key not in pe_tables or not np.array_equal(pe_tables[key], table, equal_nan=True):
                 raise ReportError(f"{directory / run_folder.PE_TABLES}: its {key} differs from "
                                   f"{pack / run_folder.PE_TABLES}'s, of which the sweep made it: one of the two was "
                                   f"edited")

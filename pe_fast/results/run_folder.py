@@ -405,6 +405,9 @@ def check_out_name(name: str | os.PathLike, kind: str) -> str:
         raise OutFolderError(f"{name!r} names no {kind}")
     if CONTROL_CHARACTER.search(name):
         raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
+    if name.startswith("~"):  # a shell expands it, Python does not: out="~/x" made ./~/x, which rm -rf ~ would meet
+        raise OutFolderError(f"{name!r} begins with ~, which only a shell expands: write the path out "
+                             f"({os.path.expanduser(name)!r}), or ./{name} for a {kind} named so here")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # bytes that are not UTF-8 text, as os.fsdecode keeps them
