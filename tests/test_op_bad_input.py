@@ -331,3 +331,12 @@ def test_float64_under_autocast_stays_float64(target):
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, expected[0])
     torch.testing.assert_close(stats, expected[1])
+
+
+def test_a_bias_that_could_take_a_gradient_is_checked_under_no_grad():
+    """A bias with requires_grad (a parameter) skipped the finite check even under no_grad, where no gradient is
+    taken: its -inf rows gave NaN statistics without a word."""
+    x, w_qkv = torch.randn(1, 2, 4, 8), torch.randn(1, 8, 24)
+    bias = torch.zeros(1, 2, 4, 4).masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), float("-inf"))
+    with torch.no_grad(), pytest.raises(ValueError, match="bias holds NaN or ±inf"):
+        pe_attention(x, None, w_qkv, None, 2, bias=bias.requires_grad_())

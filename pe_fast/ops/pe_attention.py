@@ -291,8 +291,10 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
     if probes is not None and torch.is_grad_enabled() and probes.requires_grad:  # as rope's: no gradient returned
         raise ValueError("probes: the statistics take no gradient here; pass them detached (.detach())")
     # a mask of -inf: its rows' entropy is NaN (0·log 0), a row all -inf a NaN output. Checked where the bias is
-    # a caller's mask (no gradient: a relative PE's bias, which has one, would pay a pass and a GPU sync per call)
-    if bias is not None and not bias.requires_grad and not is_traced(bias) and not bool(torch.isfinite(bias).all()):
+    # a caller's mask, not where it takes a gradient (a relative PE's, which would pay a pass and a GPU sync per
+    # call); under no_grad none is taken, so a parameter passed as the bias is checked there too
+    takes_gradient = bias is not None and bias.requires_grad and torch.is_grad_enabled()
+    if bias is not None and not takes_gradient and not is_traced(bias) and not bool(torch.isfinite(bias).all()):
         raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such as "
                          "-1e4, whose softmax weight is 0 in float32)")
     # fixed tables: a NaN in one made every output (RoPE) or a statistic (probes) NaN without a word; a probe near
