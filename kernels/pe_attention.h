@@ -314,7 +314,7 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
   }
 }
 
-// Backward of one problem, P recomputed from the saved lse.
+// Backward of one problem, P recomputed from S (the saved lse, every backend's interface, is not needed).
 //   dout: the gradient of token i's head output at dout + i·out_stride;
 //   dq, dk, dv: token i's gradients at dq + i·grad_stride (likewise dk, dv); every entry is written;
 //   scratch as in attention_forward.
@@ -323,7 +323,7 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
 // rows with a non-zero dO are computed, gathered into row blocks. A loss that reads some tokens' outputs (the
 // masked-token tasks' last block) leaves most rows zero.
 template <typename T>
-void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride, const T* lse,
+void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride, const T* /*lse*/,
                         T* dq, T* dk, T* dv, int64_t grad_stride, std::vector<T>& scratch) {
   const int n = pr.n, dh = pr.dh, n_pad = padded(n), tile = std::min(kKeyTile, n_pad);
   const int64_t plane = static_cast<int64_t>(dh) * n, plane_pad = static_cast<int64_t>(dh) * n_pad;
@@ -340,7 +340,6 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
   T* q_rows = dq_acc + kRowBlock * dh;  // [rows × dh]: the block's rows of q_all, where they are not contiguous
   T* p = q_rows + kRowBlock * dh;  // [rows × n_pad]: S, then P
   T* ds = p + kRowBlock * n_pad;   // [rows × n_pad]: dP, then dS
-  T* row_lse = ds + kRowBlock * n_pad;  // [rows]
   const T scale = T(1) / std::sqrt(T(dh));
 
   // the rows with a non-zero dO (NaN counts as non-zero: it must reach the gradients)
@@ -377,7 +376,6 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
     for (int r = 0; r < rows; ++r) {
       const int64_t i = block[r];
       std::copy(dout + i * out_stride, dout + i * out_stride + dh, g + r * dh);
-      row_lse[r] = lse[i];
     }
     std::fill(dq_acc, dq_acc + rows * dh, T(0));
 
@@ -389,14 +387,25 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
       gemm<false>(rows, cols_pad, dh, q, dh, 1, kt + j0, n_pad, p + j0, n_pad);   // S
       gemm<false>(rows, cols_pad, dh, g, dh, 1, vt + j0, n_pad, ds + j0, n_pad);  // dP
     }
+    // P from the row of S itself, exp(S − max) over its own sum: exp(S − lse) lost lse's log Σ where a row's logits
+    // share a large offset (lse rounds at their magnitude), and P its sum of 1
     for (int r = 0; r < rows; ++r) {
       T* pr_ = p + r * n_pad;
       T* dsr = ds + r * n_pad;
-      const T lse_r = row_lse[r];
+      T largest = pr_[0];
+#pragma omp simd reduction(max : largest)
+      for (int j = 0; j < n; ++j) largest = std::max(largest, pr_[j]);
+      T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < n; ++j) {
+        pr_[j] = fast_exp(pr_[j] - largest);
+        sum += pr_[j];
+      }
+      const T inv = T(1) / sum;
       T delta = T(0);
 #pragma omp simd reduction(+ : delta)
       for (int j = 0; j < n; ++j) {
-        pr_[j] = fast_exp(pr_[j] - lse_r);
+        pr_[j] *= inv;
         delta += pr_[j] * dsr[j];
       }
 #pragma omp simd

@@ -5,6 +5,7 @@ dimension, a dtype that is not floating, something that is not a tensor); valid 
 Every backend that runs on this machine's devices: reference and cpp on the CPU, triton on CUDA, and triton on the
 CPU too under `TRITON_INTERPRET=1 python -m pytest tests/test_op_bad_input.py` (its interpreter decides at import).
 """
+import math
 import re
 
 import numpy as np
@@ -340,3 +341,19 @@ def test_a_bias_that_could_take_a_gradient_is_checked_under_no_grad():
     bias = torch.zeros(1, 2, 4, 4).masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), float("-inf"))
     with torch.no_grad(), pytest.raises(ValueError, match="bias holds NaN or ±inf"):
         pe_attention(x, None, w_qkv, None, 2, bias=bias.requires_grad_())
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("offset", [1e8, -1e9])
+def test_a_row_of_logits_sharing_a_large_offset_is_a_uniform_softmax(backend, offset):
+    """Every logit of a row at 1e8 (or a whole row masked at -1e9): in float32 they are one number, so the row's
+    softmax is uniform, its output the mean of V. The reference took p = exp(s − lse), where lse's log Σ had been
+    rounded away: every p was 1, the output the sum of V and Σp² 5 (issue 55)."""
+    if backend not in BACKENDS:
+        pytest.skip("needs pe_fast's C++ extension")
+    torch.manual_seed(0)
+    x, w_qkv = torch.randn(1, 1, 5, 8), torch.randn(1, 8, 24) / 8 ** 0.5
+    out, stats = pe_attention(x, None, w_qkv, None, 1, bias=torch.full((1, 1, 5, 5), offset), backend=backend)
+    v = (x @ w_qkv)[..., 16:]
+    torch.testing.assert_close(out, v.mean(2, keepdim=True).expand_as(out), atol=1e-6, rtol=0)
+    torch.testing.assert_close(stats[0, 0], torch.tensor([math.log(5), 0.2, 0.2]), atol=1e-6, rtol=0)

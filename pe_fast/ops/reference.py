@@ -97,8 +97,19 @@ def attention_map(x, pe, w_qkv, b_qkv, num_heads, rope_cos=None, rope_sin=None, 
     if rope_cos is not None:
         q, k = rotate(q, rope_cos, rope_sin), rotate(k, rope_cos, rope_sin)
     s = attention_logits(q, k, bias)
-    lse = torch.logsumexp(s.to(accumulation_dtype(s)), dim=-1)
-    return s - lse[..., None].to(s.dtype), lse, v, qkv
+    log_p, lse = log_softmax_and_lse(s)
+    return log_p, lse, v, qkv
+
+
+def log_softmax_and_lse(s: Tensor) -> tuple[Tensor, Tensor]:
+    """(log p in s's dtype, the rows' logsumexp in the accumulation dtype), log p taken as (s − max) − log Σ
+    exp(s − max): s − lse rounds lse's log Σ away where every logit of a row shares a large offset (a bias of
+    −1e9 masking a whole row, logits near 1e8, bf16 logits near 100), and the row's p no longer sums to 1."""
+    wide = s.to(accumulation_dtype(s))
+    largest = wide.amax(-1, keepdim=True)
+    shifted = wide - largest
+    log_sum = shifted.exp().sum(-1, keepdim=True).log()
+    return (shifted - log_sum).to(s.dtype), (largest + log_sum).squeeze(-1)
 
 
 def forward(x, pe, w_qkv, b_qkv, num_heads, probes=None, rope_cos=None, rope_sin=None, bias=None):
@@ -120,7 +131,7 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     if rope_cos is not None:
         q, k = rotate(q, rope_cos, rope_sin), rotate(k, rope_cos, rope_sin)
     s = attention_logits(q, k, bias)
-    p = (s.to(lse.dtype) - lse[..., None]).exp().to(s.dtype)
+    p = log_softmax_and_lse(s)[0].exp().to(s.dtype)  # from s, not lse (log_softmax_and_lse says why)
     dh = q.shape[-1]
     do = grad_out.reshape(M, B, N, num_heads, dh).transpose(2, 3)  # [M,B,H,N,dh]
     dv = torch.matmul(p.transpose(-1, -2), do)
