@@ -314,7 +314,7 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
   }
 }
 
-// Backward of one problem, P recomputed from S (the saved lse, every backend's interface, is not needed).
+// Backward of one problem, P recomputed from S and the saved lse.
 //   dout: the gradient of token i's head output at dout + i·out_stride;
 //   dq, dk, dv: token i's gradients at dq + i·grad_stride (likewise dk, dv); every entry is written;
 //   scratch as in attention_forward.
@@ -323,7 +323,7 @@ void attention_forward(const Problem<T>& pr, const T* probes, int num_probes, T*
 // rows with a non-zero dO are computed, gathered into row blocks. A loss that reads some tokens' outputs (the
 // masked-token tasks' last block) leaves most rows zero.
 template <typename T>
-void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride, const T* /*lse*/,
+void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride, const T* lse,
                         T* dq, T* dk, T* dv, int64_t grad_stride, std::vector<T>& scratch) {
   const int n = pr.n, dh = pr.dh, n_pad = padded(n), tile = std::min(kKeyTile, n_pad);
   const int64_t plane = static_cast<int64_t>(dh) * n, plane_pad = static_cast<int64_t>(dh) * n_pad;
@@ -340,6 +340,7 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
   T* q_rows = dq_acc + kRowBlock * dh;  // [rows × dh]: the block's rows of q_all, where they are not contiguous
   T* p = q_rows + kRowBlock * dh;  // [rows × n_pad]: S, then P
   T* ds = p + kRowBlock * n_pad;   // [rows × n_pad]: dP, then dS
+  T* row_lse = ds + kRowBlock * n_pad;  // [rows]
   const T scale = T(1) / std::sqrt(T(dh));
 
   // the rows with a non-zero dO (NaN counts as non-zero: it must reach the gradients)
@@ -376,6 +377,7 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
     for (int r = 0; r < rows; ++r) {
       const int64_t i = block[r];
       std::copy(dout + i * out_stride, dout + i * out_stride + dh, g + r * dh);
+      row_lse[r] = lse[i];
     }
     std::fill(dq_acc, dq_acc + rows * dh, T(0));
 
@@ -387,29 +389,30 @@ void attention_backward(const Problem<T>& pr, const T* dout, int64_t out_stride,
       gemm<false>(rows, cols_pad, dh, q, dh, 1, kt + j0, n_pad, p + j0, n_pad);   // S
       gemm<false>(rows, cols_pad, dh, g, dh, 1, vt + j0, n_pad, ds + j0, n_pad);  // dP
     }
-    // P from the row of S itself, exp(S − max) over its own sum: exp(S − lse) lost lse's log Σ where a row's logits
-    // share a large offset (lse rounds at their magnitude), and P its sum of 1
+    // P = exp(S − shift) over its own sum. exp(S − lse) alone lost lse's log Σ where a row's logits share a large
+    // offset (lse rounds at their magnitude), and P its sum of 1; that rounding is the same for the whole row, and
+    // the sum takes it out. Beyond |lse| = 1e8 it could pass exp's range: the row's max is the shift there.
     for (int r = 0; r < rows; ++r) {
       T* pr_ = p + r * n_pad;
       T* dsr = ds + r * n_pad;
-      T largest = pr_[0];
-#pragma omp simd reduction(max : largest)
-      for (int j = 0; j < n; ++j) largest = std::max(largest, pr_[j]);
-      T sum = T(0);
-#pragma omp simd reduction(+ : sum)
-      for (int j = 0; j < n; ++j) {
-        pr_[j] = fast_exp(pr_[j] - largest);
-        sum += pr_[j];
+      T shift = row_lse[r];
+      if (!(std::abs(shift) < T(1e8))) {
+        shift = pr_[0];
+        for (int j = 1; j < n; ++j) shift = pr_[j] > shift ? pr_[j] : shift;
       }
-      const T inv = T(1) / sum;
-      T delta = T(0);
-#pragma omp simd reduction(+ : delta)
+      T sum = T(0), weighted = T(0);
+#pragma omp simd reduction(+ : sum, weighted)
+      for (int j = 0; j < n; ++j) {
+        pr_[j] = fast_exp(pr_[j] - shift);
+        sum += pr_[j];
+        weighted += pr_[j] * dsr[j];
+      }
+      const T inv = T(1) / sum, delta = weighted * inv;
+#pragma omp simd
       for (int j = 0; j < n; ++j) {
         pr_[j] *= inv;
-        delta += pr_[j] * dsr[j];
+        dsr[j] = pr_[j] * (dsr[j] - delta);
       }
-#pragma omp simd
-      for (int j = 0; j < n; ++j) dsr[j] = pr_[j] * (dsr[j] - delta);
     }
     for (int j0 = 0; j0 < n; j0 += tile) {
       const int cols = std::min(tile, n - j0);
