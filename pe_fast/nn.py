@@ -116,10 +116,9 @@ class StackedLayerNorm(nn.Module):
     def __init__(self, num_models: int, width: int, eps: float = 1e-5):
         super().__init__()
         check_sizes(num_models=num_models, width=width)
-        check_eps(eps)
+        self.eps = check_eps(eps)
         self.weight = nn.Parameter(torch.ones(num_models, width))
         self.bias = nn.Parameter(torch.zeros(num_models, width))
-        self.eps = eps
 
     def forward(self, x: Tensor, residual: Tensor | None = None, add: Tensor | None = None) -> Tensor:
         """LN(x)·w + b; with a residual, LN(x + residual + add)·w + b in one fused op on the CPU

@@ -183,6 +183,12 @@ class StackedOptimizer(torch.optim.Optimizer):
         a model left out keeps its parameters and optimizer state, whatever its gradients hold."""
         if live is not None:
             self._check_live(live)
+        for group in self.param_groups:  # a scheduler sets the factor each step (a LambdaLR may return NaN or -1)
+            factor = group["lr"]
+            if not (isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 <= factor < math.inf):
+                raise ValueError(f"lr (the schedule's factor on every model's rate) must be a finite number ≥ 0 at "
+                                 f"each step; a scheduler set {factor!r:.40}")
+            check_betas_and_eps(group["betas"], group["eps"])
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -231,7 +237,8 @@ class StackedOptimizer(torch.optim.Optimizer):
         """group[name] as a float64 tensor on `device`. float64 and on the device: the per-step arithmetic on
         it rounds like torch's on Python floats, and needs no copy from the host per step."""
         key = (name, tuple(group[name]), device)
-        if key not in self._on_device:
+        if key not in self._on_device:  # new values: set in the group since, held to the constructor's rules
+            per_model_values(name.removeprefix("model_"), group[name], len(group[name]))
             self._on_device[key] = torch.tensor(group[name], dtype=torch.float64, device=device)
         return self._on_device[key]
 

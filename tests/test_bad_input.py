@@ -299,6 +299,10 @@ def test_an_out_folder_beginning_with_a_tilde_is_refused_from_python_and_flags(t
                                          f"\\('{tmp_path}/home/x'\\)"):
         pe_fast.sweep.run(task="netsim", steps=2, out="~/x")
     assert_one_line(capsys, sweep_main(LST + ["--out", "~/x"]), "'~/x' begins with ~")
+    # its sibling, a variable only a shell expands, as --out and as torch's cache folder
+    assert_one_line(capsys, sweep_main(LST + ["--out", "$HOME/x"]), "'$HOME/x' names a variable")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "~/cache")
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), "'~/cache' begins with ~")
     assert list(tmp_path.iterdir()) == []
 
 

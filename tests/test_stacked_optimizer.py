@@ -267,3 +267,22 @@ def test_integer_parameters_and_rates_in_a_dict_or_set_are_refused(params, lr, e
     per-model rates."""
     with pytest.raises(error, match=why):
         StackedOptimizer(params, "sgd", lr=lr)
+
+
+def test_a_schedule_factor_or_rate_set_after_the_constructor_is_checked_at_the_step():
+    """A LambdaLR returning NaN, or a rate set in the group, made the parameters NaN (or walked uphill) without a
+    word (issue 55): the step checks the factor, and each new per-model value, as the constructor does."""
+    p = torch.randn(2, 3, requires_grad=True)
+    optimizer = StackedOptimizer([p], "adam", lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: float("nan") if step else 1.0)
+    p.grad = torch.ones(2, 3)
+    optimizer.step()
+    schedule.step()
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match="lr \\(the schedule's factor on every model's rate\\) must be a finite"):
+        optimizer.step()
+    optimizer.param_groups[0]["lr"] = 1.0
+    optimizer.param_groups[0]["model_lr"] = [float("nan"), 0.1]
+    with pytest.raises(ValueError, match="lr must be a finite number ≥ 0; model 0 has nan"):
+        optimizer.step()
+    assert torch.equal(p.detach(), before)

@@ -288,3 +288,14 @@ def test_the_sublayer_ends_name_mixed_dtypes_and_empty_axes_and_take_empty_batch
     empty = torch.randn(2, 0, 3)
     assert sublayer_ends.linear_gelu(empty, w, b).shape == (2, 0, 4)
     assert sublayer_ends.residual_layer_norm(empty, empty, torch.ones(2, 3), torch.zeros(2, 3)).shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("eps", [1e-300, 1e-46, 1e39])
+def test_an_eps_float32_cannot_hold_is_refused(eps):
+    """eps = 1e-300 is 0 in float32 (a constant row's 0/0: NaN), 1e39 inf (every output β) (issue 55)."""
+    from pe_fast.nn import StackedLayerNorm
+    with pytest.raises(ValueError, match="eps must be a positive finite number from"):
+        StackedLayerNorm(1, 4, eps=eps)
+    a = torch.ones(1, 2, 4)
+    with pytest.raises(ValueError, match="eps must be a positive finite number from"):
+        sublayer_ends.residual_layer_norm(a, a, torch.ones(1, 4), torch.zeros(1, 4), eps=eps)

@@ -83,10 +83,19 @@ def check_tensors(*, one_dtype: bool = False, **tensors):
             raise TypeError(f"{name} is {tensor.dtype} but {first_name} is {first.dtype}: give one dtype")
 
 
-def check_eps(eps):
-    """A layer norm's eps: a positive finite number (NaN or below 0 gives NaN outputs), or ValueError."""
-    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 < eps < math.inf):
-        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+# A layer norm's eps in float32: below its smallest normal number it rounds (to 0 below its subnormals: a constant
+# row's 0/0), above its largest it is inf (every output β)
+EPS_RANGE = (float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max))
+
+
+def check_eps(eps) -> float:
+    """A layer norm's eps, a positive number float32 holds as a normal number (NaN or below 0 gave NaN outputs), as
+    a float; or ValueError."""
+    low, high = EPS_RANGE
+    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and low <= eps <= high):
+        raise ValueError(f"eps must be a positive finite number from {low:.3g} to {high:.3g} (float32's normal "
+                         f"numbers), got {eps!r}")
+    return float(eps)
 
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -133,7 +142,7 @@ def residual_layer_norm(a: Tensor, b: Tensor, weight: Tensor, beta: Tensor, add:
     add [M, T, D] (a per-token addend, the same for every sequence of T tokens: a PE, plus a bias folded in),
     [M, 1, D] (the same for every token) or None."""
     check_tensors(a=a, b=b, weight=weight, beta=beta, **({} if add is None else {"add": add}))
-    check_eps(eps)
+    eps = check_eps(eps)
     if b.shape != a.shape:
         raise ValueError(f"b must have a's shape {list(a.shape)}, got {list(b.shape)}")
     M, T, D = a.shape[0], a.shape[-2], a.shape[-1]

@@ -397,6 +397,20 @@ def check_outside_package(path: Path):
         raise OutFolderError(f"{path}: inside the pe_fast package's own folder {PACKAGE}; choose a place outside it")
 
 
+SHELL_VARIABLE = re.compile(r"(?:^|/)\$\{?[A-Za-z_]")  # a path part $HOME or ${HOME}
+
+
+def shell_text_problem(path: str) -> str | None:
+    """Why a path to write holds text only a shell expands (a leading ~, a $VARIABLE part), or None: given from
+    Python or quoted, out="~/x" made a folder named ~ here, which a later rm -rf ~ would meet."""
+    if path.startswith("~"):
+        return f"{path!r} begins with ~, which only a shell expands: write the path out ({os.path.expanduser(path)!r})"
+    if SHELL_VARIABLE.search(path):
+        return (f"{path!r} names a variable, which only a shell expands: write the path out "
+                f"({os.path.expandvars(path)!r})")
+    return None
+
+
 def check_out_name(name: str | os.PathLike, kind: str) -> str:
     """The name of a folder or file (kind) to write, as text: not blank (Path("") is ".", the folder one runs in),
     no control character, UTF-8 (as the parquet files record it); else OutFolderError."""
@@ -405,9 +419,8 @@ def check_out_name(name: str | os.PathLike, kind: str) -> str:
         raise OutFolderError(f"{name!r} names no {kind}")
     if CONTROL_CHARACTER.search(name):
         raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
-    if name.startswith("~"):  # a shell expands it, Python does not: out="~/x" made ./~/x, which rm -rf ~ would meet
-        raise OutFolderError(f"{name!r} begins with ~, which only a shell expands: write the path out "
-                             f"({os.path.expanduser(name)!r}), or ./{name} for a {kind} named so here")
+    if (problem := shell_text_problem(name)) is not None:
+        raise OutFolderError(f"{problem}, or ./{name} for a {kind} named so here")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # bytes that are not UTF-8 text, as os.fsdecode keeps them

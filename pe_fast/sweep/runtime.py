@@ -132,6 +132,8 @@ def check_inductor_cache(out: str | None = None):
     advice = "torch keeps its compiler's caches there: name a writable folder, or unset it"
     if not path.strip():  # torch would write its caches into the working folder
         raise UsageError(f"{name} names no folder; {advice}")
+    if (problem := run_folder.shell_text_problem(path)) is not None:
+        raise UsageError(f"$TORCHINDUCTOR_CACHE_DIR {problem}")
     # inductor's C++ compile command is split as a shell would (shlex): at whitespace, and quotes and backslashes
     # are taken away
     # a relative path too: torch compiles under its absolute one (a folder "a b" above it split the command)
