@@ -10,7 +10,6 @@ in float64); in float32 they differ by rounding.
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
