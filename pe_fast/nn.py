@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
+from pe_fast.ops.pe_attention import check_backend_name
 from pe_fast.ops.sublayer_ends import autocasting, check_eps, linear_gelu, residual_layer_norm
 
 
@@ -162,6 +163,7 @@ class PEAttention(nn.Module):
         if self.out is not None:
             with torch.no_grad():
                 self.out.bias.zero_()
+        check_backend_name(backend)  # here, not at the first forward
         self.num_heads, self.backend = num_heads, backend
 
     def forward(self, x: Tensor, pe: Tensor | None = None, probes: Tensor | None = None, *,

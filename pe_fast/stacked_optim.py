@@ -144,6 +144,9 @@ class StackedOptimizer(torch.optim.Optimizer):
         if (odd := next((p for p in params if not p.is_floating_point()), None)) is not None:  # never moved
             raise TypeError(f"every parameter must be a floating tensor; got one of {odd.dtype}")
         num_models = leading.pop() if leading else 0
+        if self.param_groups and num_models != len(self.param_groups[0]["model_lr"]):  # step(live=) mixed them
+            raise ValueError(f"every parameter group needs the first one's model count "
+                             f"{len(self.param_groups[0]['model_lr'])}, got leading size {num_models}")
         for name in (*PER_MODEL, "betas", "eps"):
             param_group.setdefault(name, self.defaults[name])
         check_group_numbers(param_group, self.kind, num_models)

@@ -1873,9 +1873,13 @@ def test_a_loop_of_links_in_a_folder_is_one_line(tmp_path, capsys):
     # axis (numpy's warnings, then NaN), values whose squares overflow in the figures (issue 55)
     ({"fc": np.eye(4), "centroids": np.zeros((4, 3))}, "its centroids put over half the pairs of regions on one"),
     ({"fc": np.eye(4), "centroids": np.eye(4, 3) * 1e9}, "its centroids hold values beyond ±1,000,000"),
-    ({"fc": np.eye(4), "gradients": np.ones((4, 2))}, "entry gradients holds a column that is the same for every"),
+    ({"fc": np.eye(4), "gradients": np.ones((4, 2))}, "entry gradients holds a column that is"),
     ({"fc": np.eye(4), "gradients": np.arange(8.0).reshape(4, 2) * 1e300}, "entry gradients holds values beyond "
                                                                             "float32's range"),
+    # round 15: a gradient of normal but tiny values (squares that underflow), float16 arrays (numpy's warnings)
+    ({"fc": np.eye(4), "gradients": np.arange(8.0).reshape(4, 2) * 1e-200}, "entry gradients holds a column that "
+                                                                             "is"),
+    ({"fc": np.eye(4, dtype=np.float16), "gradients": np.ones((4, 1), np.float16)}, "entry gradients holds a column"),
 ])
 def test_a_ground_truth_of_the_wrong_shape_is_one_line_before_any_figure(truth, must_name, tmp_path, capsys):
     """ground_truth.npz indexed by token in the figures: a wrong shape was a 22-line IndexError after figures/ had
@@ -1937,6 +1941,37 @@ def test_a_folder_swapped_for_a_link_while_the_report_writes_leads_no_write_out(
     assert_one_line(capsys, report_main([str(folder)]),
                     f"{folder / 'figures'}: a link or a file where pe_fast writes a folder")
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("change, must_name", [
+    # pandas' arithmetic overflowed a float16 score with its warning; the sweep writes float64
+    (lambda t: t.set_column(t.schema.get_field_index("ood_acc"), "ood_acc", t["ood_acc"].cast("float16")),
+     "column 'ood_acc' is stored as halffloat"),
+])
+def test_a_results_table_stored_otherwise_than_the_sweep_stores_it_is_one_line(change, must_name, tmp_path, capsys):
+    import pyarrow.parquet as pq
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    pq.write_table(change(pq.read_table(folder / "results.parquet")), folder / "results.parquet")
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before
+
+
+def test_pandas_metadata_in_a_results_table_is_not_taken_as_its_word(tmp_path):
+    """An index named after a column in the file's pandas metadata: a traceback in a figure, after others were
+    drawn ("'model_id' is both an index level and a column label"); the readers take the columns alone."""
+    import json
+    import pyarrow.parquet as pq
+    from pe_fast.results.reading import load_run
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    table = pq.read_table(folder / "results.parquet")
+    metadata = dict(table.schema.metadata)
+    pandas_metadata = json.loads(metadata[b"pandas"])
+    pandas_metadata["index_columns"] = ["model_id"]
+    metadata[b"pandas"] = json.dumps(pandas_metadata).encode()
+    pq.write_table(table.replace_schema_metadata(metadata), folder / "results.parquet")
+    results = load_run(folder).results
+    assert "model_id" in results.columns and results["model_id"].tolist() == [0, 1]
 
 
 def test_writes_below_a_results_folder_follow_no_link_on_the_way(tmp_path):
@@ -2480,3 +2515,15 @@ def test_an_interrupted_sweep_without_out_names_its_folder(tmp_path, capsys, mon
     assert sweep_main(LST) == 130
     err = capsys.readouterr().err
     assert re.search(r"continue with python -m pe_fast.sweep --resume --out runs/lst-\d{8}-\d{6}\n", err), err
+
+
+def test_a_link_named_as_a_partial_file_is_removed_not_followed(tmp_path):
+    """packs/.x.partial-1 a link to pack 0: --resume's clean-up called rmtree on it and stopped with "Cannot call
+    rmtree on a symbolic link" and advice to free space (issue 55); the link goes, pack 0 stays."""
+    out = tmp_path / "run"
+    (out / "packs" / "0").mkdir(parents=True)
+    (out / "packs" / "0" / "kept.txt").write_text("pack 0")
+    (out / "packs" / f".x{run_folder.PARTIAL}1").symlink_to("0")
+    run_folder.remove_partials(out)
+    assert sorted(p.name for p in (out / "packs").iterdir()) == ["0"]
+    assert (out / "packs" / "0" / "kept.txt").read_text() == "pack 0"

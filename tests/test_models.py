@@ -173,6 +173,11 @@ def test_seeds_and_sigmas_as_arrays_or_tensors_are_the_same_models():
     (dict(seeds=[0], sigmas=[1.0], coordinates=np.zeros((5, 2))), ValueError,
      r"coordinates must be \[num_tokens, k\] = \[4, k ≥ 1\], got \[5, 2\]"),
     (dict(seeds=[0], sigmas=[1.0], coordinates=np.zeros((4, 0))), ValueError, "coordinates must be"),
+    # round 15: complex ones lost their imaginary part with numpy's warning; 1e19 overflowed the relative PE's int64
+    # offsets, 1e39 the rotary tables (NaN at the first forward, naming rope[0])
+    (dict(seeds=[0], sigmas=[1.0], coordinates=np.zeros((4, 2)) + 1j), ValueError, "coordinates must be real"),
+    (dict(seeds=[0], sigmas=[1.0], coordinates=np.arange(4.0)[:, None] * 1e19), ValueError,
+     "coordinates hold values beyond ±1,000,000"),
 ])
 def test_a_pack_names_its_bad_sequences(arguments, error, why):
     with pytest.raises(error, match=why):
@@ -188,3 +193,12 @@ def test_bad_tokens_and_no_output_tokens_are_named():
             model(tokens)
     with pytest.raises(ValueError, match="output_tokens names no token"):
         model(torch.randn(2, 3, 4, 3), output_tokens=torch.zeros(2, 3, 0, dtype=torch.long))
+
+
+def test_a_relative_pe_takes_coordinates_as_integers_only_when_they_are():
+    """Coordinates 1e-9 apart passed allclose as integers and all rounded to 0: every token one position. Exact
+    integers index the offsets; others, as before, the token order."""
+    from pe_fast.models.relative_pe import RelativePE
+    near_zero = RelativePE(1, 1, 1, 4, np.arange(4.0)[:, None] * 1e-9)
+    in_order = RelativePE(1, 1, 1, 4, None)
+    assert torch.equal(near_zero.index, in_order.index)

@@ -110,6 +110,9 @@ CASES = [
      ValueError, r"probes holds NaN or ±inf"),
     ("rope table with an inf", with_rope_table(1, lambda t: t.index_fill(0, torch.tensor([0]), float("inf"))),
      ValueError, r"rope\[1\] holds NaN or ±inf"),
+    # cosines of 1e30: q·k beyond float32, NaN outputs and gradients where float64 is finite
+    ("rope table beyond ±1", with_rope_table(0, lambda t: t.index_fill(0, torch.tensor([0]), 1e30)),
+     ValueError, r"rope\[0\] holds 1e\+30: the tables are cosines and sines, within ±1"),
     # finite probes near float32's largest: the statistics' sums over rows were inf from the reference, finite from
     # the C++ kernels; beyond float32 (float64 probes of 1e300) inf from both
     ("probes near float32's largest", changed("probes", lambda p: p.float().index_fill(0, torch.tensor([0]), 3e38)),

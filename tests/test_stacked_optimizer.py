@@ -286,3 +286,11 @@ def test_a_schedule_factor_or_rate_set_after_the_constructor_is_checked_at_the_s
     with pytest.raises(ValueError, match="lr must be a finite number ≥ 0; model 0 has nan"):
         optimizer.step()
     assert torch.equal(p.detach(), before)
+
+
+def test_a_group_of_another_model_count_is_refused_when_added():
+    """A group of 3 models beside one of 2 was taken, and step(live=) failed in torch's broadcasting."""
+    optimizer = StackedOptimizer([torch.zeros(2, 3, requires_grad=True)], "adam", lr=1e-3)
+    with pytest.raises(ValueError, match="every parameter group needs the first one's model count 2, got "
+                                         "leading size 3"):
+        optimizer.add_param_group({"params": [torch.zeros(3, 4, requires_grad=True)]})

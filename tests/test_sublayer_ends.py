@@ -215,6 +215,9 @@ def test_a_linear_layer_s_gelu_without_its_bias_leaves_the_bias_out():
     (lambda nn: nn.StackedLayerNorm(2, -1), ValueError, "width must be at least 1"),
     (lambda nn: nn.StackedLayerNorm(1, 4, eps=float("nan")), ValueError, "eps must be a positive finite number"),
     (lambda nn: nn.PEAttention(8, 2, generators=[1]), TypeError, "generators must be a non-empty sequence"),
+    # refused at the first forward only
+    (lambda nn: nn.PEAttention(8, 2, backend=5), TypeError, "backend must be a str or None"),
+    (lambda nn: nn.PEAttention(8, 2, backend="nope"), ValueError, "unknown pe_attention backend 'nope'"),
 ])
 def test_the_stacked_layers_name_their_bad_arguments(build, error, why):
     import pe_fast.nn

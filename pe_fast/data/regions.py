@@ -114,6 +114,11 @@ class RegionData:
                 f"{len(set(self.subjects))} subjects, {self.n_timepoints} time points, {k}, {c}; {self.source}")
 
 
+# the FC sums T squared values in float64: |x| at most 1e150 keeps even 1e8 time points finite
+MAX_ABS_VALUE = 1e150
+# and a region's spread (or a connectivity gradient's) at least 1e-150, so that its squares stay normal floats
+# (1e-300 > 2.2e-308): less would underflow to a sd of 0 and read as a constant region
+MIN_SPREAD = 1 / MAX_ABS_VALUE
 MAX_COORDINATE_MM = 1e6  # a kilometre: far beyond any brain, in any unit a table would use
 MIN_COORDINATE_SPAN_MM = 1e-6  # a nanometre: far below any brain's regions, in any unit a table would use
 

@@ -46,17 +46,13 @@ from pathlib import Path
 import numpy as np
 
 from pe_fast.data.declared_size import elements_read_bytes, inflation, npz_member_read_bytes, stored_bytes
-from pe_fast.data.regions import DataError, RegionData, centroids_problem, correlation_fc, median_centroid_distance
+from pe_fast.data.regions import (MAX_ABS_VALUE, MIN_SPREAD, DataError, RegionData, centroids_problem, correlation_fc,
+                                  median_centroid_distance)
 from pe_fast.number_text import check_ascii_number
 
 PathLike = str | os.PathLike
 
 _CHUNK_ELEMENTS = 1 << 22  # values per slice when scanning a run (32 MB of float64)
-# the FC sums T squared values in float64: |x| at most 1e150 keeps even 1e8 time points finite
-MAX_ABS_VALUE = 1e150
-# and a region's spread at least 1e-150, so that its squares stay normal floats (1e-300 > 2.2e-308): less would
-# underflow to a sd of 0 and read as a constant region
-MIN_SPREAD = 1 / MAX_ABS_VALUE
 # What each file the user names must be, for the message that refuses a folder or a missing file
 DATA_FILE = "a .npy, .npz, .h5/.hdf5 or .dtseries.nii file"
 REGIONS_FILE = "a regions table, a CSV file with the header line label[,x,y,z][,network]"

@@ -27,7 +27,8 @@ class RelativePE(nn.Module):
     def __init__(self, num_models: int, num_blocks: int, num_heads: int, num_tokens: int,
                  coordinates: np.ndarray | None):
         super().__init__()
-        integer_grid = coordinates is not None and np.allclose(coordinates, np.round(coordinates))
+        # integers exactly: within allclose's 1e-8, coordinates 1e-9 apart all rounded to one position
+        integer_grid = coordinates is not None and np.array_equal(coordinates, np.round(coordinates))
         index, count = offset_index(np.round(coordinates).astype(int) if integer_grid else np.arange(num_tokens))
         self.register_buffer("index", torch.tensor(index, dtype=torch.long))
         self.tables = nn.ParameterList(

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pe_fast.data.regions import MAX_COORDINATE_MM
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
 from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, check_sizes, scale_to_fan_in_power
 from pe_fast.ops import sublayer_ends
@@ -177,6 +178,8 @@ def check_output_tokens(rows, tokens: Tensor, config: ModelConfig):
 def check_coordinates(coordinates, num_tokens: int) -> None:
     """The tokens' coordinates [num_tokens, k ≥ 1], finite real numbers, or a ValueError naming them (NaN ones made
     every output NaN; a wrong row count failed at the first forward, naming the PE)."""
+    if np.iscomplexobj(coordinates):  # float64 would drop the imaginary part, with numpy's warning
+        raise ValueError("coordinates must be real numbers, got complex ones")
     try:
         values = np.asarray(coordinates, dtype=np.float64)
     except (TypeError, ValueError):
@@ -185,6 +188,11 @@ def check_coordinates(coordinates, num_tokens: int) -> None:
         raise ValueError(f"coordinates must be [num_tokens, k] = [{num_tokens}, k ≥ 1], got {list(values.shape)}")
     if not np.isfinite(values).all():
         raise ValueError("coordinates hold NaN or ±inf: give each token's finite position")
+    # as a regions table's: beyond, the rotary tables' angles pass float32 (NaN tables) and the relative PE's
+    # integer offsets int64
+    if np.abs(values).max() > MAX_COORDINATE_MM:
+        raise ValueError(f"coordinates hold values beyond ±{MAX_COORDINATE_MM:,.0f}: give positions in tokens' units "
+                         f"(grid steps, mm)")
 
 
 def as_items(name: str, values) -> list:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from pe_fast.ops import reference
-from pe_fast.ops.backends import BACKENDS, implementation, resolve_backend
+from pe_fast.ops.backends import BACKENDS, UNAVAILABLE, implementation, resolve_backend
 from pe_fast.ops.transforms import fold_into_model_axis, is_traced
 
 
@@ -222,9 +222,22 @@ def _(info, in_dims, *args):
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # The largest |probe|: a statistic's sum over B·N rows of p·probe stays within float32 up to 3·10⁸ rows.
 PROBE_LIMIT = 1e30
+ROPE_SLACK = 1e-3  # a rope table's values are cos and sin: ±1, with room for a half-precision table's rounding
 # (x's dtype, w_qkv's) where they differ: autocast's mix, x @ W in 16 bits and the PE's path in float32
 # (projection.py). Any other pair would round one side to the other's precision without a word.
 MIXED_PRECISION = ((torch.bfloat16, torch.float32), (torch.float16, torch.float32))
+
+
+def check_backend_name(backend) -> None:
+    """A backend argument: None or a backend's name (whether it runs on the tensors' device is known at the call);
+    a TypeError / ValueError naming it otherwise."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {backend!r} ({type(backend).__name__})")
+    if backend is not None and not backend.strip():  # not None: the default would run without a word
+        raise ValueError(f"backend={backend!r} names no backend; give None (the fastest here) or one of "
+                         f"{', '.join(BACKENDS)}")
+    if backend is not None and backend not in BACKENDS and backend not in UNAVAILABLE:
+        raise ValueError(f"unknown pe_attention backend {backend!r}; available: {', '.join(BACKENDS)}")
 
 
 def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=None) -> None:
@@ -232,11 +245,7 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
     error naming the argument (TypeError: not a tensor, not an int, a dtype that is not floating or does not go
     with x's; ValueError: a value, shape, device or backend name), instead of failing deep inside a kernel or
     returning garbage."""
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {backend!r} ({type(backend).__name__})")
-    if backend is not None and not backend.strip():  # not None: the default would run without a word
-        raise ValueError(f"backend={backend!r} names no backend; give None (the fastest here) or one of "
-                         f"{', '.join(BACKENDS)}")
+    check_backend_name(backend)
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, torch.SymInt)):
         raise TypeError(f"num_heads must be an int, got {num_heads!r} ({type(num_heads).__name__})")
     if num_heads < 1:
@@ -308,6 +317,8 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
         if name == "probes" and largest > PROBE_LIMIT:
             raise ValueError(f"probes hold {largest:.3g}, beyond ±{PROBE_LIMIT:.0e}: the statistics sum p·probe over "
                              f"rows in float32; give probes as weights (0/1 masks or similar)")
+        if name != "probes" and largest > 1 + ROPE_SLACK:  # 1e30 in a table: q·k beyond float32, NaN outputs
+            raise ValueError(f"{name} holds {largest:.3g}: the tables are cosines and sines, within ±1")
 
 
 def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,

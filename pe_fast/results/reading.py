@@ -17,7 +17,7 @@ import torch
 
 from pe_fast import memory
 from pe_fast.data import declared_size
-from pe_fast.data.regions import centroids_problem
+from pe_fast.data.regions import MIN_SPREAD, centroids_problem
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES
 from pe_fast.models.single import SingleTransformer
 from pe_fast.models.transformer import PE_KINDS
@@ -440,14 +440,17 @@ def check_parquet_schema(path: Path, meta):
     import pyarrow as pa
     for field in meta.schema.to_arrow_schema():
         text, kind = field.name in TEXT_COLUMNS, field.type
+        # float16: a score beyond its 65,504 overflowed in pandas' arithmetic (a warning); the sweep writes float64
         fits = pa.types.is_null(kind) or (pa.types.is_string(kind) or pa.types.is_large_string(kind) if text
-                                          else pa.types.is_integer(kind) or pa.types.is_floating(kind))
+                                          else pa.types.is_integer(kind) or (pa.types.is_floating(kind)
+                                                                             and not pa.types.is_float16(kind)))
         if not fits:
             raise ReportError(f"{path}: column {str(field.name)[:40]!r} is stored as {str(kind)[:40]}, not "
                               f"{'text' if text else 'numbers'}; not a pe_fast results folder")
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet
     regular_file(path)
     with open(path, "rb") as file:  # a file, not a path's text: see run_folder.write_parquet
         try:
@@ -459,7 +462,8 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         check_parquet_schema(path, meta)
         try:
             file.seek(0)
-            return pd.read_parquet(file)
+            # the columns alone: pandas' metadata in the file (an index named after a column) is the writer's word
+            return pyarrow.parquet.read_table(file).to_pandas(ignore_metadata=True)
         except Exception as error:  # pyarrow raises several types for a truncated or foreign file
             raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
 
@@ -555,17 +559,19 @@ def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np
                               f"{shape} of real numbers over the {tokens} tokens; not a pe_fast results folder")
         if real and not np.isfinite(array).all():  # the task's data were checked finite before the sweep wrote it
             raise ReportError(f"{path}: entry {name} holds NaN or inf; not a pe_fast results folder")
-        # beyond float32, squares and products in the figures' correlations overflow
-        if real and array.size and np.abs(array).max() > FLOAT32_MAX:
+        # beyond float32, squares and products in the figures' correlations overflow (float16 compared as float64:
+        # float32's largest is inf in float16, with numpy's warning)
+        if real and array.size and np.abs(array.astype(np.float64)).max() > FLOAT32_MAX:
             raise ReportError(f"{path}: entry {name} holds values beyond float32's range; not a pe_fast results "
                               f"folder")
         if name == "centroids" and (problem := centroids_problem(array.astype(np.float64))) is not None:
             raise ReportError(f"{path}: its centroids {problem}, which no task's regions do; not a pe_fast results "
                               f"folder")
-        # a connectivity gradient is an axis across the regions: a constant one correlates with nothing (NaN)
-        if name == "gradients" and array.size and (np.ptp(array, axis=0) == 0).any():
-            raise ReportError(f"{path}: entry gradients holds a column that is the same for every region, not a "
-                              f"gradient; not a pe_fast results folder")
+        # a connectivity gradient is an axis across the regions: a constant one correlates with nothing (NaN), and
+        # one varying by less than 1e-150, as a data file's region, has squares that underflow (numpy's warnings)
+        if name == "gradients" and array.size and (np.ptp(array.astype(np.float64), axis=0) < MIN_SPREAD).any():
+            raise ReportError(f"{path}: entry gradients holds a column that is (almost) the same for every region, "
+                              f"not a gradient; not a pe_fast results folder")
         # the figures and alignments read each gradient column as an axis across the regions
         if name == "gradients" and array.shape[1] == 0:
             raise ReportError(f"{path}: entry gradients of shape {list(array.shape)} holds no gradient; not a "

@@ -562,7 +562,11 @@ def remove_partials(out: Path):
     for folder in (out, out / "packs"):
         if folder.is_dir():
             for leftover in folder.glob(f".*{PARTIAL}*"):
-                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+                # a link is removed, not what it leads to (rmtree refuses a link to a folder)
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink(missing_ok=True)
 
 
 # ---- packs and checkpoints -----------------------------------------------------------------------------------
