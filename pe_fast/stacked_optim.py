@@ -78,6 +78,50 @@ def along_model_axis(vector: Tensor, tensors: list[Tensor]) -> list[Tensor]:
     return [views[t.dim()] for t in tensors]
 
 
+MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer")  # the optimizers' running moments, each of its weight's shape
+# each kind's keys of a parameter's state: Adam's step count until a model skips a step, then each model's powers
+ADAM_STATE = {"step", "beta_powers", "exp_avg", "exp_avg_sq"}
+STATE_KEYS = {"adam": ADAM_STATE, "adamw": ADAM_STATE, "sgd": {"momentum_buffer"}}
+
+
+def moments_problem(entry: dict, weight: Tensor | None) -> str | None:
+    """What in one parameter's saved moments (torch's optimizers' or StackedOptimizer's) no training leaves, or
+    None: a second moment below 0 (no gradient's square), a moment not finite where its weight is (a gradient that
+    is not finite leaves its weight not finite in the same step)."""
+    if isinstance(squares := entry.get("exp_avg_sq"), Tensor) and bool((squares < 0).any()):
+        return "exp_avg_sq below 0: no gradient's square"
+    for key in MOMENTS:
+        moment = entry.get(key)
+        if isinstance(weight, Tensor) and isinstance(moment, Tensor) and moment.shape == weight.shape and bool(
+                (~moment.isfinite() & weight.isfinite()).any()):
+            return f"{key} not finite where its weight is: no training leaves that"
+    return None
+
+
+def stacked_state_problem(entry, param: Tensor, kind: str) -> str | None:
+    """What in one parameter's saved StackedOptimizer state this optimizer cannot step from, or None: its kind's
+    keys only, moments of the parameter's shape (moments_problem), a whole step count ≥ 0 or each model's powers
+    of the betas in [0, 1]."""
+    if not isinstance(entry, dict):
+        return f"a state of type {type(entry).__name__}"
+    if unknown := sorted(set(map(str, entry)) - STATE_KEYS[kind]):
+        return f"keys {unknown[:3]} no {kind} state holds"
+    for key in MOMENTS:
+        if key in entry and not (isinstance(entry[key], Tensor) and entry[key].is_floating_point()
+                                 and entry[key].shape == param.shape):
+            return f"{key} that is not a floating tensor of its parameter's shape {list(param.shape)}"
+    if kind != "sgd" and not {"exp_avg", "exp_avg_sq"} <= set(entry):
+        return "no exp_avg and exp_avg_sq"
+    step = entry.get("step", 0)
+    if not (isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0):
+        return f"step {step!r:.20}, not a count"
+    powers = entry.get("beta_powers")
+    if powers is not None and not (isinstance(powers, Tensor) and powers.shape == (2, len(param))
+                                   and bool(((powers >= 0) & (powers <= 1)).all())):
+        return "beta_powers that are not two powers of the betas in [0, 1] per model"
+    return moments_problem(entry, param)
+
+
 def check_betas_and_eps(betas, eps) -> None:
     """Adam's betas, two numbers in [0, 1), and its eps, a finite number ≥ 0; or a TypeError / ValueError."""
     if not isinstance(betas, Sequence) or not all(isinstance(beta, numbers.Real)
@@ -159,8 +203,12 @@ class StackedOptimizer(torch.optim.Optimizer):
         return [lr * group["lr"] for lr in group["model_lr"]]
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Refuses, before changing anything, a state of another kind or of a pack of another size."""
-        saved_groups = state_dict["param_groups"]
+        """Refuses, before changing anything, a state of another kind or of a pack of another size, or one this
+        optimizer could not step from (stacked_state_problem)."""
+        saved_groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups) or not all(
+                isinstance(saved, dict) for saved in saved_groups):
+            raise ValueError(f"this optimizer state has no list of {len(self.param_groups)} parameter groups")
         for group, saved in zip(self.param_groups, saved_groups):
             if saved.get("kind") != self.kind or not all(name in saved for name in PER_MODEL):
                 raise ValueError(f"this optimizer state is not a {self.kind} StackedOptimizer's (kind "
@@ -172,6 +220,14 @@ class StackedOptimizer(torch.optim.Optimizer):
                 check_group_numbers({**saved}, self.kind, len(group["model_lr"]))
             except (TypeError, ValueError, KeyError) as error:
                 raise ValueError(f"this optimizer state holds numbers no StackedOptimizer takes: {error}") from None
+            saved_params = saved.get("params")
+            if not isinstance(saved_params, list) or len(saved_params) != len(group["params"]):
+                raise ValueError("this optimizer state lists another number of parameters than this optimizer")
+            states = state_dict.get("state")
+            for index, param in zip(saved_params, group["params"]):
+                entry = states.get(index) if isinstance(states, dict) else None
+                if entry is not None and (problem := stacked_state_problem(entry, param, self.kind)) is not None:
+                    raise ValueError(f"this optimizer state's parameter {index!r:.20} holds {problem}")
         super().load_state_dict(state_dict)
         # torch casts a parameter's state to the parameter's dtype: the powers go back to float64, as saved
         params = [p for group in self.param_groups for p in group["params"]]

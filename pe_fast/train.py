@@ -31,7 +31,7 @@ from pe_fast.models.absolute_pe import PEDropout
 from pe_fast.ops import STAT_NAMES, extension
 from pe_fast.seeds import DATA_SEED_OFFSET
 from pe_fast.stacked_optim import KINDS as OPTIMIZERS  # torch's fused optimizers (make_optimizer) cover them too
-from pe_fast.stacked_optim import StackedOptimizer
+from pe_fast.stacked_optim import StackedOptimizer, moments_problem
 
 # Items of the attention split on which every evaluation measures how far features and attention moved (a small
 # batch: the first block's attention maps are held in full, [M, items, H, N, N])
@@ -348,7 +348,6 @@ class PackEvaluation:
         return mean_attention_maps(self.model, self.tokens[self.task.attention_split], self.probes)
 
 
-MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer")  # the optimizers' running moments, each of its weight's shape
 
 
 class PackTrainer:
@@ -616,15 +615,9 @@ class PackTrainer:
         names = {id(p): name for name, p in self.model.named_parameters()}
         weights = [state["model"].get(names[id(p)]) for group in self.optimizer.param_groups for p in group["params"]]
         for index, entry in state["optimizer"]["state"].items():
-            if (squares := entry.get("exp_avg_sq")) is not None and bool((squares < 0).any()):
-                return f"optimizer.state.{index}.exp_avg_sq below 0: no gradient's square"
-            # a gradient that is not finite leaves its weight not finite in the same step: a moment alone is edited
             weight = weights[index] if type(index) is int and 0 <= index < len(weights) else None
-            for key in MOMENTS:
-                moment = entry.get(key)
-                if isinstance(weight, Tensor) and isinstance(moment, Tensor) and moment.shape == weight.shape and bool(
-                        (~moment.isfinite() & weight.isfinite()).any()):
-                    return f"optimizer.state.{index}.{key} not finite where its weight is: no training leaves that"
+            if (problem := moments_problem(entry, weight)) is not None:
+                return f"optimizer.state.{index}.{problem}"
             if not stacked and "step" in entry and not float(entry["step"]) == step:  # torch's optimizers: a count
                 return f"optimizer.state.{index}.step {float(entry['step']):g}, at the pack's step {step}"
         scheduler, own_scheduler = state["scheduler"], own["scheduler"]

@@ -202,3 +202,22 @@ def test_a_relative_pe_takes_coordinates_as_integers_only_when_they_are():
     near_zero = RelativePE(1, 1, 1, 4, np.arange(4.0)[:, None] * 1e-9)
     in_order = RelativePE(1, 1, 1, 4, None)
     assert torch.equal(near_zero.index, in_order.index)
+
+
+def test_pe_dropout_masks_of_another_shape_dtype_or_model_are_named():
+    """Masks of too few blocks gave an IndexError, of another batch a broadcast error, float64 ones a TypeError
+    blaming w_qkv, and masks given to a model without PE dropout were ignored without a word (issue 55)."""
+    config = ModelConfig(**{**TINY_CONFIG, "depth": 2}, pe="sin1d", pe_dropout=0.1)
+    model = StackedTransformer(config, [1, 2], [None, None])
+    tokens = torch.randn(2, 3, 4, 3)
+    good = torch.ones(2, 2, 3, 4, 8)
+    assert model(tokens, pe_dropout_masks=good)[0].shape == model(tokens)[0].shape
+    for masks, error, why in ((good[:1], ValueError, r"\[blocks, M, B, N, width\] = \[2, 2, 3, 4, 8\]"),
+                              (good[:, :, :2], ValueError, r"= \[2, 2, 3, 4, 8\], got \[2, 2, 2, 4, 8\]"),
+                              (good.double(), TypeError, "pe_dropout_masks are torch.float64 on cpu: give "
+                                                         "torch.float32")):
+        with pytest.raises(error, match=why):
+            model(tokens, pe_dropout_masks=masks)
+    plain = StackedTransformer(ModelConfig(**TINY_CONFIG, pe="sin1d"), [1, 2], [None, None])
+    with pytest.raises(ValueError, match="pe_dropout_masks given to a model without PE dropout"):
+        plain(tokens, pe_dropout_masks=torch.ones(1, 2, 3, 4, 8))

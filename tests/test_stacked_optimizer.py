@@ -294,3 +294,42 @@ def test_a_group_of_another_model_count_is_refused_when_added():
     with pytest.raises(ValueError, match="every parameter group needs the first one's model count 2, got "
                                          "leading size 3"):
         optimizer.add_param_group({"params": [torch.zeros(3, 4, requires_grad=True)]})
+
+
+
+def stepped_adam():
+    p = torch.nn.Parameter(torch.randn(2, 3))
+    optimizer = StackedOptimizer([p], "adam", lr=0.1)
+    p.grad = torch.ones(2, 3)
+    optimizer.step()
+    return p, optimizer
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda state: state["state"][0].update(step=-1), "step -1, not a count"),
+    (lambda state: state["state"][0].update(step="x"), "step 'x', not a count"),
+    (lambda state: state["state"][0]["exp_avg"].fill_(float("nan")), "exp_avg not finite where its weight is"),
+    (lambda state: state["state"][0]["exp_avg_sq"].fill_(-1.0), "exp_avg_sq below 0"),
+    (lambda state: state["state"][0].update(exp_avg=torch.zeros(5)), "exp_avg that is not a floating tensor of its "
+                                                                     "parameter's shape"),
+    (lambda state: state["state"][0].pop("exp_avg"), "no exp_avg and exp_avg_sq"),
+    (lambda state: state["state"][0].update(beta_powers=torch.full((2, 2), 2.0, dtype=torch.float64)),
+     "beta_powers that are not two powers"),
+    (lambda state: state["state"][0].update(momentum_buffer=torch.zeros(2, 3)), "keys \\['momentum_buffer'\\] no adam"),
+    (lambda state: state.pop("param_groups"), "no list of 1 parameter groups"),
+    (lambda state: state.update(param_groups="ab"), "no list of 1 parameter groups"),
+])
+def test_a_loaded_state_it_could_not_step_from_is_refused_before_anything_changes(change, why):
+    """A step of -1, a NaN moment, a negative second moment, powers of 2: NaN parameters at the next step; a moment
+    of another shape, a missing one, a count as text: torch's RuntimeError, KeyError or TypeError there; a state
+    without its groups: a KeyError at load (issue 55)."""
+    import copy
+    p, optimizer = stepped_adam()
+    state = copy.deepcopy(optimizer.state_dict())
+    before = copy.deepcopy(optimizer.state_dict())
+    change(state)
+    with pytest.raises(ValueError, match=why):
+        optimizer.load_state_dict(state)
+    after = optimizer.state_dict()
+    assert after["state"][0]["step"] == before["state"][0]["step"]
+    assert torch.equal(after["state"][0]["exp_avg"], before["state"][0]["exp_avg"])

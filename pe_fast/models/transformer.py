@@ -285,6 +285,23 @@ class StackedTransformer(nn.Module):
         """The additive PE tables [M,N,D] in block order (empty for rotary, relative and none)."""
         return [] if self.absolute is None else self.absolute.values()
 
+    def check_pe_dropout_masks(self, masks, tokens: Tensor) -> None:
+        """PE dropout's keep masks [blocks with a PE, M, B, N, width] (PEDropout.masks), for a model that drops its PE
+        out, on the tokens' device in the weights' dtype; a ValueError / TypeError naming them otherwise (they were
+        indexed as given: an IndexError, a broadcast, or ignored without a word). Their values are PEDropout's."""
+        c = self.config
+        if not (c.pe_dropout and self.absolute is not None):
+            raise ValueError(f"pe_dropout_masks given to a model without PE dropout (pe {c.pe!r}, pe_dropout "
+                             f"{c.pe_dropout}): give None")
+        blocks = c.depth if c.pe_at == "every" else 1
+        wanted = (blocks, len(self.seeds), tokens.shape[1], c.num_tokens, c.width)
+        if not isinstance(masks, Tensor) or tuple(masks.shape) != wanted:
+            raise ValueError(f"pe_dropout_masks must be [blocks, M, B, N, width] = {list(wanted)}, got "
+                             f"{list(masks.shape) if isinstance(masks, Tensor) else type(masks).__name__}")
+        if masks.device != tokens.device or masks.dtype != self.embed.weight.dtype:
+            raise TypeError(f"pe_dropout_masks are {masks.dtype} on {masks.device}: give "
+                            f"{self.embed.weight.dtype} on {tokens.device}, as the model's weights and the tokens")
+
     def forward(self, tokens: Tensor, probes: Tensor | None = None, pe_dropout_masks: Tensor | None = None,
                 output_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """pe_dropout_masks [blocks with a PE, M, B, N, D]: training with config.pe_dropout (PEDropout.masks).
@@ -304,6 +321,8 @@ class StackedTransformer(nn.Module):
                             f"dtype (or run under torch.autocast)")
         if output_tokens is not None:
             check_output_tokens(output_tokens, tokens, self.config)
+        if pe_dropout_masks is not None:
+            self.check_pe_dropout_masks(pe_dropout_masks, tokens)
         h = self.embed(tokens)
         rope = self.rotary.tables() if self.rotary is not None else None
         all_stats = []
