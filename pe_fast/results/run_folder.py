@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 
 from pe_fast.program_exit import CONTROL_CHARACTER, brief
+from pe_fast.data.declared_size import inflation, stored_bytes
 from pe_fast.results import migrate
 from pe_fast.results.settings import FLOAT32_MAX
 
@@ -656,22 +657,25 @@ _NUMPY_DATA = [np._core.multiarray._reconstruct, np._core.multiarray.scalar, np.
                *(type(np.dtype(t)) for t in (np.float32, np.float64, np.int64, np.bool_))]
 
 
-def _items_within(value, limit: int) -> bool:
-    """Whether value's containers and leaves, counted each time they are reached (as every walk over it does),
-    number at most limit: a pickle may refer to one list from two places at each of 30 levels, 2**30 items from a
-    few hundred bytes, or to a list from inside itself."""
-    stack, count = [value], 0
+def _items_within(value, limit: int) -> tuple[bool, int]:
+    """(whether value's containers and leaves, counted each time they are reached (as every walk over it does),
+    number at most limit, the bytes of its tensors as the load makes them contiguous): a pickle may refer to one
+    list from two places at each of 30 levels, 2**30 items from a few hundred bytes, or to a list from inside
+    itself; a tensor expanded from one stored value may declare GBs."""
+    stack, count, tensor_bytes = [value], 0, 0
     while stack:
         item = stack.pop()
         count += 1
         if count > limit:
-            return False
-        if isinstance(item, dict):
+            return False, tensor_bytes
+        if isinstance(item, torch.Tensor):
+            tensor_bytes += item.numel() * item.element_size()
+        elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
             stack.extend(item)
-    return True
+    return True, tensor_bytes
 
 
 def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
@@ -686,10 +690,13 @@ def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
         raise UnreadableCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {cause[:160]}); "
                                    f"delete it to retrain pack {index} from its start")
     # a pickle spends at least a byte on each item it holds once: more items than bytes were reached twice
-    if not _items_within(state, limit := max(2**20, path.stat().st_size)):
+    within, tensor_bytes = _items_within(state, limit := max(2**20, path.stat().st_size))
+    if not within:
         raise UnreadableCheckpoint(f"{path} holds more than {limit:,} values, more than its size can hold without "
                                    f"referring to some many times over; delete it to retrain pack {index} from its "
                                    f"start")
+    if (problem := inflation(path, tensor_bytes, stored_bytes(path), "a checkpoint pe_fast writes")) is not None:
+        raise UnreadableCheckpoint(f"{problem}; delete it to retrain pack {index} from its start")
     return state
 
 
