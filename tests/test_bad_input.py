@@ -1974,6 +1974,27 @@ def test_pandas_metadata_in_a_results_table_is_not_taken_as_its_word(tmp_path):
     assert "model_id" in results.columns and results["model_id"].tolist() == [0, 1]
 
 
+def test_the_results_folder_swapped_for_a_link_while_the_report_writes_leads_no_write_out(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The results folder itself moved away and a link to a folder outside put in its place while the report
+    ran: report.md and the figures went into the link's target, a report.md there overwritten (round 15)."""
+    from pe_fast.report import figures
+    folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
+    outside = tmp_path / "outside"
+    (outside / "figures").mkdir(parents=True)
+    (outside / "report.md").write_text("precious")
+    original = figures.save
+
+    def swap_then_save(fig, path):
+        if not folder.is_symlink():
+            folder.rename(tmp_path / "moved")
+            folder.symlink_to(outside)
+        original(fig, path)
+    monkeypatch.setattr(figures, "save", swap_then_save)
+    assert_one_line(capsys, report_main([str(folder)]), "a link or a file where pe_fast writes a folder")
+    assert (outside / "report.md").read_text() == "precious" and list((outside / "figures").iterdir()) == []
+
+
 def test_writes_below_a_results_folder_follow_no_link_on_the_way(tmp_path):
     """run_folder.write_atomic below `under`: a link on the way is refused, a link at the file's own place is
     replaced (never written through), and nothing lands outside."""

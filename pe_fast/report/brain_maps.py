@@ -150,7 +150,8 @@ def draw(rows: list[tuple[str, np.ndarray]], regions: np.ndarray, label: str, pa
     bar = fig.colorbar(cm.ScalarMappable(norm, cmap), ax=fig.axes, shrink=0.6, fraction=0.02, pad=0.01)
     bar.set_label(label)
     try:  # atomic, as every figure: a hard link in its place (to a file outside the folder) is replaced, not written
-        run_folder.write_atomic(path, lambda file: fig.savefig(file, dpi=90, format="png"), under=path.parents[1])
+        run_folder.write_atomic(path, lambda file: fig.savefig(file, dpi=90, format="png"),
+                                under=run_folder.no_link_on_the_way(path))
     finally:
         plt.close(fig)
 

@@ -190,10 +190,13 @@ def write_report(directory: str | os.PathLike, more_files: tuple[str, ...] = ())
     task = task_name(run)
     view = KINDS[task].view
     align = alignment(run.results, view)
-    drawn, skipped = draw_figures(run, view, align, directory)
-    text = report_markdown(Report(directory.resolve().name, directory, run, task, view, align,
+    # the folder read, its links resolved once: every write goes there from the root without following a link, so
+    # that the folder (or figures/ in it) swapped for a link while the report runs leads no write out of it
+    top = directory.resolve()
+    drawn, skipped = draw_figures(run, view, align, top)
+    text = report_markdown(Report(top.name, directory, run, task, view, align,
                                   convergence(run.curves, view), drawn, skipped))
-    run_folder.write_atomic(report, lambda file: file.write(text.encode()), under=directory)
+    run_folder.write_atomic(top / run_folder.REPORT, lambda file: file.write(text.encode()), under=Path(top.anchor))
     return report
 
 

@@ -87,11 +87,11 @@ def figure_legend(fig, axes, extra=()):
 
 
 def save(fig, path: Path):
-    """Written atomically: a reader (a browser on a running sweep's report) never sees half a PNG. path is
-    DIR/figures/NAME.png: nothing on the way below DIR is followed through a link."""
+    """Written atomically: a reader (a browser on a running sweep's report) never sees half a PNG. An absolute
+    path (the report's: its folder's links resolved once) is followed from the root through no link."""
     try:  # tight: a long title is never clipped
         run_folder.write_atomic(path, lambda file: fig.savefig(file, dpi=100, format="png", bbox_inches="tight"),
-                                under=path.parents[1])
+                                under=run_folder.no_link_on_the_way(path))
     finally:
         plt.close(fig)
 
@@ -668,5 +668,5 @@ def draw_figures(run: Run, view: TaskView, align: Alignment | None, directory: P
         skipped += brain_skipped
     for name in FIGURES:
         if name not in drawn:
-            run_folder.remove_file(folder / f"{name}.png", under=directory)
+            run_folder.remove_file(folder / f"{name}.png", under=run_folder.no_link_on_the_way(folder))
     return drawn, skipped

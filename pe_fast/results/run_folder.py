@@ -194,6 +194,12 @@ def _open_folder(path: Path, under: Path | None) -> int:
     return folder
 
 
+def no_link_on_the_way(path: Path) -> Path | None:
+    """write_atomic's `under` for a path whose links were resolved once (Path.resolve()): its root, so that no
+    link anywhere on the way is followed later; None (links followed) for a relative path."""
+    return Path(path.anchor) if path.is_absolute() else None
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], under: Path | None = None):
     """write(file) writes the file's content into a new file beside path; it is flushed to disk and renamed over
     path, so a reader never sees half a file and a link planted at path is replaced, not written through. Below
@@ -216,7 +222,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], under: Path | No
         os.close(folder)
 
 
-def remove_file(path: Path, under: Path):
+def remove_file(path: Path, under: Path | None):
     """path removed, where it is there, through the same way as write_atomic's (a link is removed, not followed)."""
     folder = _open_folder(path.parent, under)
     try:
