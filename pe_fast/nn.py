@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
-from pe_fast.ops.pe_attention import check_backend_name
+from pe_fast.ops.pe_attention import available_bytes, check_backend_name
 from pe_fast.ops.sublayer_ends import autocasting, check_eps, linear_gelu, residual_layer_norm
 
 
@@ -63,6 +63,15 @@ def check_sizes(**sizes):
             raise ValueError(f"{name} must be at least 1, got {value}")
 
 
+def check_fits(what: str, elements: int) -> None:
+    """ValueError naming `what` where a float32 tensor of `elements` per-model values (drawn, then stacked: twice
+    over) would not fit in the memory free now: torch's allocator fails with a RuntimeError of its own."""
+    needed = 2 * 4 * elements
+    if needed > (free := available_bytes()):
+        raise ValueError(f"{what}: its weights need about {needed / 2**30:,.0f} GiB, more than the memory free now "
+                         f"({free / 2**30:,.0f} GiB)")
+
+
 def check_generators(generators):
     """One torch.Generator per model, at least one."""
     if not (isinstance(generators, Sequence) and generators
@@ -92,6 +101,8 @@ class StackedLinear(nn.Module):
         super().__init__()
         check_sizes(d_in=d_in, d_out=d_out)
         check_generators(generators)
+        check_fits(f"StackedLinear d_in={d_in:,}, d_out={d_out:,} for {len(generators)} models",
+                   len(generators) * (d_in + 1) * d_out)
         bound = 1.0 / math.sqrt(d_in)
         self.weight = nn.Parameter(uniform_per_model(generators, (d_in, d_out), bound))
         self.drawn_std = uniform_std(bound)  # the weight's, for scale_to_fan_in_power

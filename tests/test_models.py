@@ -221,3 +221,16 @@ def test_pe_dropout_masks_of_another_shape_dtype_or_model_are_named():
     plain = StackedTransformer(ModelConfig(**TINY_CONFIG, pe="sin1d"), [1, 2], [None, None])
     with pytest.raises(ValueError, match="pe_dropout_masks given to a model without PE dropout"):
         plain(tokens, pe_dropout_masks=torch.ones(1, 2, 3, 4, 8))
+
+
+def test_a_model_beyond_the_memory_free_now_is_named_before_any_weight_is_drawn(monkeypatch):
+    """ModelConfig(width=2**40) and a StackedLinear of 2**30 × 2**30 reached torch's allocator and its RuntimeError
+    ("can't allocate ...") (issue 55): the weights' size is checked against the memory free now first."""
+    import pe_fast.nn
+    from pe_fast.nn import StackedLinear
+    monkeypatch.setattr(pe_fast.nn, "available_bytes", lambda: 2**30)
+    with pytest.raises(ValueError, match="ModelConfig width=65,536, .*more than the memory free now \\(1 GiB\\)"):
+        StackedTransformer(ModelConfig(**{**TINY_CONFIG, "width": 2**16, "heads": 1}), [1], [None])
+    with pytest.raises(ValueError, match="StackedLinear d_in=65,536, d_out=65,536 for 1 models"):
+        StackedLinear([torch.Generator()], 2**16, 2**16)
+    StackedTransformer(ModelConfig(**TINY_CONFIG), [1], [None])  # a small one fits

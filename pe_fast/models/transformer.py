@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from pe_fast.data.regions import MAX_COORDINATE_MM
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
-from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, check_sizes, scale_to_fan_in_power
+from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, check_fits, check_sizes, scale_to_fan_in_power
 from pe_fast.ops import sublayer_ends
 from pe_fast.ops.backends import BACKENDS
 from pe_fast.ops.transforms import is_traced
@@ -237,6 +237,11 @@ class StackedTransformer(nn.Module):
             if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, (bool, np.bool_))
                                           and MIN_SIGMA <= sigma <= MAX_SIGMA):
                 raise ValueError(f"sigmas: {sigma!r} is not a σ in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (or None)")
+        D, F = config.width, config.mlp_width  # the pack's weights, before any is drawn
+        per_model = (config.token_dim + 1) * D + config.depth * (4 * D * D + 2 * D * F + F + 9 * D) \
+            + (D + 1) * config.out_dim + config.depth * config.num_tokens * D
+        check_fits(f"ModelConfig width={D:,}, mlp_width={F:,}, depth={config.depth:,}, num_tokens="
+                   f"{config.num_tokens:,}", len(seeds) * per_model)
         self.config, self.seeds = config, list(seeds)
         self.sigmas = [None if s is None else float(s) for s in sigmas]
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
