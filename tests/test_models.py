@@ -230,7 +230,7 @@ def test_a_model_beyond_the_memory_free_now_is_named_before_any_weight_is_drawn(
     from pe_fast.nn import StackedLinear
     monkeypatch.setattr(pe_fast.nn, "available_bytes", lambda: 2**30)
     with pytest.raises(ValueError, match="ModelConfig width=65,536, .*more than the memory free now \\(1 GiB\\)"):
-        StackedTransformer(ModelConfig(**{**TINY_CONFIG, "width": 2**16, "heads": 1}), [1], [None])
+        StackedTransformer(ModelConfig(**{**TINY_CONFIG, "width": 2**16, "heads": 1}), [1], [0.1])
     with pytest.raises(ValueError, match="StackedLinear d_in=65,536, d_out=65,536 for 1 models"):
         StackedLinear([torch.Generator()], 2**16, 2**16)
-    StackedTransformer(ModelConfig(**TINY_CONFIG), [1], [None])  # a small one fits
+    StackedTransformer(ModelConfig(**TINY_CONFIG), [1], [0.1])  # a small one fits
