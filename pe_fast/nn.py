@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from pe_fast.ops import pe_attention
 from pe_fast.ops.pe_attention import available_bytes, check_backend_name
-from pe_fast.ops.sublayer_ends import autocasting, check_eps, linear_gelu, residual_layer_norm
+from pe_fast.ops.sublayer_ends import autocasting, check_eps, fusable, linear_gelu, residual_layer_norm
 
 
 def uniform_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> Tensor:
@@ -136,6 +136,8 @@ class StackedLayerNorm(nn.Module):
         """LN(x)·w + b; with a residual, LN(x + residual + add)·w + b in one fused op on the CPU
         (pe_fast.ops.sublayer_ends; add [M, T, D] repeats over each sequence's T tokens)."""
         check_layer_input(x, self.weight)
+        if residual is None and fusable(x, self.weight, self.bias):  # the kernel's range (rows beyond 1e19), not torch's
+            residual = torch.zeros_like(x)
         if residual is not None:
             return residual_layer_norm(x, residual, self.weight, self.bias, add, self.eps)
         y = F.layer_norm(x, x.shape[-1:], eps=self.eps)

@@ -302,3 +302,11 @@ def test_an_eps_float32_cannot_hold_is_refused(eps):
     a = torch.ones(1, 2, 4)
     with pytest.raises(ValueError, match="eps must be a positive finite number from"):
         sublayer_ends.residual_layer_norm(a, a, torch.ones(1, 4), torch.zeros(1, 4), eps=eps)
+
+
+def test_a_layer_norm_without_a_residual_takes_the_kernel_s_range_too():
+    """StackedLayerNorm(x) without a residual ran torch's float32 layer norm: NaN for rows beyond 1e19, where the
+    fused one gives float64's numbers (issue 55)."""
+    from pe_fast.nn import StackedLayerNorm
+    x = torch.tensor([[[1e20, -1e20, 3e20, 0.0]]])
+    torch.testing.assert_close(StackedLayerNorm(1, 4)(x).double(), F.layer_norm(x.double(), (4,)), atol=1e-6, rtol=0)
