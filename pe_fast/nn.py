@@ -136,7 +136,7 @@ class StackedLayerNorm(nn.Module):
         """LN(x)·w + b; with a residual, LN(x + residual + add)·w + b in one fused op on the CPU
         (pe_fast.ops.sublayer_ends; add [M, T, D] repeats over each sequence's T tokens)."""
         check_layer_input(x, self.weight)
-        if residual is None and fusable(x, self.weight, self.bias):  # the kernel's range (rows beyond 1e19), not torch's
+        if residual is None and fusable(x, self.weight, self.bias):  # the kernel's range (rows past 1e19), not torch's
             residual = torch.zeros_like(x)
         if residual is not None:
             return residual_layer_norm(x, residual, self.weight, self.bias, add, self.eps)
