@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pe_fast.results.reading import ReportError, check_alike
@@ -191,3 +192,13 @@ def test_every_preset_is_settings_the_rows_accept(task, preset):
         if name in FLAGS:
             expected = parse_list(value, LIST_SETTINGS[name], name) if name in LIST_SETTINGS else value
             assert getattr(s, name) == expected, name
+
+
+def test_a_float16_setting_from_python_is_read_without_numpy_s_warning():
+    """sweep.run(mask_fraction=np.float16(0.5)): float32's largest cast to float16 for the range check printed
+    numpy's "overflow encountered in cast" (issue 55)."""
+    import warnings
+    from pe_fast.results.settings import conform
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert conform("mask_fraction", np.float16(0.5), float) == 0.5

@@ -384,7 +384,9 @@ def conform(name: str, value, hint):
     if hint is float and number:
         if not math.isfinite(value):  # JSON's 1e400 reads as inf: no setting takes an infinite or NaN value
             raise SettingError(f"--{name.replace('_', '-')} must be finite, got {value!r}")
-        if abs(value) > FLOAT32_MAX:  # the results store it as float32, where it would be infinite
+        # the results store it as float32, where it would be infinite (compared as a Python float: a float16
+        # compared with float32's largest cast that to inf, with numpy's warning)
+        if abs(float(value)) > FLOAT32_MAX:
             raise SettingError(f"--{name.replace('_', '-')} {float(value):g} lies beyond float32's range "
                                f"(±{FLOAT32_MAX:.8g}), in which the results store it")
         return float(value)
