@@ -449,6 +449,9 @@ def check_parquet_schema(path: Path, meta):
                               f"{'text' if text else 'numbers'}; not a pe_fast results folder")
 
 
+PANDAS_INDEX = re.compile(r"__index_level_\d+__")
+
+
 def _read_parquet(path: Path) -> pd.DataFrame:
     import pyarrow.parquet
     regular_file(path)
@@ -462,8 +465,10 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         check_parquet_schema(path, meta)
         try:
             file.seek(0)
-            # the columns alone: pandas' metadata in the file (an index named after a column) is the writer's word
-            return pyarrow.parquet.read_table(file).to_pandas(ignore_metadata=True)
+            # the columns alone: pandas' metadata in the file (an index named after a column) is the writer's word;
+            # the unnamed index pandas writes beside them (__index_level_0__) is no column of the table
+            table = pyarrow.parquet.read_table(file).to_pandas(ignore_metadata=True)
+            return table.drop(columns=[c for c in table.columns if PANDAS_INDEX.fullmatch(str(c))])
         except Exception as error:  # pyarrow raises several types for a truncated or foreign file
             raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
 

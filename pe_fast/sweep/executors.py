@@ -307,6 +307,9 @@ class RayExecutor:
         import ray
         if not ray.is_initialized():
             ray.init(address=self.s.ray_address, include_dashboard=False, log_to_driver=False)
+        # each failed pack is named in one line (PackFailed); Ray's own log of the same error, printed as the driver
+        # exits, came after it (read when Ray reports an error, so set here)
+        os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
         gpus = 1 if self.s.device == "cuda" else 0
         remote = ray.remote(num_cpus=self.s.threads or 1, num_gpus=gpus, max_retries=0)(pack_job)
         settings = dataclasses.replace(self.s, threads=self.s.threads or 1)
