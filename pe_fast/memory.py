@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
 
+from pe_fast.ops.pe_attention import available_bytes
 from pe_fast.stacked_optim import STATES
 
 BYTES = 4  # float32
@@ -60,17 +60,11 @@ def bytes_per_model(model_config, batch_size: int, optimizer: str = "adam", back
 
 
 def free_bytes(device: torch.device) -> int:
-    """Free GPU memory (torch.cuda.mem_get_info), or MemAvailable from /proc/meminfo on the CPU."""
+    """Free GPU memory (torch.cuda.mem_get_info), or on the CPU the op's available_bytes (MemAvailable within the
+    address-space limit)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return available_bytes()
 
 
 def pack_size(per_model: int, free: int, fraction: float = DEFAULT_FRACTION) -> int:

@@ -337,6 +337,18 @@ def test_float64_under_autocast_stays_float64(target):
     torch.testing.assert_close(stats, expected[1])
 
 
+def test_a_bias_beyond_float16_under_fp16_autocast_is_named():
+    """Under fp16 autocast a finite float32 bias of 1e5 is cast to inf: NaN outputs without a word (round 15). bf16
+    has float32's range: the same bias runs there."""
+    x, w_qkv = torch.randn(1, 1, 4, 8), torch.randn(1, 8, 24)
+    bias = torch.full((1, 2, 4, 4), 1e5)
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(ValueError, match="bias holds 1e\\+05, beyond "
+                                                                                       "torch.float16's range"):
+        pe_attention(x, None, w_qkv, None, 2, bias=bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(pe_attention(x, None, w_qkv, None, 2, bias=bias)[0]).all()
+
+
 def test_a_bias_that_could_take_a_gradient_is_checked_under_no_grad():
     """A bias with requires_grad (a parameter) skipped the finite check even under no_grad, where no gradient is
     taken: its -inf rows gave NaN statistics without a word."""

@@ -260,6 +260,8 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
     (torch.quantize_per_tensor(torch.zeros(2, 16, 5), 0.1, 0, torch.quint8), TypeError, "a quantized tensor"),
     # finite, but beyond float32's arithmetic inside the model: NaN again
     (torch.ones(3, 16, 5).index_fill_(0, torch.tensor([1]), 1e30), ValueError, "item 1 overflows model"),
+    # float64 beyond float32: said to hold Inf, which they do only once cast (round 15)
+    (torch.ones(3, 16, 5, dtype=torch.float64) * 1e39, ValueError, "values beyond torch.float32's range"),
 ])
 def test_bad_attention_inputs_are_an_error_naming_them(inputs, error, why, lst_run):
     with pytest.raises(error, match=f"inputs.*{why}"):

@@ -190,6 +190,11 @@ class SingleTransformer(nn.Module):
             raise ValueError(f"{name} must be [items, {self.config.num_tokens}, {self.config.token_dim}], got "
                              f"{list(tokens.shape)}")
         weight = self.embed.weight
+        if tokens.is_floating_point() and torch.finfo(tokens.dtype).max > torch.finfo(weight.dtype).max and bool(
+                (tokens.isfinite() & (tokens.abs() > torch.finfo(weight.dtype).max)).any()):
+            # the cast would make them inf, and the caller then read that they held Inf
+            raise ValueError(f"{name}: values beyond {weight.dtype}'s range (±{torch.finfo(weight.dtype).max:.3g}), "
+                             f"in which the model computes")
         return tokens.to(weight.device, weight.dtype)
 
     def forward(self, tokens: Tensor) -> Tensor:

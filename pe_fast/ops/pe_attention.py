@@ -68,16 +68,15 @@ def own_dtypes(device: torch.device):
     return contextlib.nullcontext()
 
 
-# The memory an allocation may take now: the reference materialises every attention map, and an allocation beyond
-# it fails in torch's allocator with a RuntimeError of its own (or, with swap, pages for minutes first)
-MACHINE_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+# The reference materialises every attention map: an allocation beyond the memory free fails in torch's allocator
+# with a RuntimeError of its own (or, with swap, pages for minutes first)
 REFERENCE_MAPS = 3  # the logits, probabilities and their logarithms, [M,B,H,N,N] each
 
 
 def available_bytes() -> int:
-    """The memory free for a new allocation: Linux's MemAvailable (else the machine's memory), within the process's
-    address-space limit (ulimit -v), where it has one."""
-    available = MACHINE_BYTES
+    """The memory free for a new allocation: Linux's MemAvailable (else the pages the system counts free), within
+    the process's address-space limit (ulimit -v), where it has one."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         with open("/proc/meminfo") as meminfo:
             available = next((int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")),
@@ -303,9 +302,15 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
     # a caller's mask, not where it takes a gradient (a relative PE's, which would pay a pass and a GPU sync per
     # call); under no_grad none is taken, so a parameter passed as the bias is checked there too
     takes_gradient = bias is not None and bias.requires_grad and torch.is_grad_enabled()
-    if bias is not None and not takes_gradient and not is_traced(bias) and not bool(torch.isfinite(bias).all()):
-        raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such as "
-                         "-1e4, whose softmax weight is 0 in float32)")
+    if bias is not None and not takes_gradient and not is_traced(bias) and not bias.is_meta and bias.numel():
+        largest = float(bias.abs().amax())
+        if not math.isfinite(largest):
+            raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such "
+                             "as -1e4, whose softmax weight is 0 in float32)")
+        cast = autocast_dtype(x) if isinstance(x, Tensor) else None  # the bias is cast with x: fp16's ±65,504
+        if cast is not None and largest > torch.finfo(cast).max:
+            raise ValueError(f"bias holds {largest:.3g}, beyond {cast}'s range, to which autocast casts it (an inf "
+                             f"there: NaN outputs); give a mask of -1e4 or less in magnitude")
     # fixed tables: a NaN in one made every output (RoPE) or a statistic (probes) NaN without a word; a probe near
     # float's largest value made the statistics' sums over rows inf (one backend) or not (another)
     for name, table in (("probes", probes), *((f"rope[{i}]", t) for i, t in enumerate(rope or ()))):
