@@ -34,7 +34,8 @@ from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.program_exit import brief, print_error
 from pe_fast.results import run_folder
 from pe_fast.results.reading import (MAY_DIFFER, ReportError, check_alike, check_named_once,
-                                     check_parquet_size, named_folder, read_run, recorded_settings)
+                                     check_parquet_size, named_folder, parquet_columns, read_run,
+                                     recorded_settings)
 from pe_fast.results.settings import Settings, pe_dropout_of
 from pe_fast.sweep.settings import OneLineParser
 from pe_fast.tasks.lst import AUTHORS_SINUSOIDAL_PE_DROPOUT
@@ -68,7 +69,7 @@ def read_logs(path: Path | None = None) -> pd.DataFrame:
                 check_parquet_size(path, file)
                 file.seek(0)
             # low_memory=False: the columns' types from the whole file, not per chunk with a DtypeWarning
-            logs = pd.read_parquet(file) if path.suffix == ".parquet" else pd.read_csv(file, low_memory=False)
+            logs = parquet_columns(file) if path.suffix == ".parquet" else pd.read_csv(file, low_memory=False)
     except ReportError as error:
         raise CompareError(str(error))
     except Exception as error:

@@ -146,9 +146,15 @@ def check_group_numbers(group: dict, kind: str, num_models: int) -> None:
     if any(v >= 1 for v in group["model_momentum"]):
         raise ValueError(f"momentum must be below 1; got {group['model_momentum']}")
     check_betas_and_eps(group["betas"], group["eps"])
-    factor = group.get("lr", 1.0)  # the schedule's factor on every model's rate
+    check_schedule_factor(group.get("lr", 1.0))
+
+
+def check_schedule_factor(factor) -> None:
+    """A group's lr, the schedule's factor on every model's rate (a scheduler sets it each step: a LambdaLR may
+    return NaN or -1), a finite number ≥ 0; or ValueError."""
     if not (isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 <= factor < math.inf):
-        raise ValueError(f"lr (the schedule's factor) must be a finite number ≥ 0; got {factor!r:.40}")
+        raise ValueError(f"lr (the schedule's factor on every model's rate) must be a finite number ≥ 0; got "
+                         f"{factor!r:.40}")
 
 
 class StackedOptimizer(torch.optim.Optimizer):
@@ -242,11 +248,8 @@ class StackedOptimizer(torch.optim.Optimizer):
         a model left out keeps its parameters and optimizer state, whatever its gradients hold."""
         if live is not None:
             self._check_live(live)
-        for group in self.param_groups:  # a scheduler sets the factor each step (a LambdaLR may return NaN or -1)
-            factor = group["lr"]
-            if not (isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 <= factor < math.inf):
-                raise ValueError(f"lr (the schedule's factor on every model's rate) must be a finite number ≥ 0 at "
-                                 f"each step; a scheduler set {factor!r:.40}")
+        for group in self.param_groups:  # set since the constructor: a scheduler sets the factor each step
+            check_schedule_factor(group["lr"])
             check_betas_and_eps(group["betas"], group["eps"])
         loss = None
         if closure is not None:

@@ -243,7 +243,8 @@ def test_numpy_bools_and_text_are_refused_too(arguments, why):
     (lambda group: group.update(model_lr=[float("nan")] * M), "lr must be a finite number ≥ 0; model 0 has nan"),
     (lambda group: group.update(betas=(2.0, 0.5)), r"betas must be two numbers in \[0, 1\)"),
     (lambda group: group.update(eps=-1.0), "eps must be a finite number ≥ 0"),
-    (lambda group: group.update(lr=float("inf")), "lr \\(the schedule's factor\\) must be a finite number"),
+    (lambda group: group.update(lr=float("inf")),
+     "lr \\(the schedule's factor on every model's rate\\) must be a finite number"),
 ])
 def test_a_state_loaded_is_held_to_the_constructor_s_rules(change, why):
     """load_state_dict took a NaN rate and betas of 2.0, which the constructor refuses, and trained with them

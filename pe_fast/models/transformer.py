@@ -237,6 +237,8 @@ class StackedTransformer(nn.Module):
             if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, (bool, np.bool_))
                                           and MIN_SIGMA <= sigma <= MAX_SIGMA):
                 raise ValueError(f"sigmas: {sigma!r} is not a σ in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (or None)")
+        if coordinates is not None:
+            check_coordinates(coordinates, config.num_tokens)
         D, F = config.width, config.mlp_width  # the pack's weights, before any is drawn
         per_model = (config.token_dim + 1) * D + config.depth * (4 * D * D + 2 * D * F + F + 9 * D) \
             + (D + 1) * config.out_dim + config.depth * config.num_tokens * D
@@ -258,8 +260,6 @@ class StackedTransformer(nn.Module):
                                  f"{init_gammas!r:.60}")
             for weight, drawn_std in self.gamma_scaled_weights():
                 scale_to_fan_in_power(weight, drawn_std, init_gammas)
-        if coordinates is not None:
-            check_coordinates(coordinates, config.num_tokens)
         M, head_dim = len(seeds), config.width // config.heads
         pe_blocks = config.depth if config.pe_at == "every" else 1
         self.absolute = self.rotary = self.relative = None
@@ -298,8 +298,7 @@ class StackedTransformer(nn.Module):
         if not (c.pe_dropout and self.absolute is not None):
             raise ValueError(f"pe_dropout_masks given to a model without PE dropout (pe {c.pe!r}, pe_dropout "
                              f"{c.pe_dropout}): give None")
-        blocks = c.depth if c.pe_at == "every" else 1
-        wanted = (blocks, len(self.seeds), tokens.shape[1], c.num_tokens, c.width)
+        wanted = (self.absolute.num_blocks, len(self.seeds), tokens.shape[1], c.num_tokens, c.width)
         if not isinstance(masks, Tensor) or tuple(masks.shape) != wanted:
             raise ValueError(f"pe_dropout_masks must be [blocks, M, B, N, width] = {list(wanted)}, got "
                              f"{list(masks.shape) if isinstance(masks, Tensor) else type(masks).__name__}")

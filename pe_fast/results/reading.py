@@ -452,8 +452,16 @@ def check_parquet_schema(path: Path, meta):
 PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
+def parquet_columns(file) -> pd.DataFrame:
+    """An open parquet file's columns alone: pandas' metadata in the file (an index named after a column: a
+    traceback in a figure) is the writer's word, and the unnamed index pandas writes beside the columns
+    (__index_level_0__) is no column of the table."""
     import pyarrow.parquet
+    table = pyarrow.parquet.read_table(file).to_pandas(ignore_metadata=True)
+    return table.drop(columns=[c for c in table.columns if PANDAS_INDEX.fullmatch(str(c))])
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
     regular_file(path)
     with open(path, "rb") as file:  # a file, not a path's text: see run_folder.write_parquet
         try:
@@ -465,10 +473,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         check_parquet_schema(path, meta)
         try:
             file.seek(0)
-            # the columns alone: pandas' metadata in the file (an index named after a column) is the writer's word;
-            # the unnamed index pandas writes beside them (__index_level_0__) is no column of the table
-            table = pyarrow.parquet.read_table(file).to_pandas(ignore_metadata=True)
-            return table.drop(columns=[c for c in table.columns if PANDAS_INDEX.fullmatch(str(c))])
+            return parquet_columns(file)
         except Exception as error:  # pyarrow raises several types for a truncated or foreign file
             raise ReportError(f"{path} is not a readable parquet file ({type(error).__name__}); rerun the sweep")
 
