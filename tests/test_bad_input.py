@@ -306,6 +306,20 @@ def test_an_out_folder_beginning_with_a_tilde_is_refused_from_python_and_flags(t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_out_folder_through_a_missing_folder_and_dotdot_is_refused(tmp_path, capsys, monkeypatch):
+    """--out a/missing/../o made a/missing on the way (mkdir with parents) and left it there: a shell reads
+    a/missing/.. as nothing, so the path is refused and nothing is made; through a real folder it is a path."""
+    import pe_fast.sweep
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert_one_line(capsys, sweep_main(LST + ["--out", "a/missing/../o"]),
+                    "a/missing/../o: a/missing is not a folder, so a/missing/.. names none")
+    with pytest.raises(ValueError, match="a/missing is not a folder"):
+        pe_fast.sweep.run(task="netsim", steps=2, out="a/missing/../o")
+    assert [p.name for p in tmp_path.rglob("*")] == ["a"]
+    run_folder.check_out_folder("a/../o")  # a/.. is this folder: accepted
+
+
 @pytest.mark.parametrize("arguments, must_name", [
     (dict(task="fmri", data=np.zeros((2, 10, 5))), "--data: expected str, got a numpy.ndarray of shape (2, 10, 5)"),
     (dict(task="lst", sigmas=np.zeros((2, 2))),

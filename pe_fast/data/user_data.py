@@ -49,6 +49,7 @@ from pe_fast.data.declared_size import elements_read_bytes, inflation, npz_membe
 from pe_fast.data.regions import (MAX_ABS_VALUE, MIN_SPREAD, DataError, RegionData, centroids_problem, correlation_fc,
                                   median_centroid_distance)
 from pe_fast.number_text import check_ascii_number
+from pe_fast.ops.pe_attention import available_bytes
 
 PathLike = str | os.PathLike
 
@@ -260,9 +261,6 @@ def _read_npz(p: Path, key: str | None):
     return runs, subjects, run_names, fmt + f", {len(arrays)} subject arrays"
 
 
-_MEMORY_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def _read_h5(p: Path, name: str | None):
     import h5py
 
@@ -322,9 +320,9 @@ def _read_h5(p: Path, name: str | None):
                             f"numbers: save float32 or float64 values")
         _check_dtype(ds, p)
         declared = elements_read_bytes(ds.shape, ds.dtype)
-        if declared > _MEMORY_BYTES:
+        if declared > (free := available_bytes()):
             raise DataError(f"{p}: dataset {name!r} declares shape {ds.shape} ({declared / 2**30:.0f} GiB once "
-                            f"read), more than this machine's memory ({_MEMORY_BYTES / 2**30:.0f} GiB)")
+                            f"read), more than the memory free now ({free / 2**30:.0f} GiB)")
         _check_declared(p, declared)  # chunks never written read as the fill value: GBs from a few kB
         offset = ds.id.get_offset()
         if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0:

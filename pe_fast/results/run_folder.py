@@ -451,6 +451,11 @@ def check_out_folder(name: str | os.PathLike, probe: bool = True):
         raise OutFolderError(f"{out}: {error.strerror or error}")
     if out.exists() and not out.is_dir():
         raise OutFolderError(f"{out} is a file, not a folder")
+    # a/missing/.. names nothing in a shell, but mkdir(parents=True) would make a/missing on the way and leave it
+    for i, part in enumerate(out.parts):
+        if part == ".." and i > 0 and not (before := Path(*out.parts[:i])).is_dir():
+            raise OutFolderError(f"{out}: {before} is not a folder, so {before}/.. names none; write the path "
+                                 f"without it")
     for path in (out, *out.absolute().parents):
         if path.exists():
             existing = path
