@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from pe_fast.ops.pe_attention import available_bytes
+from pe_fast.available_memory import available_bytes
 from pe_fast.stacked_optim import STATES
 
 BYTES = 4  # float32
@@ -60,7 +60,7 @@ def bytes_per_model(model_config, batch_size: int, optimizer: str = "adam", back
 
 
 def free_bytes(device: torch.device) -> int:
-    """Free GPU memory (torch.cuda.mem_get_info), or on the CPU the op's available_bytes (MemAvailable within the
+    """Free GPU memory (torch.cuda.mem_get_info), or on the CPU available_bytes (MemAvailable within the
     address-space limit)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pe_fast.available_memory import available_bytes
 from pe_fast.ops import pe_attention
-from pe_fast.ops.pe_attention import available_bytes, check_backend_name
+from pe_fast.ops.pe_attention import check_backend_name
 from pe_fast.ops.sublayer_ends import autocasting, check_eps, fusable, linear_gelu, residual_layer_norm
 
 

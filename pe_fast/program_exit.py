@@ -59,8 +59,12 @@ def brief(value: object) -> str:
     return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN - 1]}… (a {name})"
 
 
+def escaped(text: str) -> str:
+    """Outside text as a line quotes it: a line break or a terminal escape shown as its escape."""
+    return CONTROL_CHARACTER.sub(lambda match: ascii(match.group())[1:-1], text)
+
+
 def print_error(message: object):
-    """The program's error, one line on stderr: outside text it quotes (a lock's host name, $RAY_ADDRESS) shows
-    a line break or a terminal escape as its escape."""
-    text = CONTROL_CHARACTER.sub(lambda match: ascii(match.group())[1:-1], str(message))
-    print(f"error: {text}", file=sys.stderr)
+    """The program's error, one line on stderr: outside text it quotes (a lock's host name, $RAY_ADDRESS)
+    escaped."""
+    print(f"error: {escaped(str(message))}", file=sys.stderr)

@@ -74,7 +74,7 @@ def start_sweep(*args, env=None) -> subprocess.Popen:
 
 def sweep_results(out, *args) -> pd.DataFrame:
     """results.parquet of a sweep that must succeed (no report: the tests read the table), run in this process."""
-    done = sweep_in_process(*args, "--no-report", "--out", str(out))
+    done = sweep_in_process(*narrowed(*args, "--no-report", "--out", str(out)))
     assert done.returncode == 0, done.stderr
     return pd.read_parquet(out / "results.parquet")
 
@@ -95,8 +95,37 @@ def same_results(run, reference, tables: int):
             np.testing.assert_array_equal(got[key], want[key])
 
 
+def narrowed(*args) -> list[str]:
+    """A base command with the flags given after it in place of its own (LST + ["--steps", "8"] trains 8 steps):
+    the sweep refuses a flag given twice, so a test that narrows a base command gives each flag once, at its first
+    place with its last value. The flags that collect (--slurm-option) and on/off flags are kept as given."""
+    actions = build_parser()._option_string_actions
+    order, values, kept = [], {}, []
+    args = list(args)
+    i = 0
+    while i < len(args):
+        flag = args[i].partition("=")[0]
+        action = actions.get(flag)
+        takes_one = action is not None and action.nargs is None and action.option_strings[0] != "--slurm-option"
+        if not takes_one:
+            kept.append((len(order), args[i]))
+            i += 1
+            continue
+        value = args[i].partition("=")[2] if "=" in args[i] else args[i + 1]
+        if flag not in values:
+            order.append(flag)
+        values[flag] = value
+        i += 1 if "=" in args[i] else 2
+    out = []
+    for position, flag in enumerate(order + [None]):
+        out += [token for at, token in kept if at == position]
+        if flag is not None:
+            out += [flag, values[flag]]
+    return out
+
+
 def settings_of(*args) -> Settings:
-    return from_flags(build_parser().parse_args([*args, "--out", "unused"]))
+    return from_flags(build_parser().parse_args([*narrowed(*args), "--out", "unused"]))
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from test_bad_input import FMRI, LST, NETSIM, assert_one_line, fill, inputs, without
-from sweep_harness import sweep_command, without_read_override
+from sweep_harness import narrowed, sweep_command, without_read_override
 from test_user_data import save_dlabel, save_dtseries, write_table
 
 from pe_fast.compare_lst_logs import main as compare_main
@@ -272,7 +272,7 @@ def test_bad_data(args, must_name, tmp_path, capsys, monkeypatch):
     before = sorted(p.name for p in tmp_path.iterdir())
     threads = torch.get_num_threads()
     try:
-        code = sweep_main(fill(args, files) + ["--out", str(tmp_path / "run")])
+        code = sweep_main(narrowed(*fill(args, files), "--out", str(tmp_path / "run")))
     finally:
         torch.set_num_threads(threads)
     assert_one_line(capsys, code, must_name.format(**files))

@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from decimal import Decimal
 from pathlib import Path
@@ -32,7 +34,7 @@ from pe_fast.sweep import UsageError, executors
 from pe_fast.sweep.cli import main as sweep_main
 from pe_fast.tasks import KINDS
 from pe_fast.tasks.lst_puzzles.generator import DEFAULT_SET_FILE
-from sweep_harness import TINY_NETSIM, refuse_sweep, run_sweep, start_sweep
+from sweep_harness import TINY_NETSIM, narrowed, refuse_sweep, run_sweep, start_sweep
 
 # compute paths a CPU machine offers but cannot run (Triton's, outside its interpreter)
 PATHS_NOT_ON_CPU = [path for path in compute_paths() if compute_path_problem(path, "cpu") is not None]
@@ -276,7 +278,7 @@ def test_bad_flags(args, must_name, tmp_path, capsys, monkeypatch):
                             else which(tool, *a, **k))
     files = inputs(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
-    args = fill(args, files)
+    args = narrowed(*fill(args, files))
     must_name = re.sub(r"\b[A-Z_]+\b", lambda word: files.get(word[0], word[0]), must_name)  # a file it names
     if "--out" not in args:
         args += ["--out", str(tmp_path / "run")]
@@ -304,6 +306,20 @@ def test_an_out_folder_beginning_with_a_tilde_is_refused_from_python_and_flags(t
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "~/cache")
     assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), "'~/cache' begins with ~")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flag_given_twice_is_refused_not_overwritten(tmp_path, capsys, monkeypatch):
+    """--sigmas 0.1 --sigmas 0.3 trained σ = 0.3 alone and --steps 4 --steps 6 six steps, without a word (argparse
+    keeps the last value, round 16): a flag that takes one value is refused when given twice, in either spelling;
+    --slurm-option, which collects, repeats."""
+    from pe_fast.sweep import settings
+    monkeypatch.chdir(tmp_path)
+    assert_one_line(capsys, sweep_main(LST + ["--sigmas", "0.3"]), "--sigmas is given twice ('0.5', then '0.3')")
+    assert_one_line(capsys, sweep_main(LST + ["--steps=6"]), "--steps is given twice ('4', then '6')")
+    assert_one_line(capsys, sweep_main(["--resume", "--out", "A", "--out", "B"]), "--out is given twice")
+    assert list(tmp_path.iterdir()) == []
+    options = settings.build_parser().parse_args(["--slurm-option", "a=b", "--slurm-option", "c=d"]).slurm_option
+    assert options == ["a=b", "c=d"]
 
 
 def test_an_out_folder_through_a_missing_folder_and_dotdot_is_refused(tmp_path, capsys, monkeypatch):
@@ -840,6 +856,12 @@ def lock_a_fifo(folder: Path):
     os.mkfifo(folder / ".lock")
 
 
+def lock_linked_out(folder: Path):
+    """DIR/.lock a link to a file beside DIR naming this process, alive: read through the link, a live lock."""
+    (folder.parent / "someone.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    (folder / ".lock").symlink_to(folder.parent / "someone.lock")
+
+
 def lock_text(text: str):
     def change(folder: Path):
         (folder / ".lock").write_text(text)
@@ -975,17 +997,33 @@ RESUME_CASES = [
         set_in("sampler.epoch", torch.zeros(1, 3, dtype=torch.long))), [], "an epoch of (1, 3)"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
     ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
-    ("lock a FIFO", lock_a_fifo, [], "an unreadable lock"),  # read, it would block the sweep for ever
-    ("lock a JSON list", lock_text("[1, 2]"), [], "an unreadable lock"),
+    ("lock a FIFO", lock_a_fifo, [], ".lock is not a lock a sweep wrote"),  # read, it would block the sweep for ever
+    ("lock a JSON list", lock_text("[1, 2]"), [], ".lock is not a lock a sweep wrote"),
     ("lock pid too large for os.kill", lock_text(json.dumps({"pid": 2**70, "host": socket.gethostname()})), [],
-     "an unreadable lock"),
-    ("lock pid a bool", lock_text(json.dumps({"pid": True, "host": socket.gethostname()})), [], "an unreadable lock"),
-    ("lock nested deeper than the parser goes", lock_text("[" * 2000 + "]" * 2000), [], "an unreadable lock"),
+     ".lock is not a lock a sweep wrote"),
+    ("lock pid a bool", lock_text(json.dumps({"pid": True, "host": socket.gethostname()})), [], ".lock is not a lock a sweep wrote"),
+    ("lock nested deeper than the parser goes", lock_text("[" * 2000 + "]" * 2000), [], ".lock is not a lock a sweep wrote"),
+    # round 16: a link to a live-looking lock outside the folder was read through; the message named no way out
+    ("lock a link out of the folder", lock_linked_out, [], "if no sweep is writing"),
     ("packs a link out of the folder", link_out("packs"), [], "outside"),
     # each once trained first, then failed writing the pack as if the disk had (exit 1)
     ("packs a file", packs_a_file, [], "packs is not a folder"),
     ("pack 0 a FIFO", pack_a_fifo, [], "packs/0 is not a folder"),
 ]
+
+
+def test_a_stale_lock_taken_over_is_named_on_one_line_with_its_text_escaped(tmp_path):
+    """The note on taking over a dead sweep's lock printed the lock's text raw: a line break in its `started`
+    split the note in two and a terminal escape reached the terminal (round 16)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(),
+                                                "started": "x\nSECOND\u001b[31mRED"}))
+    notes = []
+    run_folder.acquire_lock(tmp_path, notes.append)
+    assert notes == [f"taking over the stale lock of pid {dead.pid} on {socket.gethostname()}, started "
+                     f"x\\nSECOND\\x1b[31mRED, which is no longer running"]
+    assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
 
 
 @pytest.fixture
@@ -2222,7 +2260,7 @@ def half_finished(tmp_path_factory):
     from pe_fast.sweep import grid
     from pe_fast.sweep.task_loading import load_task
     from sweep_harness import settings_of
-    flags = [*LST, "--pe", "learned,sin2d", "--sigmas", "0.2", "--threads", "1"]
+    flags = narrowed(*LST, "--pe", "learned,sin2d", "--sigmas", "0.2", "--threads", "1")
     out = tmp_path_factory.mktemp("sweep") / "run"
     threads = torch.get_num_threads()
     try:
@@ -2433,7 +2471,7 @@ def two_finished_lst_runs(half_finished, tmp_path_factory):
     try:
         assert sweep_main(["--resume", "--out", str(first), "--no-report"]) == 0
         at = LST.index("--seeds")
-        flags = LST[:at] + LST[at + 2:] + ["--pe", "learned,sin2d", "--sigmas", "0.2"]
+        flags = narrowed(*LST[:at], *LST[at + 2:], "--pe", "learned,sin2d", "--sigmas", "0.2")
         assert sweep_main([*flags, "--threads", "1", "--seed-values", "6312", "--out", str(second)]) == 0
     finally:
         torch.set_num_threads(threads)

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from sweep_harness import narrowed
 from test_bad_input import NETSIM, assert_one_line
 
 from pe_fast.sweep.cli import main as sweep_main
@@ -20,7 +21,7 @@ def refused(args, must_name, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     try:
-        code = sweep_main([*args, "--threads", "1", "--out", str(tmp_path / "run")])
+        code = sweep_main(narrowed(*args, "--threads", "1", "--out", str(tmp_path / "run")))
     finally:
         torch.set_num_threads(threads)
     assert_one_line(capsys, code, must_name)
@@ -61,8 +62,8 @@ def test_the_simulation_limits_each_alone_pass_the_checks():
 
 def test_ten_nodes_in_larger_modules_train(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = [*NETSIM, "--nodes", "10", "--modules", "2", "--p-within", "0.8", "--steps", "1", "--threads", "1", "--no-report",
-            "--out", str(tmp_path / "n10")]
+    args = narrowed(*NETSIM, "--nodes", "10", "--modules", "2", "--p-within", "0.8", "--steps", "1", "--threads", "1",
+                    "--no-report", "--out", str(tmp_path / "n10"))
     threads = torch.get_num_threads()
     try:
         assert sweep_main(args) == 0, capsys.readouterr().err

@@ -372,3 +372,29 @@ def test_a_row_of_logits_sharing_a_large_offset_is_a_uniform_softmax(backend, of
     v = (x @ w_qkv)[..., 16:]
     torch.testing.assert_close(out, v.mean(2, keepdim=True).expand_as(out), atol=1e-6, rtol=0)
     torch.testing.assert_close(stats[0, 0], torch.tensor([math.log(5), 0.2, 0.2]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("spoil", [lambda x: x.fill_(float("nan")), lambda x: x.mul_(1e30)], ids=["nan", "overflow"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_model_whose_x_is_not_finite_leaves_the_other_models_alone(target, spoil):
+    """x is not checked (a pass over it at every call of every block): in a pack, a model that diverged carries
+    NaN in x while the others train on, so the op must keep it to that model. Model 0's x NaN, or so large that
+    its logits pass float32's range: model 1's outputs, statistics and gradients are those of the float64 reference
+    of model 1 alone, and model 0's outputs are not finite."""
+    backend, device = target
+    args = make(device, torch.float32)
+    with torch.no_grad():
+        spoil(args["x"][0])
+    leaves = {k: args[k].detach().clone().requires_grad_() for k in ("x", "pe", "w_qkv", "b_qkv")}
+    out, stats = call({**args, **leaves}, backend)
+    out.backward(torch.ones_like(out))
+    alone = make("cpu")
+    alone = {**alone, **{k: alone[k][1:].requires_grad_() for k in leaves}}
+    out64, stats64 = call(alone, "reference")
+    out64.backward(torch.ones_like(out64))
+    close = {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(out[1:].detach().cpu().double(), out64.detach(), **close)
+    torch.testing.assert_close(stats[1:].cpu().double(), stats64.double(), **close)
+    for k, leaf in leaves.items():
+        torch.testing.assert_close(leaf.grad[1:].cpu().double(), alone[k].grad, **close, msg=k)
+    assert not torch.isfinite(out[0]).all()

@@ -1,7 +1,7 @@
 """The README as a contract: every shell command in the bash blocks of the README and of the documents it sends
 sweep users to (DOCS) runs here as a user types it, in a shell, from a fresh working folder that holds the
-repository's example data, in the documents' order. A command that trains may only be shrunk by appending
-documented flags; a command for a cluster or a GPU runs in a local form (appended flags) or is skipped with its
+repository's example data, in the documents' order. A command that trains may only be shrunk by documented
+flags in place of its own; a command for a cluster or a GPU runs in a local form (appended flags) or is skipped with its
 reason. A command added to those documents without an entry in HOW fails the test. The README's python blocks run
 too, each as a script in a fresh folder."""
 import contextlib
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep_harness import ray_alone
+from sweep_harness import narrowed, ray_alone
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "--steps 4 --eval-every 2 --seeds 1 --width 16 --depth 1"
@@ -108,6 +108,14 @@ def test_the_readme_test_command_is_what_ci_runs():
     assert readme in ci
 
 
+def shrunk(command: str, flags: str) -> str:
+    """A sweep command with documented flags in place of its own (the sweep refuses a flag given twice), else as
+    typed with the flags appended."""
+    if not flags or "pe_fast.sweep" not in command or re.search(r"[|&;<>()`$\\]", command):
+        return f"{command} {flags}".strip()
+    return shlex.join(narrowed(*shlex.split(command), *shlex.split(flags)))
+
+
 def test_readme_commands_as_typed(tmp_path):
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install 'pe_fast[ray]')")
@@ -131,7 +139,7 @@ def test_readme_commands_as_typed(tmp_path):
                 elif how[0] == "skip":
                     print(f"skipped: {command} ({how[1]})")
                 else:
-                    typed = f"{command} {how[1]}".strip()
+                    typed = shrunk(command, how[1])
                     proc = subprocess.run(typed, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
                                           timeout=900)
                     assert proc.returncode == 0, f"{typed}\n{proc.stderr[-3000:]}"

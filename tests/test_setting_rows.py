@@ -16,7 +16,7 @@ from pe_fast.results.settings import FLAGS, GRID_AXES, LIST_SETTINGS, RUNTIME_FL
 from pe_fast.sweep import UsageError, api, grid, resume, validation
 from pe_fast.sweep.settings import build_parser, from_flags, parse_list
 from pe_fast.tasks import KINDS
-from sweep_harness import refuse_sweep
+from sweep_harness import narrowed, refuse_sweep
 
 # A grid of one netsim model, small enough to validate in milliseconds
 BASE = ["--task", "netsim", "--pe", "learned", "--sigmas", "0.1", "--seeds", "1", "--steps", "2"]
@@ -84,7 +84,7 @@ def test_every_conditional_row_is_tried():
 def test_a_flag_where_its_condition_fails_is_refused(name):
     base = BASE if name == "sigmas" else [a for i, a in enumerate(BASE)  # --sigmas itself applies to σ PEs only
                                           if "--sigmas" not in BASE[max(i - 1, 0):i + 1]]
-    done = refuse_sweep(*base, *APPLIES[name], "--out", "unused")
+    done = refuse_sweep(*narrowed(*base, *APPLIES[name], "--out", "unused"))
     assert done.returncode == 2
     assert f"{flag_of(name)} applies to --{FLAGS[name].applies_only_with[0]}" in done.stderr
 

@@ -30,7 +30,7 @@ from pe_fast.sweep.cli import main
 from pe_fast.sweep.task_loading import load_task
 from pe_fast.models import ModelConfig
 from pe_fast.train import make_optimizer, TrainConfig
-from sweep_harness import TINY_NETSIM, ray_alone, refuse_sweep, run_sweep, same_results, start_sweep, sweep_command
+from sweep_harness import TINY_NETSIM, narrowed, ray_alone, refuse_sweep, run_sweep, same_results, start_sweep, sweep_command
 
 # A tiny network simulation: 3 packs of 2 models, a few seconds of training each, a checkpoint every 10 steps.
 # Long enough (160 steps a pack) that the kills below land before the end. Two learning rates: the middle pack
@@ -425,7 +425,7 @@ def test_memory_estimate_is_monotone_and_near_a_measured_step():
 
 
 def test_pack_size_follows_free_memory_and_packs_split_by_pe(monkeypatch):
-    args = settings.build_parser().parse_args(NETSIM[:NETSIM.index("--max-pack")] + ["--pe", "learned,none"])
+    args = settings.build_parser().parse_args(narrowed(*NETSIM[:NETSIM.index("--max-pack")], "--pe", "learned,none"))
     s = settings.from_flags(args)
     task = load_task(s)
     from pe_fast.ops.backends import resolve_backend

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from sweep_harness import narrowed
 
 from pe_fast.report.cli import main as report_main
 from pe_fast.sweep.program import main as sweep_main
@@ -156,7 +157,7 @@ def test_resume_continues_the_toy_sweep_to_the_same_results(toy_run):
 ])
 def test_the_toy_task_refuses_bad_flags_in_one_line(toy_registered, tmp_path, capsys, flags, message):
     out = tmp_path / "run"
-    assert sweep_main([*flags, "--out", str(out)]) == 2
+    assert sweep_main(narrowed(*flags, "--out", str(out))) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not out.exists()

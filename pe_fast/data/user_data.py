@@ -45,11 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pe_fast.available_memory import available_bytes
 from pe_fast.data.declared_size import elements_read_bytes, inflation, npz_member_read_bytes, stored_bytes
 from pe_fast.data.regions import (MAX_ABS_VALUE, MIN_SPREAD, DataError, RegionData, centroids_problem, correlation_fc,
                                   median_centroid_distance)
 from pe_fast.number_text import check_ascii_number
-from pe_fast.ops.pe_attention import available_bytes
 
 PathLike = str | os.PathLike
 

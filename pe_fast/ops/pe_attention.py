@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import os
-import resource
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from pe_fast.available_memory import available_bytes
 from pe_fast.ops import reference
 from pe_fast.ops.backends import BACKENDS, UNAVAILABLE, implementation, resolve_backend
 from pe_fast.ops.transforms import fold_into_model_axis, is_traced
@@ -71,20 +70,6 @@ def own_dtypes(device: torch.device):
 # The reference materialises every attention map: an allocation beyond the memory free fails in torch's allocator
 # with a RuntimeError of its own (or, with swap, pages for minutes first)
 REFERENCE_MAPS = 3  # the logits, probabilities and their logarithms, [M,B,H,N,N] each
-
-
-def available_bytes() -> int:
-    """The memory free for a new allocation: Linux's MemAvailable (else the pages the system counts free), within
-    the process's address-space limit (ulimit -v), where it has one."""
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        with open("/proc/meminfo") as meminfo:
-            available = next((int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")),
-                             available)
-    except (OSError, ValueError, IndexError):
-        pass
-    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return available if limit == resource.RLIM_INFINITY else min(available, limit)
 
 
 def check_reference_fits(i: OpInputs) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pe_fast.program_exit import CONTROL_CHARACTER, brief
+from pe_fast.program_exit import CONTROL_CHARACTER, brief, escaped
 from pe_fast.data.declared_size import inflation, stored_bytes
 from pe_fast.results import migrate
 from pe_fast.results.settings import FLOAT32_MAX
@@ -103,7 +103,7 @@ def _alive(pid: int) -> bool:
 
 def read_lock(out: Path) -> dict | None:
     try:
-        status = (out / LOCK).stat()
+        status = (out / LOCK).lstat()  # a link is no lock of ours, and what it leads to is not read
         # ours is a short JSON object; a FIFO would block the reader, anything else is not ours
         holder = json.loads((out / LOCK).read_text()) if stat.S_ISREG(status.st_mode) and status.st_size < 4096 \
             else {}
@@ -129,8 +129,18 @@ def lock_holder(out: Path) -> dict | None:
 
 
 def describe(holder: dict) -> str:
-    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
-            if holder else "an unreadable lock")
+    """A lock's holder as a line names it; its text (someone's file) escaped."""
+    return escaped(f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}")
+
+
+def locked_message(out: Path, holder: dict) -> str:
+    """Why a sweep cannot write in out: the lock a live sweep (or one on another host) holds, or a .lock that is
+    not one pe_fast wrote (a link, a folder, bytes that are no lock)."""
+    if not holder:
+        return (f"{out / LOCK} is not a lock a sweep wrote (a short JSON file naming its process), unless one is "
+                f"writing it this instant: if no sweep is writing {out}, delete it")
+    return (f"{out} is being written by another sweep ({describe(holder)}); wait for it or stop it (if it is gone, "
+            f"delete {out / LOCK})")
 
 
 def acquire_lock(out: Path, notice: Callable[[str], None]) -> Path:
@@ -146,8 +156,7 @@ def acquire_lock(out: Path, notice: Callable[[str], None]) -> Path:
         except FileExistsError:
             holder = read_lock(out)
             if lock_holder(out) is not None or holder is None:
-                raise FolderLocked(f"{out} is being written by another sweep ({describe(holder or {})}); "
-                                   f"wait for it or stop it (if it is gone, delete {path})")
+                raise FolderLocked(locked_message(out, holder or {}))
             notice(f"taking over the stale lock of {describe(holder)}, which is no longer running")
             path.unlink(missing_ok=True)
             continue

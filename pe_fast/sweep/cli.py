@@ -139,8 +139,7 @@ def run(s: Settings, write_report: Callable[[Path], object] | None = None) -> Pa
     s = dataclasses.replace(s, out=str(out))
     holder = run_folder.lock_holder(out) if out.is_dir() else None
     if holder is not None:
-        raise UsageError(f"{out} is being written by another sweep ({run_folder.describe(holder)}); "
-                         f"wait for it or stop it")
+        raise UsageError(run_folder.locked_message(out, holder))
     check_folder(out, resume, None if s.packs is None else len(s.packs))
     if not resume:
         check_writable(out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 
 import numpy as np
 
@@ -31,6 +32,27 @@ class OneLineParser(argparse.ArgumentParser):
         # a value that starts with a minus and a digit is a value (no flag does): argparse's own test takes
         # "-0.1,0.2" or "-1e3" for a flag and says "expected one argument", not what is wrong with the number
         self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        self.refuse_repeated_flags(args)
+        return super().parse_known_args(args, namespace)
+
+    def refuse_repeated_flags(self, args: list[str]):
+        """A flag that takes one value, given twice: argparse keeps the last and drops the first without a word
+        (--sigmas 0.1 --sigmas 0.3 trained σ = 0.3 alone). Only the flags that collect (--slurm-option) repeat."""
+        given = {}
+        for i, token in enumerate(args):
+            if token == "--":
+                break
+            flag, equals, value = token.partition("=")
+            action = self._option_string_actions.get(flag)
+            if action is None or action.nargs == 0 or isinstance(action, argparse._AppendAction):
+                continue
+            value = value if equals else (args[i + 1] if i + 1 < len(args) else "")
+            if action.dest in given:
+                self.error(f"{flag} is given twice ({brief(given[action.dest])}, then {brief(value)}): give it once")
+            given[action.dest] = value
 
     def _get_value(self, action: argparse.Action, arg_string: str):
         """A numeric flag's text through ascii_number, its type (int, float) left as the flag's for --help."""
