@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ from pe_fast.available_memory import available_bytes
 from pe_fast.ops import pe_attention
 from pe_fast.ops.pe_attention import check_backend_name
 from pe_fast.ops.sublayer_ends import autocasting, check_eps, fusable, linear_gelu, residual_layer_norm
+from pe_fast.program_exit import brief
 
 
 def uniform_per_model(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> Tensor:
@@ -95,15 +96,52 @@ def check_layer_input(x, weight: Tensor) -> None:
                         f"torch.autocast)")
 
 
-class StackedLinear(nn.Module):
+def check_switches(**switches):
+    """Each a bool, or a TypeError naming it: bias="no" is a true value, and built the bias it meant to leave out."""
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {brief(value)}")
+
+
+class StackedModule(nn.Module):
+    """A module of a pack whose load_state_dict names what does not fit, in one ValueError / TypeError: torch's
+    lists every mismatch over several lines (a RuntimeError), and casts a tensor of another dtype to its
+    parameter's without a word (float64 weights rounded, integers made weights)."""
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping of names to tensors, got {brief(state_dict)}")
+        own = self.state_dict()
+        for key, value in state_dict.items():
+            if key not in own:
+                continue
+            if not isinstance(value, Tensor):
+                raise TypeError(f"state_dict[{key!r}] is {brief(value)}, not a tensor")
+            if value.shape != own[key].shape:
+                raise ValueError(f"state_dict[{key!r}] has shape {list(value.shape)}, this module's "
+                                 f"{list(own[key].shape)}")
+            if value.dtype != own[key].dtype:
+                raise TypeError(f"state_dict[{key!r}] is {value.dtype}, this module's {own[key].dtype}: convert one "
+                                f"to the other first")
+        if strict and (missing := [key for key in own if key not in state_dict]):
+            raise ValueError(f"state_dict lacks {', '.join(map(repr, missing[:3]))}"
+                             f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} of this module's tensors")
+        if strict and (extra := [key for key in state_dict if key not in own]):
+            raise ValueError(f"state_dict holds {', '.join(map(repr, extra[:3]))}"
+                             f"{f' and {len(extra) - 3} more' if len(extra) > 3 else ''}, which this module lacks")
+        return super().load_state_dict(state_dict, strict, assign)
+
+
+class StackedLinear(StackedModule):
     """y = x @ W_m + b_m for every model m; x [M, ..., in] -> [M, ..., out]. Initialised like nn.Linear."""
 
     def __init__(self, generators: Sequence[torch.Generator], d_in: int, d_out: int, bias: bool = True):
         super().__init__()
         check_sizes(d_in=d_in, d_out=d_out)
+        check_switches(bias=bias)
         check_generators(generators)
         check_fits(f"StackedLinear d_in={d_in:,}, d_out={d_out:,} for {len(generators)} models",
-                   len(generators) * (d_in + 1) * d_out)
+                   len(generators) * (d_in + bias) * d_out)
         bound = 1.0 / math.sqrt(d_in)
         self.weight = nn.Parameter(uniform_per_model(generators, (d_in, d_out), bound))
         self.drawn_std = uniform_std(bound)  # the weight's, for scale_to_fan_in_power
@@ -125,7 +163,7 @@ class StackedLinear(nn.Module):
         return F.gelu(y) if gelu else y
 
 
-class StackedLayerNorm(nn.Module):
+class StackedLayerNorm(StackedModule):
     def __init__(self, num_models: int, width: int, eps: float = 1e-5):
         super().__init__()
         check_sizes(num_models=num_models, width=width)
@@ -147,7 +185,7 @@ class StackedLayerNorm(nn.Module):
         return torch.addcmul(self.bias.view(M, *extra, D), y, self.weight.view(M, *extra, D))
 
 
-class PEAttention(nn.Module):
+class PEAttention(StackedModule):
     """Multi-head self-attention of a pack of `num_models` models, with an optional PE added to the input.
 
     Holds the QKV projection (Xavier-uniform weights, zero biases, as nn.MultiheadAttention) and, unless
@@ -162,8 +200,11 @@ class PEAttention(nn.Module):
                  backend: str | None = None, generators: Sequence[torch.Generator] | None = None):
         super().__init__()
         check_sizes(width=width, num_heads=num_heads, num_models=num_models)
+        check_switches(bias=bias, out_proj=out_proj)
         if width % num_heads:
             raise ValueError(f"width {width} is not divisible by num_heads {num_heads}")
+        check_fits(f"PEAttention width={width:,} for {num_models:,} models",  # QKV, then the output projection
+                   num_models * ((width + bias) * 3 * width + out_proj * (width + 1) * width))
         if generators is None:
             generators = [torch.Generator().manual_seed(int(seed)) for seed in torch.randint(2 ** 62, (num_models,))]
         else:

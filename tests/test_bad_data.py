@@ -119,6 +119,19 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     with open(files["SPARSE"], "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (2, 50_000_000, 10)})
         f.truncate(f.tell() + 8 * 10**9)
+    files["ENCRYPTED_NPZ"] = str(tmp_path / "encrypted.npz")  # members marked encrypted: zipfile wants a password
+    np.savez(files["ENCRYPTED_NPZ"], a=np.zeros((60, 10), "f4"), b=np.ones((60, 10), "f4"))
+    raw = bytearray(Path(files["ENCRYPTED_NPZ"]).read_bytes())
+    for signature, flags_at in ((b"PK\x01\x02", 8), (b"PK\x03\x04", 6)):  # central and local headers' flag bits
+        at = raw.find(signature)
+        while at >= 0:
+            raw[at + flags_at] |= 1
+            at = raw.find(signature, at + 4)
+    Path(files["ENCRYPTED_NPZ"]).write_bytes(bytes(raw))
+    files["DANGLING_H5"] = str(tmp_path / "dangling.h5")  # two datasets, and 'timeseries' a link to neither
+    with h5py.File(files["DANGLING_H5"], "w") as f:
+        f["a"], f["b"] = series, series[:, :, :5]
+        f["timeseries"] = h5py.SoftLink("/nowhere")
     files["LYING_NPZ"] = str(tmp_path / "lying.npz")  # a stored member whose header claims 100 rows, holding 60
     np.savez(files["LYING_NPZ"], a=np.zeros((60, 10), "i1"), b=np.ones((60, 10), "i1"))
     raw = Path(files["LYING_NPZ"]).read_bytes()
@@ -144,6 +157,10 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     files["SPLIT_NETWORKS"] = str(write_table(tmp_path / "split_networks.csv", [f"r{i},{i},0,0,{n}" for i, n in
                                                                                  enumerate(["1", "1.0", "2"] * 3 + ["2"])]))
     files["TINY"] = regions_at(tmp_path / "tiny.csv", [(i * 1e-170, 0, 0) for i in range(10)])
+    # round 16: 1e-5 apart passed the nanometre rule and the sinusoidal PE over them was one table for all regions;
+    # a table in metres, a brain's 0.14 across, the same
+    files["IN_METRES"] = regions_at(tmp_path / "regions_in_metres.csv",
+                                    [(i * 0.014, 0.01 * (i % 3), 0) for i in range(10)])
     np.save(tmp_path / "long_double.npy", np.random.default_rng(0).standard_normal((2, 60, 10)).astype(np.longdouble))
     files["LONG_DOUBLE"] = str(tmp_path / "long_double.npy")
     files["FAR"] = regions_at(tmp_path / "remote.csv", [(i * 1e200, 0, 0) for i in range(10)])
@@ -236,6 +253,12 @@ CASES = [
     ("h5 with a damaged chunk", FMRI + ["--data", "DAMAGED"],
      "--data {DAMAGED}: cannot read dataset 'timeseries'"),
     ("sparse npy", FMRI + ["--data", "SPARSE"], "--data {SPARSE} declares 7,629 MiB once read, from 0.0 MiB on disk"),
+    # round 16: a traceback (zipfile's RuntimeError asking for a password), or cipher text read as values; another
+    # dataset read in a dangling link's place
+    ("npz members encrypted", FMRI + ["--data", "ENCRYPTED_NPZ"],
+     "--data {ENCRYPTED_NPZ}: its member 'a.npy' is encrypted"),
+    ("h5 time series a link to nothing", FMRI + ["--data", "DANGLING_H5"],
+     "--data {DANGLING_H5}: 'timeseries' is a link to '/nowhere', which the file does not hold"),
     ("npz member longer than it holds", FMRI + ["--data", "LYING_NPZ"],
      "--data {LYING_NPZ}: member a.npy declares shape (99, 10), more than the member holds"),
     # each read as one subject fewer, without a word
@@ -255,6 +278,8 @@ CASES = [
     ("regions network written two ways", FMRI + ["--data", "NPY", "--regions", "SPLIT_NETWORKS"],
      "--regions {SPLIT_NETWORKS}: network cells '1' and '1.0' write one number two ways"),
     # distances underflowed to 0: refused for regions sharing one centroid, which they do not
+    ("regions in metres", FMRI + ["--data", "NPY", "--regions", "IN_METRES"],
+     "--regions {IN_METRES}: the x, y, z columns span only 0.126 mm, less than 1 mm"),
     ("regions a nanometre apart", FMRI + ["--data", "NPY", "--regions", "TINY"],
      "--regions {TINY}: the x, y, z columns span only 9e-170"),
     # a variation float64 flattens passed the constant-region check

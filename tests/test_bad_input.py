@@ -1001,8 +1001,10 @@ RESUME_CASES = [
     ("lock a JSON list", lock_text("[1, 2]"), [], ".lock is not a lock a sweep wrote"),
     ("lock pid too large for os.kill", lock_text(json.dumps({"pid": 2**70, "host": socket.gethostname()})), [],
      ".lock is not a lock a sweep wrote"),
-    ("lock pid a bool", lock_text(json.dumps({"pid": True, "host": socket.gethostname()})), [], ".lock is not a lock a sweep wrote"),
-    ("lock nested deeper than the parser goes", lock_text("[" * 2000 + "]" * 2000), [], ".lock is not a lock a sweep wrote"),
+    ("lock pid a bool", lock_text(json.dumps({"pid": True, "host": socket.gethostname()})), [],
+     ".lock is not a lock a sweep wrote"),
+    ("lock nested deeper than the parser goes", lock_text("[" * 2000 + "]" * 2000), [],
+     ".lock is not a lock a sweep wrote"),
     # round 16: a link to a live-looking lock outside the folder was read through; the message named no way out
     ("lock a link out of the folder", lock_linked_out, [], "if no sweep is writing"),
     ("packs a link out of the folder", link_out("packs"), [], "outside"),

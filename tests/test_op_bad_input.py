@@ -305,10 +305,57 @@ def test_a_table_found_finite_is_checked_again_once_changed_in_place():
     ((8, 2, 0), ValueError, "num_models must be at least 1, got 0"),  # torch.stack's RuntimeError
     ((8, 2, -1), ValueError, "num_models must be at least 1, got -1"),
     ((8.0, 2), TypeError, "width must be an int, got float"),
+    # round 16: 'no' is a true value, and built the bias it meant to leave out; a width past memory reached
+    # torch's allocator and its RuntimeError
+    ((8, 2, 2, "no"), TypeError, "bias must be True or False, got 'no'"),
+    ((8, 2, 2, True, "False"), TypeError, "out_proj must be True or False, got 'False'"),
+    ((100_000, 2, 2), ValueError, "PEAttention width=100,000 for 2 models: its weights need about"),
 ])
 def test_the_module_s_bad_arguments_are_named(arguments, error, why):
     with pytest.raises(error, match=why):
         PEAttention(*arguments)
+
+
+def test_a_state_dict_that_does_not_fit_is_named_in_one_error():
+    """torch's load_state_dict listed every mismatch over several lines (a RuntimeError) and cast float64 weights
+    to float32 without a word (round 16): one error naming the first tensor that does not fit; one that fits
+    loads."""
+    from pe_fast.nn import StackedLinear
+    attention = PEAttention(8, 2, 2)
+    state = attention.state_dict()
+    bad = [({**state, "w_qkv": torch.zeros(1)}, ValueError, r"state_dict\['w_qkv'\] has shape \[1\], this module's "
+            r"\[2, 8, 24\]"),
+           ({**state, "b_qkv": state["b_qkv"].double()}, TypeError, r"state_dict\['b_qkv'\] is torch.float64"),
+           ({**state, "out.weight": [1.0]}, TypeError, r"state_dict\['out.weight'\] is \[1.0\], not a tensor"),
+           ({k: v for k, v in state.items() if k != "w_qkv"}, ValueError, "state_dict lacks 'w_qkv'"),
+           ({**state, "extra": torch.zeros(1)}, ValueError, "state_dict holds 'extra', which this module lacks"),
+           ([1, 2], TypeError, "state_dict must be a mapping")]
+    for state_dict, error, why in bad:
+        with pytest.raises(error, match=why):
+            attention.load_state_dict(state_dict)
+    linear = StackedLinear([torch.Generator().manual_seed(i) for i in range(2)], 3, 4)
+    with pytest.raises(ValueError, match=r"state_dict\['weight'\] has shape \[1\]"):
+        linear.load_state_dict({k: torch.zeros(1) for k in linear.state_dict()})
+    other = PEAttention(8, 2, 2)
+    other.load_state_dict(state)
+    for name, tensor in other.state_dict().items():
+        torch.testing.assert_close(tensor, state[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rope_tables_off_the_unit_circle_are_named(target):
+    """rope = (zeros, zeros) passed the range check (within ±1) and zeroed q and k: every row's attention uniform,
+    without a word (round 16). Tables whose cos² + sin² is not 1 are refused; half-precision tables of real angles,
+    rounded, are taken."""
+    backend, device = target
+    args = make(device)
+    cos, sin = args["rope"]
+    for bad, value in (((torch.zeros_like(cos), torch.zeros_like(sin)), "0"), ((cos, cos), None)):
+        with pytest.raises(ValueError, match=r"rope: cos² \+ sin² is " + (value or "")):
+            call({**args, "rope": bad}, backend)
+    angles = torch.linspace(0, 100, cos.numel(), dtype=torch.float64).reshape(cos.shape)
+    rounded = tuple(t.to(torch.bfloat16).double().to(device) for t in (angles.cos(), angles.sin()))
+    call({**args, "rope": rounded}, backend)
 
 
 def test_the_module_s_only_token_is_checked_as_an_index():

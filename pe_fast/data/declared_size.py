@@ -44,6 +44,6 @@ def npz_member_read_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> 
             major, _ = np.lib.format.read_magic(stream)
             read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
             shape, _, dtype = read_header(stream)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError):
-        return member.file_size
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError, RuntimeError):
+        return member.file_size  # RuntimeError: an encrypted member (zipfile asks for its password)
     return max(member.file_size, elements_read_bytes(shape, dtype))

@@ -222,6 +222,10 @@ def _read_npz(p: Path, key: str | None):
         names = [i.filename for i in infos]
         if odd := [name for name in names if not name.endswith(".npy")]:
             raise DataError(f"{p}: its member {odd[0]!r} is not a .npy array; save the time series with numpy.savez")
+        # an encrypted member's stored bytes are its cipher text, which the memory map below would read as values
+        if encrypted := [i.filename for i in infos if i.flag_bits & 0x1]:
+            raise DataError(f"{p}: its member {encrypted[0]!r} is encrypted; save the time series with numpy.savez, "
+                            f"without a password")
         if len(set(names)) < len(names):
             twice = next(name for name in names if names.count(name) > 1)
             raise DataError(f"{p}: it holds two arrays named {twice[:-4]!r}; save the time series with numpy.savez")
@@ -287,6 +291,11 @@ def _read_h5(p: Path, name: str | None):
         except (RuntimeError, KeyError) as e:  # a soft link that leads to itself: "too many links"
             raise DataError(f"{p}: its links cannot be followed ({_why(e)}): save the time series without "
                             f"looping links") from None
+        # a soft link that leads nowhere: the dataset it names is not there, and another was read in its place
+        for key in (key for key, obj in reached.items() if obj is None):
+            if key == name or (name is None and key.split("/")[-1] == "timeseries"):
+                raise DataError(f"{p}: {key!r} is a link to {f.get(key, getlink=True).path!r}, which the file does "
+                                f"not hold: save the time series under that name")
         found = {key: obj for key, obj in reached.items() if isinstance(obj, h5py.Dataset)}
         distinct = {obj.id: key for key, obj in reversed(found.items())}  # each dataset by its first name
         series = {found[key].id: key for key in reversed(found) if key.split("/")[-1] == "timeseries"}

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from pe_fast.data.regions import MAX_COORDINATE_MM
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
-from pe_fast.nn import PEAttention, StackedLayerNorm, StackedLinear, check_fits, check_sizes, scale_to_fan_in_power
+from pe_fast.nn import (PEAttention, StackedLayerNorm, StackedLinear, StackedModule, check_fits, check_sizes,
+                        scale_to_fan_in_power)
 from pe_fast.ops import sublayer_ends
 from pe_fast.ops.backends import BACKENDS
 from pe_fast.ops.transforms import is_traced
@@ -214,7 +215,7 @@ def at_tokens(x: Tensor, rows: Tensor) -> Tensor:
     return x.reshape(M * B * N, D).index_select(0, (rows + offsets).reshape(-1)).view(*rows.shape, D)
 
 
-class StackedTransformer(nn.Module):
+class StackedTransformer(StackedModule):
     """M models in one module. forward(tokens [M,B,N,token_dim]) -> (outputs, stats [L,M,H,S])."""
 
     def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float | None],

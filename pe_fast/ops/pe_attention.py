@@ -207,6 +207,7 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # The largest |probe|: a statistic's sum over B·N rows of p·probe stays within float32 up to 3·10⁸ rows.
 PROBE_LIMIT = 1e30
 ROPE_SLACK = 1e-3  # a rope table's values are cos and sin: ±1, with room for a half-precision table's rounding
+ROTATION_SLACK = 1e-2  # cos² + sin² of the same angle: 1, with room for a bf16 table's rounding (2⁻⁸ a value)
 # (x's dtype, w_qkv's) where they differ: autocast's mix, x @ W in 16 bits and the PE's path in float32
 # (projection.py). Any other pair would round one side to the other's precision without a word.
 MIXED_PRECISION = ((torch.bfloat16, torch.float32), (torch.float16, torch.float32))
@@ -309,6 +310,17 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
                              f"rows in float32; give probes as weights (0/1 masks or similar)")
         if name != "probes" and largest > 1 + ROPE_SLACK:  # 1e30 in a table: q·k beyond float32, NaN outputs
             raise ValueError(f"{name} holds {largest:.3g}: the tables are cosines and sines, within ±1")
+    # zeros (or any pair off the unit circle) passed the range check and scaled q and k: zeros made every row's
+    # attention uniform without a word
+    cos, sin = rope or (None, None)
+    if all(isinstance(t, Tensor) and not t.is_meta and not is_traced(t) and t.is_floating_point() and t.numel()
+           and t.shape == cos.shape for t in (cos, sin)):
+        squares = cos.double() ** 2 + sin.double() ** 2
+        off = (squares - 1).abs()
+        if float(off.amax()) > ROTATION_SLACK:
+            at = tuple(int(i) for i in torch.unravel_index(off.argmax(), off.shape))
+            raise ValueError(f"rope: cos² + sin² is {float(squares[at]):.3g} at {list(at)}, not 1: the tables are the "
+                             f"cosines and sines of the same angles")
 
 
 def check_dtypes(x: Tensor, pe: Tensor | None, w_qkv: Tensor, b_qkv: Tensor | None, rope,

@@ -73,15 +73,9 @@ def load_pack_weights(path: Path, device: torch.device | str = "cpu") -> PackWei
                                    None if coordinates is None else coordinates.numpy())
     except (ValueError, TypeError, RuntimeError) as error:  # a PE that needs coordinates
         refuse(f"does not hold a model of its own configuration ({str(error).splitlines()[0][:160]})")
-    # load_state_dict converts a tensor to its parameter's dtype: integers would become weights without a word
-    expected = model.state_dict()
-    wrong = next((name for name, tensor in tensors.items()
-                  if name in expected and tensor.dtype != expected[name].dtype), None)
-    if wrong is not None:
-        refuse(f"its tensor {wrong} is {tensors[wrong].dtype}, the model's {expected[wrong].dtype}")
     try:
-        model.load_state_dict(tensors, strict=True)
-    except (ValueError, TypeError, RuntimeError) as error:  # a tensor missing, extra or of a wrong shape
+        model.load_state_dict(tensors, strict=True)  # pe_fast.nn.StackedModule's: names a tensor of another dtype too
+    except (ValueError, TypeError, RuntimeError) as error:  # a tensor missing, extra, of a wrong shape or dtype
         refuse(f"does not hold a model of its own configuration ({str(error).splitlines()[0][:160]})")
     return PackWeights(model.to(device).eval(), list(meta["model_ids"]), meta["step"])
 
