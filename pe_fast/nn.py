@@ -106,11 +106,16 @@ def check_switches(**switches):
 class StackedModule(nn.Module):
     """A module of a pack whose load_state_dict names what does not fit, in one ValueError / TypeError: torch's
     lists every mismatch over several lines (a RuntimeError), and casts a tensor of another dtype to its
-    parameter's without a word (float64 weights rounded, integers made weights)."""
+    parameter's without a word (float64 weights rounded, integers made weights). DERIVED: the buffers a module
+    computes from its configuration (a sinusoidal table, RoPE's angles), which a state dict must hold as they are."""
+
+    DERIVED: tuple[str, ...] = ()
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping of names to tensors, got {brief(state_dict)}")
+        if (odd := next((key for key in state_dict if not isinstance(key, str)), None)) is not None:
+            raise TypeError(f"state_dict's keys must be names (str), got {brief(odd)}")
         own = self.state_dict()
         for key, value in state_dict.items():
             if key not in own:
@@ -123,6 +128,21 @@ class StackedModule(nn.Module):
             if value.dtype != own[key].dtype:
                 raise TypeError(f"state_dict[{key!r}] is {value.dtype}, this module's {own[key].dtype}: convert one "
                                 f"to the other first")
+            if value.is_meta or value.layout != torch.strided:
+                raise ValueError(f"state_dict[{key!r}] is a {'meta' if value.is_meta else value.layout} tensor: load "
+                                 f"a dense one with values")
+            if assign and value.is_inference():
+                raise ValueError(f"state_dict[{key!r}] is an inference tensor, which cannot be trained: assign a copy "
+                                 f"made outside torch.inference_mode")
+            # assigned, an expanded tensor makes every model's weights one memory: the optimizer's step refuses it
+            if assign and any(stride == 0 and size > 1 for stride, size in zip(value.stride(), value.shape)):
+                raise ValueError(f"state_dict[{key!r}] is expanded (its elements share memory): assign a copy "
+                                 f"(.clone())")
+            # to float rounding: sin and cos round differently on other CPUs (AVX2, AVX-512) by a unit in the last place
+            if key in self.DERIVED and not torch.allclose(value.to(own[key].device).double(), own[key].double(),
+                                                          rtol=1e-5, atol=1e-6):
+                raise ValueError(f"state_dict[{key!r}] is not this module's (computed from its configuration): a "
+                                 f"state dict of another PE kind, or of other token positions")
         if strict and (missing := [key for key in own if key not in state_dict]):
             raise ValueError(f"state_dict lacks {', '.join(map(repr, missing[:3]))}"
                              f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} of this module's tensors")

@@ -125,6 +125,9 @@ def test_a_model_configuration_names_its_bad_field(change, error, why):
     ([], [], "at least one model"),
     ([1.5], [0.1], "seeds: 1.5 is not a whole number"),  # int() took it as seed 1's model
     ([0], [float("nan")], r"sigmas: nan is not a σ in \[1e-15, 1e\+06\]"),  # accepted: every output NaN
+    # round 17: compared in float16, 1e6 was inf and 1e-8 was 0, inside the bounds: a PE of inf, or of zeros
+    ([0], np.array([np.inf], np.float16), r"sigmas: np.float16\(inf\) is not a σ"),
+    ([0], [np.float16(1e-8)], r"sigmas: np.float16\(0.0\) is not a σ"),
 ])
 def test_a_pack_names_its_bad_seeds_and_sigmas(seeds, sigmas, why):
     with pytest.raises(ValueError, match=why):
@@ -234,3 +237,18 @@ def test_a_model_beyond_the_memory_free_now_is_named_before_any_weight_is_drawn(
     with pytest.raises(ValueError, match="StackedLinear d_in=65,536, d_out=65,536 for 1 models"):
         StackedLinear([torch.Generator()], 2**16, 2**16)
     StackedTransformer(ModelConfig(**TINY_CONFIG), [1], [0.1])  # a small one fits
+
+
+def test_a_state_dict_of_another_pe_kind_or_positions_is_refused():
+    """A sin1d model's state dict loaded into a sinnd model without a word and made it the sin1d model (round 17):
+    the tables a model computes from its configuration must be its own; its own state dict loads."""
+    coordinates = np.random.default_rng(0).random((TINY_CONFIG["num_tokens"], 3)) * 50
+    sinnd = StackedTransformer(ModelConfig(**{**TINY_CONFIG, "pe": "sinnd"}), [0], [None], coordinates)
+    sin1d = StackedTransformer(ModelConfig(**{**TINY_CONFIG, "pe": "sin1d"}), [0], [None], coordinates)
+    with pytest.raises(ValueError, match=r"state_dict\['absolute.fixed'\] is not this module's"):
+        sinnd.load_state_dict(sin1d.state_dict())
+    moved = StackedTransformer(ModelConfig(**{**TINY_CONFIG, "pe": "sinnd"}), [0], [None], coordinates + 10)
+    with pytest.raises(ValueError, match="other token positions"):
+        sinnd.load_state_dict(moved.state_dict())
+    sinnd.load_state_dict(StackedTransformer(ModelConfig(**{**TINY_CONFIG, "pe": "sinnd"}), [1], [None],
+                                             coordinates).state_dict())

@@ -125,6 +125,8 @@ CASES = [
     ("nested x", changed("x", lambda t: torch.nested.nested_tensor(list(t))), TypeError,
      r"x must be a dense tensor .*nested"),
     ("complex probes", changed("probes", lambda t: t.to(torch.complex64)), TypeError, r"probes .*torch.complex64"),
+    ("float8 probes", changed("probes", lambda t: t.to(torch.float8_e4m3fn)), TypeError,
+     r"probes must be bool, integer or one of .*, got torch.float8_e4m3fn"),  # torch's NotImplementedError
     # x @ w_qkv would run in one of the two dtypes, rounding or widening the other without a word
     ("w_qkv float32 under float64 x", changed("w_qkv", lambda t: t.float()), TypeError,
      r"w_qkv is torch.float32 but x is torch.float64"),
@@ -329,13 +331,23 @@ def test_a_state_dict_that_does_not_fit_is_named_in_one_error():
            ({**state, "out.weight": [1.0]}, TypeError, r"state_dict\['out.weight'\] is \[1.0\], not a tensor"),
            ({k: v for k, v in state.items() if k != "w_qkv"}, ValueError, "state_dict lacks 'w_qkv'"),
            ({**state, "extra": torch.zeros(1)}, ValueError, "state_dict holds 'extra', which this module lacks"),
-           ([1, 2], TypeError, "state_dict must be a mapping")]
+           ([1, 2], TypeError, "state_dict must be a mapping"),
+           # round 17: an AttributeError, torch's multi-line RuntimeError, one memory for every model's weights
+           ({**state, 5: torch.zeros(1)}, TypeError, "state_dict's keys must be names"),
+           ({k: v.to("meta") for k, v in state.items()}, ValueError, "is a meta tensor"),
+           ({**state, "w_qkv": state["w_qkv"].to_sparse()}, ValueError, r"is a torch.sparse_coo tensor")]
     for state_dict, error, why in bad:
         with pytest.raises(error, match=why):
             attention.load_state_dict(state_dict)
     linear = StackedLinear([torch.Generator().manual_seed(i) for i in range(2)], 3, 4)
     with pytest.raises(ValueError, match=r"state_dict\['weight'\] has shape \[1\]"):
         linear.load_state_dict({k: torch.zeros(1) for k in linear.state_dict()})
+    with pytest.raises(ValueError, match=r"state_dict\['w_qkv'\] is expanded"):
+        attention.load_state_dict({**state, "w_qkv": state["w_qkv"][:1].expand_as(state["w_qkv"])}, assign=True)
+    with torch.inference_mode():
+        frozen = {k: v.clone() for k, v in state.items()}
+    with pytest.raises(ValueError, match="is an inference tensor"):
+        attention.load_state_dict(frozen, assign=True)
     other = PEAttention(8, 2, 2)
     other.load_state_dict(state)
     for name, tensor in other.state_dict().items():
@@ -445,3 +457,35 @@ def test_a_model_whose_x_is_not_finite_leaves_the_other_models_alone(target, spo
     for k, leaf in leaves.items():
         torch.testing.assert_close(leaf.grad[1:].cpu().double(), alone[k].grad, **close, msg=k)
     assert not torch.isfinite(out[0]).all()
+
+
+class PythonOnlySubclass(torch.Tensor):
+    """A subclass that adds Python behaviour alone: its values are its own."""
+
+
+@pytest.mark.parametrize("where", ["torch.device", "flop counter", "vmap", "subclass"])
+def test_value_checks_hold_wherever_the_call_has_values(where):
+    """The value checks ran in plain eager mode alone: under torch.device's function mode, a FLOP counter's
+    dispatch mode, vmap or a Python-only subclass, rope (zeros, zeros), NaN probes and a NaN bias passed without a
+    word (round 17). The values exist there, and the same calls are refused."""
+    from torch.utils.flop_counter import FlopCounterMode
+    args = make("cpu", torch.float32)
+    zeros = tuple(torch.zeros_like(t) for t in args["rope"])
+    nan_probes = torch.full_like(args["probes"], float("nan"), dtype=torch.float32)
+    nan_bias = torch.full((M, H, N, N), float("nan"))
+    bad = [({**args, "rope": zeros}, r"rope: cos² \+ sin² is 0"), ({**args, "bias": nan_bias}, "bias holds NaN"),
+           ({**args, "probes": nan_probes}, "probes holds NaN")]
+    for call_args, why in bad:
+        with pytest.raises(ValueError, match=why):
+            if where == "torch.device":
+                with torch.device("cpu"):
+                    call(call_args, None)
+            elif where == "flop counter":
+                with FlopCounterMode(display=False):
+                    call(call_args, None)
+            elif where == "vmap":
+                x = call_args["x"]
+                torch.func.vmap(lambda xx: call({**call_args, "x": xx}, None)[0])(torch.stack([x, x]))
+            else:
+                call({**call_args, **{k: v.as_subclass(PythonOnlySubclass) for k, v in call_args.items()
+                                      if k in ("x", "probes", "bias") and isinstance(v, torch.Tensor)}}, None)

@@ -218,6 +218,10 @@ def at_tokens(x: Tensor, rows: Tensor) -> Tensor:
 class StackedTransformer(StackedModule):
     """M models in one module. forward(tokens [M,B,N,token_dim]) -> (outputs, stats [L,M,H,S])."""
 
+    # computed from the configuration and the tokens' positions: a sin1d model's table loaded into a sinnd model
+    # made it another model without a word
+    DERIVED = ("absolute.fixed", "rotary.cos", "rotary.sin", "relative.index")
+
     def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float | None],
                  coordinates: np.ndarray | None = None, init_gammas: Sequence[float | None] | None = None):
         """sigmas: each model's σ of its N(0, σ²) PE (learned and random PEs); None for a PE without one.
@@ -234,9 +238,11 @@ class StackedTransformer(StackedModule):
         for seed in seeds:
             if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) or not 0 <= seed < 2**63:
                 raise ValueError(f"seeds: {seed!r} is not a whole number from 0 to 2**63 - 1")
-        for sigma in sigmas:  # beyond, the PE table is inf, or 0 and without geometry
+        # beyond, the PE table is inf, or 0 and without geometry; compared as a Python float: in float16, 1e6 was
+        # inf and 1e-8 was 0, and the bounds passed
+        for sigma in sigmas:
             if sigma is not None and not (isinstance(sigma, numbers.Real) and not isinstance(sigma, (bool, np.bool_))
-                                          and MIN_SIGMA <= sigma <= MAX_SIGMA):
+                                          and MIN_SIGMA <= float(sigma) <= MAX_SIGMA):
                 raise ValueError(f"sigmas: {sigma!r} is not a σ in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (or None)")
         if coordinates is not None:
             check_coordinates(coordinates, config.num_tokens)

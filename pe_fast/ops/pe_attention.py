@@ -17,7 +17,7 @@ from torch import Tensor
 from pe_fast.available_memory import available_bytes
 from pe_fast.ops import reference
 from pe_fast.ops.backends import BACKENDS, UNAVAILABLE, implementation, resolve_backend
-from pe_fast.ops.transforms import fold_into_model_axis, is_traced
+from pe_fast.ops.transforms import concrete, fold_into_model_axis, is_traced, known_values
 
 
 class OpInputs(NamedTuple):
@@ -250,8 +250,10 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
             layout = "nested" if tensor.is_nested else str(tensor.layout)
             raise TypeError(f"{name} must be a dense tensor (torch.strided), got a {layout} one: call .to_dense()")
         # probes may come in any real dtype (bool and uint8 masks are the cheap ones to read)
-        if name == "probes" and tensor.is_complex():
-            raise TypeError(f"probes must be real (bool, integer or floating), got {tensor.dtype}")
+        if name == "probes" and (tensor.is_complex()
+                                 or tensor.is_floating_point() and tensor.dtype not in FLOAT_DTYPES):
+            raise TypeError(f"probes must be bool, integer or one of {', '.join(map(str, FLOAT_DTYPES))}, got "
+                            f"{tensor.dtype}")  # complex, or float8, which few of torch's ops take
         if name != "probes" and tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a floating tensor ({', '.join(map(str, FLOAT_DTYPES))}), "
                             f"got {tensor.dtype}")
@@ -288,7 +290,13 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
     # a caller's mask, not where it takes a gradient (a relative PE's, which would pay a pass and a GPU sync per
     # call); under no_grad none is taken, so a parameter passed as the bias is checked there too
     takes_gradient = bias is not None and bias.requires_grad and torch.is_grad_enabled()
-    if bias is not None and not takes_gradient and not is_traced(bias) and not bias.is_meta and bias.numel():
+    if not torch.compiler.is_compiling():  # fake tensors there, without values (and dynamo cannot trace the switch)
+        with concrete():  # values wherever the call has them: under vmap, a mode or a subclass too
+            _check_values(x, None if takes_gradient else bias, probes, rope)
+
+
+def _check_values(x, bias, probes, rope) -> None:
+    if bias is not None and (bias := known_values(bias)) is not None and bias.numel():
         largest = float(bias.abs().amax())
         if not math.isfinite(largest):
             raise ValueError("bias holds NaN or ±inf: give finite values (for a mask, a large negative number such "
@@ -299,8 +307,11 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
                              f"there: NaN outputs); give a mask of -1e4 or less in magnitude")
     # fixed tables: a NaN in one made every output (RoPE) or a statistic (probes) NaN without a word; a probe near
     # float's largest value made the statistics' sums over rows inf (one backend) or not (another)
-    for name, table in (("probes", probes), *((f"rope[{i}]", t) for i, t in enumerate(rope or ()))):
-        if table is None or table.is_meta or is_traced(table) or not table.is_floating_point() or table.numel() == 0:
+    tables = {"probes": probes, **{f"rope[{i}]": t for i, t in enumerate(rope or ())}}
+    tables = {name: known_values(t) if t is not None and t.is_floating_point() else None
+              for name, t in tables.items()}
+    for name, table in tables.items():
+        if table is None or table.numel() == 0:
             continue
         largest = float(table.abs().amax())
         if not math.isfinite(largest):
@@ -312,9 +323,8 @@ def check_inputs(x, pe, w_qkv, b_qkv, num_heads, probes, rope, bias, backend=Non
             raise ValueError(f"{name} holds {largest:.3g}: the tables are cosines and sines, within ±1")
     # zeros (or any pair off the unit circle) passed the range check and scaled q and k: zeros made every row's
     # attention uniform without a word
-    cos, sin = rope or (None, None)
-    if all(isinstance(t, Tensor) and not t.is_meta and not is_traced(t) and t.is_floating_point() and t.numel()
-           and t.shape == cos.shape for t in (cos, sin)):
+    cos, sin = tables.get("rope[0]"), tables.get("rope[1]")
+    if cos is not None and sin is not None and cos.numel() and cos.shape == sin.shape:
         squares = cos.double() ** 2 + sin.double() ** 2
         off = (squares - 1).abs()
         if float(off.amax()) > ROTATION_SLACK:

@@ -136,6 +136,9 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     do = grad_out.reshape(M, B, N, num_heads, dh).transpose(2, 3)  # [M,B,H,N,dh]
     dv = torch.matmul(p.transpose(-1, -2), do)
     dp = torch.matmul(do, v.transpose(-1, -2))
+    # dp shifted by its value at the row's largest p: at a saturated row (p one-hot) p·(dp − Σ p·dp) cancels to
+    # nothing at that entry, while Σ p·(dp − dp at the largest) keeps the small terms it is made of
+    dp = dp - dp.gather(-1, s.argmax(-1, keepdim=True))
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
     dbias = ds.sum(1) if bias is not None else None
     scale = 1.0 / math.sqrt(dh)

@@ -2,9 +2,11 @@
 registrations are right), and the vmap rule that folds a vmapped dimension into the model axis."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
 
 def _is_plain(t: Tensor, torch_func_wrapped_too: bool = False) -> bool:
@@ -26,6 +28,35 @@ def is_traced(*tensors: Tensor | None, torch_func_too: bool = True) -> bool:
             or (torch_func_too and torch._C._are_functorch_transforms_active())
             or _get_current_dispatch_mode() is not None or torch._C._is_torch_function_mode_enabled()
             or not all(_is_plain(t, not torch_func_too) for t in tensors if t is not None))
+
+
+def known_values(t: Tensor) -> Tensor | None:
+    """t's values as a plain tensor where this call has them (eager; under a function or dispatch mode that
+    computes, such as torch.device's or a FLOP counter; inside vmap or grad: the tensor they wrap, every slice), or
+    None where it has none (torch.compile's fake tensors, a functional or other wrapper subclass, meta). For value
+    checks, which must hold wherever values exist, not only where the call is plain eager mode."""
+    if torch.compiler.is_compiling() or t.is_meta:
+        return None
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    if torch._C._functorch.is_legacy_batchedtensor(t) or t.is_meta:
+        return None
+    if type(t) not in (Tensor, torch.nn.Parameter):
+        # a subclass that only adds Python behaviour holds its own values; one with a dispatch of its own (fake,
+        # functional, a wrapper) may not
+        if getattr(type(t), "__torch_dispatch__", Tensor.__torch_dispatch__) is not Tensor.__torch_dispatch__:
+            return None
+        with torch._C.DisableTorchFunctionSubclass():
+            t = t.as_subclass(Tensor)
+    return t
+
+
+@contextlib.contextmanager
+def concrete():
+    """Computations on known_values' tensors run as plain eager ones: no torch function or dispatch mode sees
+    them (a tracer would record a check as part of the model; a FLOP counter count it)."""
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        yield
 
 
 def fold_into_model_axis(info, in_dims, args, per_model, op):
