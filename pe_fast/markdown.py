@@ -3,7 +3,8 @@ file pe_fast writes (report.md, compare_lst_logs.md): a folder may come from any
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from pe_fast.program_exit import escaped
 
 # backslash-escaped, each shows as itself; an underscore inside a word (ground_truth) marks nothing
 MARKDOWN_MARKS = re.compile(r"[\\`*\[\]$~]|(?<![^\W_])_|_(?![^\W_])")
@@ -16,5 +17,5 @@ def inert(text: object, cell: bool = True) -> str:
     in a table `cell` no column break."""
     text = MARKDOWN_MARKS.sub(r"\\\g<0>", " ".join(str(text).split()))
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = "".join(ascii(ch)[1:-1] if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+    text = escaped(text)
     return text.replace("|", "\\|") if cell else text

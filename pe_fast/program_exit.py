@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import sys
 import threading
+import unicodedata
 from typing import NoReturn
 
 
@@ -36,8 +36,18 @@ def exit_now(code: int | None) -> NoReturn:
     os._exit(code or 0)
 
 
-# a line break or a terminal escape: refused in names and settings, shown as its escape in messages
-CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+def is_control(character: str) -> bool:
+    """A character a terminal or a viewer acts on rather than shows: Unicode's control and format characters
+    (category C: a line break, ESC and the 8-bit CSI \\x9b, a right-to-left override, a zero-width space) and
+    the line and paragraph separators. Refused in names and settings, shown as its escape in messages. Not a
+    lone surrogate (Cs): a file name's bytes that are not UTF-8, as os.fsdecode keeps them, named as such."""
+    category = unicodedata.category(character)
+    return (category[0] == "C" and category != "Cs") or category in ("Zl", "Zp")
+
+
+def control_character(text: str) -> str | None:
+    """The first control character (is_control) of text, or None."""
+    return next((character for character in text if is_control(character)), None)
 
 
 MAX_SHOWN = 60  # characters of a caller's value that a message quotes
@@ -60,11 +70,18 @@ def brief(value: object) -> str:
 
 
 def escaped(text: str) -> str:
-    """Outside text as a line quotes it: a line break or a terminal escape shown as its escape."""
-    return CONTROL_CHARACTER.sub(lambda match: ascii(match.group())[1:-1], text)
+    """Outside text as a line quotes it: each control character (is_control) shown as its escape."""
+    return "".join(ascii(character)[1:-1] if is_control(character) else character for character in text)
+
+
+MAX_ERROR = 2_000  # characters of an error line: one that quotes a file's text whole (3 MB of a weights file's
+#                    metadata) is cut, saying how much is left out
 
 
 def print_error(message: object):
     """The program's error, one line on stderr: outside text it quotes (a lock's host name, $RAY_ADDRESS)
-    escaped."""
-    print(f"error: {escaped(str(message))}", file=sys.stderr)
+    escaped, and the line cut to MAX_ERROR characters."""
+    text = escaped(str(message))
+    if len(text) > MAX_ERROR:
+        text = f"{text[:MAX_ERROR]}… ({len(text) - MAX_ERROR:,} characters more)"
+    print(f"error: {text}", file=sys.stderr)

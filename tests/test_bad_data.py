@@ -23,8 +23,8 @@ from pe_fast.tasks.lst_puzzles import AUTHORS_DATA, AUTHORS_PUZZLE_FILES
 
 
 def regions_at(path: Path, points) -> str:
-    """A regions table of len(points) regions r0, r1, .. at the given x, y, z."""
-    return str(write_table(path, [f"r{i},{x},{y},{z},a" for i, (x, y, z) in enumerate(points)]))
+    """A regions table of len(points) regions r0, r1, .. at the given x, y, z, in two networks."""
+    return str(write_table(path, [f"r{i},{x},{y},{z},{'ab'[i % 2]}" for i, (x, y, z) in enumerate(points)]))
 
 
 def data_files(tmp_path: Path) -> dict[str, str]:
@@ -128,14 +128,36 @@ def data_files(tmp_path: Path) -> dict[str, str]:
             raw[at + flags_at] |= 1
             at = raw.find(signature, at + 4)
     Path(files["ENCRYPTED_NPZ"]).write_bytes(bytes(raw))
+    # round 17: a second directory entry pointing at the first member's bytes read one subject as two; a stored
+    # member with one byte changed read as values (its checksum not checked); two names, one NFC and one NFD
+    rows = np.random.default_rng(3).normal(size=(2, 30, 10)).astype("f4")
+    members = {}
+    for name, run in zip("ab", rows):
+        member = io.BytesIO()
+        np.save(member, run)
+        members[f"{name}.npy"] = member.getvalue()
+    for key, names in (("TWICE_POINTED_NPZ", "ab"), ("DAMAGED_NPZ", "ab"), ("NFC_NFD_NPZ", ("s\u00e9", "se\u0301"))):
+        files[key] = str(tmp_path / f"{key.lower()}.npz")
+        with zipfile.ZipFile(files[key], "w") as archive:
+            for name, data in zip(names, members.values()):
+                archive.writestr(f"{name}.npy", data)
+    raw = bytearray(Path(files["TWICE_POINTED_NPZ"]).read_bytes())
+    second = raw.find(b"PK\x01\x02", raw.find(b"PK\x01\x02") + 4)
+    raw[second + 42:second + 46] = (0).to_bytes(4, "little")  # b.npy's entry: a.npy's local header
+    Path(files["TWICE_POINTED_NPZ"]).write_bytes(bytes(raw))
+    raw = bytearray(Path(files["DAMAGED_NPZ"]).read_bytes())
+    raw[raw.find(b"a.npy") + 5 + 128 + 40] ^= 0x10  # a byte of a.npy's values
+    Path(files["DAMAGED_NPZ"]).write_bytes(bytes(raw))
     files["DANGLING_H5"] = str(tmp_path / "dangling.h5")  # two datasets, and 'timeseries' a link to neither
     with h5py.File(files["DANGLING_H5"], "w") as f:
         f["a"], f["b"] = series, series[:, :, :5]
         f["timeseries"] = h5py.SoftLink("/nowhere")
     files["LYING_NPZ"] = str(tmp_path / "lying.npz")  # a stored member whose header claims 100 rows, holding 60
-    np.savez(files["LYING_NPZ"], a=np.zeros((60, 10), "i1"), b=np.ones((60, 10), "i1"))
-    raw = Path(files["LYING_NPZ"]).read_bytes()
-    Path(files["LYING_NPZ"]).write_bytes(raw.replace(b"(60, 10)", b"(99, 10)", 1))
+    with zipfile.ZipFile(files["LYING_NPZ"], "w") as archive:  # its checksum right: the header alone lies
+        for name, value in (("a", 0), ("b", 1)):
+            member = io.BytesIO()
+            np.save(member, np.full((60, 10), value, "i1"))
+            archive.writestr(f"{name}.npy", member.getvalue().replace(b"(60, 10)", b"(99, 10)", 1))
     def member(array):
         buffer = io.BytesIO()
         np.save(buffer, array)
@@ -163,6 +185,10 @@ def data_files(tmp_path: Path) -> dict[str, str]:
                                     [(i * 0.014, 0.01 * (i % 3), 0) for i in range(10)])
     np.save(tmp_path / "long_double.npy", np.random.default_rng(0).standard_normal((2, 60, 10)).astype(np.longdouble))
     files["LONG_DOUBLE"] = str(tmp_path / "long_double.npy")
+    # round 17: one network, or one each, left the network measures NaN or meaningless
+    for name, network in (("ONE_NETWORK", lambda i: "x"), ("OWN_NETWORKS", lambda i: f"n{i}")):
+        files[name] = str(write_table(tmp_path / f"{name.lower()}.csv",
+                                      [f"r{i},{i},{i % 3},0,{network(i)}" for i in range(10)]))
     files["FAR"] = regions_at(tmp_path / "remote.csv", [(i * 1e200, 0, 0) for i in range(10)])
     files["TMP"] = str(tmp_path.resolve())
     return files
@@ -257,8 +283,14 @@ CASES = [
     # dataset read in a dangling link's place
     ("npz members encrypted", FMRI + ["--data", "ENCRYPTED_NPZ"],
      "--data {ENCRYPTED_NPZ}: its member 'a.npy' is encrypted"),
+    ("npz directory entry pointing at another member", FMRI + ["--data", "TWICE_POINTED_NPZ"],
+     "--data {TWICE_POINTED_NPZ}: member b.npy's directory entry points at other bytes than its own"),
+    ("npz member damaged", FMRI + ["--data", "DAMAGED_NPZ"],
+     "--data {DAMAGED_NPZ}: member a.npy does not match its checksum"),
+    ("npz subject named twice, NFC and NFD", FMRI + ["--data", "NFC_NFD_NPZ"],
+     "--data {NFC_NFD_NPZ}: it holds two arrays named 'sé'"),
     ("h5 time series a link to nothing", FMRI + ["--data", "DANGLING_H5"],
-     "--data {DANGLING_H5}: 'timeseries' is a link to '/nowhere', which the file does not hold"),
+     "--data {DANGLING_H5}: 'timeseries' is a link that leads to nothing in the file (it names '/nowhere')"),
     ("npz member longer than it holds", FMRI + ["--data", "LYING_NPZ"],
      "--data {LYING_NPZ}: member a.npy declares shape (99, 10), more than the member holds"),
     # each read as one subject fewer, without a word
@@ -278,6 +310,10 @@ CASES = [
     ("regions network written two ways", FMRI + ["--data", "NPY", "--regions", "SPLIT_NETWORKS"],
      "--regions {SPLIT_NETWORKS}: network cells '1' and '1.0' write one number two ways"),
     # distances underflowed to 0: refused for regions sharing one centroid, which they do not
+    ("regions in one network", FMRI + ["--data", "NPY", "--regions", "ONE_NETWORK"],
+     "--regions {ONE_NETWORK}: its network column puts every region in one network"),
+    ("regions in networks of their own", FMRI + ["--data", "NPY", "--regions", "OWN_NETWORKS"],
+     "--regions {OWN_NETWORKS}: its network column puts each region in a network of its own"),
     ("regions in metres", FMRI + ["--data", "NPY", "--regions", "IN_METRES"],
      "--regions {IN_METRES}: the x, y, z columns span only 0.126 mm, less than 1 mm"),
     ("regions a nanometre apart", FMRI + ["--data", "NPY", "--regions", "TINY"],
@@ -401,3 +437,30 @@ def test_a_data_file_the_user_may_not_read_is_one_line_naming_its_flag(flag, tmp
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-1500:]
     assert done.stderr.startswith(f"error: {flag} {files[flag]}") and "Permission denied" in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_network_numbers_are_compared_as_written_not_as_floats(tmp_path):
+    """Networks 9007199254740992 and 9007199254740993 (2**53 and one more) were refused as one number written two
+    ways, equal as floats (round 17): they are two networks; 1 and 1.0 are still one number written two ways."""
+    files = inputs(tmp_path)
+    big = write_table(tmp_path / "big.csv", [f"r{i},{i},{i % 3},0,{2**53 + i % 2}" for i in range(10)])
+    data = load_user_data(files["NPY"], big)
+    assert data.network_names == [str(2**53), str(2**53 + 1)] and list(data.networks) == [0, 1] * 5
+    twice = write_table(tmp_path / "twice.csv", [f"r{i},{i},{i % 3},0,{['1', '1.0', '2'][i % 3]}" for i in range(10)])
+    with pytest.raises(DataError, match="network cells '1' and '1.0' write one number two ways"):
+        load_user_data(files["NPY"], twice)
+
+
+def test_h5_integers_of_odd_precision_are_read_as_their_values(tmp_path):
+    """A contiguous dataset of 12-bit integers at a bit offset of 4 was memory-mapped as raw int32: 25 read as 400,
+    with the padding's bits (round 17). Where the file's type is not numpy's, h5py converts."""
+    from h5py import h5d, h5s, h5t
+    values = np.random.default_rng(0).integers(-1000, 1000, (3, 20, 6)).astype("i4")
+    path = tmp_path / "odd_bits.h5"
+    with h5py.File(path, "w") as f:
+        kind = h5t.STD_I32LE.copy()
+        kind.set_precision(12)
+        kind.set_offset(4)
+        h5d.create(f.id, b"timeseries", kind, h5s.create_simple(values.shape)).write(h5s.ALL, h5s.ALL, values)
+    data = load_user_data(path)
+    np.testing.assert_array_equal(np.stack([np.asarray(run) for run in data.runs]), values)

@@ -240,7 +240,7 @@ def inputs(tmp_path: Path) -> dict[str, str]:
     npy = tmp_path / "series.npy"  # subjects × time × regions, no regions table: no centroids
     np.save(npy, np.random.default_rng(0).standard_normal((2, 60, 10)).astype(np.float32))
     regions = tmp_path / "regions.csv"
-    regions.write_text("label,x,y,z,network\n" + "".join(f"r{i},0,0,{i},a\n" for i in range(10)))
+    regions.write_text("label,x,y,z,network\n" + "".join(f"r{i},0,0,{i},{'ab'[i % 2]}\n" for i in range(10)))
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "nowhere")
     subnormal = tmp_path / "subnormal.npy"  # not constant, but z-scored to zeros: nothing to predict
@@ -320,6 +320,33 @@ def test_a_flag_given_twice_is_refused_not_overwritten(tmp_path, capsys, monkeyp
     assert list(tmp_path.iterdir()) == []
     options = settings.build_parser().parse_args(["--slurm-option", "a=b", "--slurm-option", "c=d"]).slurm_option
     assert options == ["a=b", "c=d"]
+
+
+def test_control_characters_beyond_ascii_are_escaped_in_lines_and_refused_in_names(tmp_path, capsys, monkeypatch):
+    """Only ASCII's controls were escaped or refused (round 17): the 8-bit CSI \\x9b and NEL \\x85, the line
+    separator U+2028, a right-to-left override and a zero-width space reached the terminal raw, through an --out
+    name and the lines that quote a folder's or a lock's text. Every Unicode control or format character and the
+    separators now are."""
+    from pe_fast.program_exit import escaped, print_error
+    sneaky = "a\x85b\x9bc\u2028d\u202ee\u200bf"
+    assert escaped(sneaky) == "a\\x85b\\x9bc\\u2028d\\u202ee\\u200bf"
+    assert escaped("é 中 σ-ß") == "é 中 σ-ß"  # letters of any script are text
+    monkeypatch.chdir(tmp_path)
+    assert_one_line(capsys, sweep_main(LST + ["--out", "run\u202etxt.exe"]), "holds a control character")
+    assert list(tmp_path.iterdir()) == []
+    print_error(f"{sneaky} " + "x" * 5000)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not any(ch in err for ch in "\x85\x9b\u2028\u202e\u200b")
+    assert re.search(r"x… \(3,0\d\d characters more\)\n$", err) and len(err) < 2100  # a file's text whole: cut
+
+
+def test_the_report_s_out_is_not_a_flag(tmp_path, capsys, monkeypatch):
+    """python -m pe_fast.report A B --out --version pooled A and B into a folder named --version, and --out
+    --rdms C took C as the pooled folder once --rdms was taken out (round 17)."""
+    monkeypatch.chdir(tmp_path)
+    for argv in (["a", "b", "--out", "--version"], ["a", "--out", "--rdms", "c"]):
+        assert_one_line(capsys, report_main(argv), f"--out {argv[argv.index('--out') + 1]!r}: a flag where the pooled")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_out_folder_through_a_missing_folder_and_dotdot_is_refused(tmp_path, capsys, monkeypatch):
@@ -625,10 +652,12 @@ def test_triton_s_interpreter_as_the_cpu_default_is_refused(tmp_path):
 # '²' and '１' pass str.isdigit(): int() raised on the first, libgomp ignored the second, and a count past
 # unsigned long's
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "", "²", "１", "4,²", "99999999999999999999"])
-def test_an_openmp_thread_count_openmp_ignores_is_refused(value, tmp_path, capsys, monkeypatch):
-    """libgomp warned and took its default: the sweep ran on a thread count nobody set."""
-    monkeypatch.setenv("OMP_NUM_THREADS", value)
-    assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), f"$OMP_NUM_THREADS {value!r}")
+@pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_an_openmp_thread_count_openmp_ignores_is_refused(variable, value, tmp_path, capsys, monkeypatch):
+    """libgomp warned and took its default, and MKL (round 17) took its own without a word: the sweep ran on a
+    thread count nobody set."""
+    monkeypatch.setenv(variable, value)
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), f"${variable} {value!r}")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -127,6 +127,42 @@ def test_numpy_scalars_arrays_ranges_and_lists_of_paths_are_the_values_they_hold
     assert settings.from_flags(api.arguments(given)) == settings.from_flags(api.arguments(plain))
 
 
+def test_subclasses_are_the_values_they_hold_and_their_methods_are_not_called(tmp_path, monkeypatch):
+    """steps=LyingInt(4), whose __index__ gave 999, recorded and trained 999 steps; a float whose __str__ said
+    '0.3' trained σ = 0.3; a str whose __str__ raised, or a path whose __fspath__ did, gave a traceback (round 17).
+    A subclass of int, float or str is the value it holds; a path that cannot be read is named."""
+    from pe_fast.sweep import settings
+
+    class LyingInt(int):
+        def __index__(self):
+            return 999
+
+    class LyingFloat(float):
+        def __str__(self):
+            return "0.3"
+
+        __repr__ = __str__
+
+    class RaisingStr(str):
+        def __str__(self):
+            raise RuntimeError("no")
+
+        __repr__ = __str__
+
+    class RaisingPath:
+        def __fspath__(self):
+            raise RuntimeError("no")
+
+    lying = dict(task=RaisingStr("netsim"), steps=LyingInt(4), eval_every=LyingInt(2), sigmas=[LyingFloat(0.1)],
+                 pe=[RaisingStr("learned")])
+    honest = dict(task="netsim", steps=4, eval_every=2, sigmas=[0.1], pe=["learned"])
+    assert settings.from_flags(api.arguments(lying)) == settings.from_flags(api.arguments(honest))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="--out: its path could not be read \\(RuntimeError: 'no'\\)"):
+        pe_fast.sweep.run(**TINY, out=RaisingPath())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_arguments_of_a_wrong_type_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError, match="load_run: directory: expected a path"):

@@ -40,7 +40,9 @@ import os
 import struct
 import unicodedata
 import zipfile
+import zlib
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -184,16 +186,39 @@ def _check_dtype(arr, p: Path):
                         f"float32 or float64 values")
 
 
+def _check_crc(p: Path, f, info: zipfile.ZipInfo, start: int):
+    """A stored member's bytes against its CRC-32, which a memory map skips (numpy.load refuses a damaged one)."""
+    f.seek(start)
+    crc, left = 0, info.file_size
+    while left > 0:
+        chunk = f.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        crc, left = zlib.crc32(chunk, crc), left - len(chunk)
+    if left or crc != info.CRC:
+        raise DataError(f"{p}: member {info.filename} does not match its checksum (CRC-32): the file is damaged; "
+                        f"save it again with numpy.savez")
+
+
 def _npz_member(p: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
     """A memory map of an uncompressed .npz member, or the array read into memory."""
     if info.compress_type != zipfile.ZIP_STORED:
         with zf.open(info) as f:
-            return np.lib.format.read_array(f, allow_pickle=False)
+            array = np.lib.format.read_array(f, allow_pickle=False)
+            f.read()  # to the end, where zipfile checks the member's CRC: a damaged member raises
+            return array
     with open(p, "rb") as f:
-        # The member's bytes start after its local header: 30 fixed bytes, the name and an extra field.
+        # The member's bytes start after its local header: 30 fixed bytes, the name and an extra field. Checked
+        # as zipfile.open checks them: a second directory entry pointing at another member's bytes read that
+        # member twice, as two subjects
         f.seek(info.header_offset)
         header = f.read(30)
         name_len, extra_len = struct.unpack("<HH", header[26:30])
+        if header[:4] != b"PK\x03\x04" or f.read(name_len) != info.orig_filename.encode("utf-8" if info.flag_bits
+                                                                                        & 0x800 else "cp437"):
+            raise DataError(f"{p}: member {info.filename}'s directory entry points at other bytes than its own: the "
+                            f"file is damaged; save it again with numpy.savez")
+        _check_crc(p, f, info, info.header_offset + 30 + name_len + extra_len)
         f.seek(info.header_offset + 30 + name_len + extra_len)
         major, _ = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
@@ -226,6 +251,7 @@ def _read_npz(p: Path, key: str | None):
         if encrypted := [i.filename for i in infos if i.flag_bits & 0x1]:
             raise DataError(f"{p}: its member {encrypted[0]!r} is encrypted; save the time series with numpy.savez, "
                             f"without a password")
+        names = [unicodedata.normalize("NFC", name) for name in names]  # 'sé' however it was typed: one subject
         if len(set(names)) < len(names):
             twice = next(name for name in names if names.count(name) > 1)
             raise DataError(f"{p}: it holds two arrays named {twice[:-4]!r}; save the time series with numpy.savez")
@@ -294,8 +320,8 @@ def _read_h5(p: Path, name: str | None):
         # a soft link that leads nowhere: the dataset it names is not there, and another was read in its place
         for key in (key for key, obj in reached.items() if obj is None):
             if key == name or (name is None and key.split("/")[-1] == "timeseries"):
-                raise DataError(f"{p}: {key!r} is a link to {f.get(key, getlink=True).path!r}, which the file does "
-                                f"not hold: save the time series under that name")
+                raise DataError(f"{p}: {key!r} is a link that leads to nothing in the file (it names "
+                                f"{f.get(key, getlink=True).path!r}): save the time series under that name")
         found = {key: obj for key, obj in reached.items() if isinstance(obj, h5py.Dataset)}
         distinct = {obj.id: key for key, obj in reversed(found.items())}  # each dataset by its first name
         series = {found[key].id: key for key in reversed(found) if key.split("/")[-1] == "timeseries"}
@@ -334,7 +360,10 @@ def _read_h5(p: Path, name: str | None):
                             f"read), more than the memory free now ({free / 2**30:.0f} GiB)")
         _check_declared(p, declared)  # chunks never written read as the fill value: GBs from a few kB
         offset = ds.id.get_offset()
-        if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0:
+        # its bytes are numpy's dtype only where the file's type is that dtype's own: an integer of 12 bits at
+        # an offset of 4 (HDF5 allows it) read raw came out 16 times its value, with the padding's bits in it
+        if ds.chunks is None and ds.compression is None and offset is not None and ds.size > 0 \
+                and ds.id.get_type().equal(h5py.h5t.py_create(ds.dtype)):
             arr = np.memmap(p, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
             fmt = f"HDF5 dataset {name!r}, memory-mapped"
         else:
@@ -564,9 +593,11 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         values = [unicodedata.normalize("NFC", r["network"]) for r in rows]  # one "é", however it was typed
         if "" in values:
             raise DataError(f"{p}: region {labels[values.index('')]!r} has no network: fill in every network cell")
-        spelled: dict[float, str] = {}
-        for value in dict.fromkeys(values):  # "1" and "1.0" (or "+1", "01"): one network or two?
-            if _is_float(value) and (first := spelled.setdefault(float(value), value)) != value:
+        spelled: dict[Decimal, str] = {}
+        # "1" and "1.0" (or "+1", "01"): one network or two? Compared as the numbers written, not as floats, in
+        # which 2**53 and 2**53 + 1 are one
+        for value in dict.fromkeys(values):
+            if _is_float(value) and (first := spelled.setdefault(Decimal(value.strip()), value)) != value:
                 raise DataError(f"{p}: network cells {first!r} and {value!r} write one number two ways: write each "
                                 f"network one way")
         if all(_is_int(v) for v in values):
@@ -578,6 +609,12 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
             networks = np.array([network_names.index(v) for v in values])
     if centroids is not None and median_centroid_distance(centroids) == 0:
         _refuse_coinciding(p, labels, centroids)
+    # the network measures compare regions within a network with regions across networks: with one network, or
+    # one region each, there is nothing to compare (segregation NaN, the same-network probe all or none)
+    if network_names is not None and (len(network_names) < 2 or len(network_names) == len(labels)):
+        what = "every region in one network" if len(network_names) < 2 else "each region in a network of its own"
+        raise DataError(f"{p}: its network column puts {what}: the network measures need two or more networks of "
+                        f"two or more regions; fill in the networks, or leave the column out")
     return np.array(labels), centroids, networks, network_names
 
 

@@ -213,14 +213,18 @@ def main(argv: list[str] | None = None) -> int:
               "--rdms        also write DIR/rdms.hdf5, every model's and the ground truth's RDMs for rsatoolbox "
               "(pip install -e \".[rsa]\")")
         return 0
-    rdms = "--rdms" in argv
-    argv = [a for a in argv if a != "--rdms"]
-    out = None
-    if "--out" in argv:
-        at = argv.index("--out")
-        out, argv = (argv[at + 1] if at + 1 < len(argv) else ""), argv[:at] + argv[at + 2:]
     usage = ("usage: python -m pe_fast.report DIR [--rdms] (one results folder), or python -m pe_fast.report DIR "
              "DIR ... --out POOLED [--rdms] (several, pooled as one run)")
+    out = None
+    if "--out" in argv:  # its value first: --out --rdms C took C as the pooled folder once --rdms was taken out
+        at = argv.index("--out")
+        out, argv = (argv[at + 1] if at + 1 < len(argv) else ""), argv[:at] + argv[at + 2:]
+        if out.startswith("-"):
+            print_error(f"--out {out!r}: a flag where the pooled folder's name belongs (a folder named so: "
+                        f"./{out}); {usage}")
+            return 2
+    rdms = "--rdms" in argv
+    argv = [a for a in argv if a != "--rdms"]
     if unknown := next((a for a in argv if a.startswith("-")), None):  # a misspelled --rdms once got the usage alone
         print(f"error: unrecognized argument {unknown!r}; {usage}", file=sys.stderr)
         return 2

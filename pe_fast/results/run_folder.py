@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pe_fast.program_exit import CONTROL_CHARACTER, brief, escaped
+from pe_fast.program_exit import brief, control_character, escaped
 from pe_fast.data.declared_size import inflation, stored_bytes
 from pe_fast.results import migrate
 from pe_fast.results.settings import FLOAT32_MAX
@@ -397,6 +397,11 @@ def path_text(value: str | os.PathLike, argument: str) -> str:
         text = os.fspath(value)
     except TypeError:
         text = value
+    except Exception as error:  # a caller's __fspath__ that raises
+        raise TypeError(f"{argument}: its path could not be read ({type(error).__name__}: {brief(str(error))})") \
+            from None
+    if isinstance(text, str) and type(text) is not str:  # a subclass's own __str__ may say something else
+        text = str.__str__(text)
     if not isinstance(text, str):
         raise TypeError(f"{argument}: expected a path (str or os.PathLike giving str), got {brief(value)} "
                         f"({type(text).__name__})")
@@ -433,7 +438,7 @@ def check_out_name(name: str | os.PathLike, kind: str) -> str:
     name = path_text(name, "out")
     if not name.strip():
         raise OutFolderError(f"{name!r} names no {kind}")
-    if CONTROL_CHARACTER.search(name):
+    if control_character(name):
         raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
     if (problem := shell_text_problem(name)) is not None:
         raise OutFolderError(f"{problem}, or ./{name} for a {kind} named so here")

@@ -17,7 +17,7 @@ from pe_fast.models import PE_KINDS
 from pe_fast.models.transformer import MAX_INIT_GAMMA, MAX_SIGMA, MIN_SIGMA
 from pe_fast.models.absolute_pe import ADDITIVE_PES, SIGMA_PES, SINUSOIDAL_PES
 from pe_fast.precision import PRECISIONS
-from pe_fast.program_exit import CONTROL_CHARACTER, brief
+from pe_fast.program_exit import brief, control_character
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, SCHEDULES, UNTIL
 
@@ -457,7 +457,7 @@ def check_text(s: dict):
     names, one-line messages and report.md) or bytes that are not UTF-8 text."""
     for name, value in s.items():
         for text in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(text, str) and CONTROL_CHARACTER.search(text):
+            if isinstance(text, str) and control_character(text):
                 raise SettingError(f"--{name.replace('_', '-')} {text!r}: holds a control character (a line break?)")
             if isinstance(text, str) and not text.isascii():
                 try:  # config.json and the parquet files record it as UTF-8

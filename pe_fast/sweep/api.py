@@ -37,12 +37,24 @@ def path_text(value, flag: str) -> str:
         raise UsageError(str(error)) from None
 
 
+def plain(value):
+    """A caller's int, float or str as the value it holds, not as its subclass says it (steps=LyingInt(4), whose
+    __index__ gave 999, trained 999 steps; a str whose __str__ raised gave a traceback); lists item by item."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(item) for item in value) if type(value) in (list, tuple) else [plain(v) for v in value]
+    for base in (int, float, str):
+        if isinstance(value, base) and type(value) is not base and not isinstance(value, (bool, np.generic)):
+            return {int: int.__int__, float: float.__float__, str: str.__str__}[base](value)
+    return value
+
+
 def arguments(keywords: dict) -> argparse.Namespace:
     """The parser's namespace with these keywords set, as if given on the command line."""
     parser = settings.build_parser()
     namespace = parser.parse_args([])
     on_off = {action.dest for action in parser._actions if isinstance(action, argparse._StoreTrueAction)}
     for name, value in keywords.items():
+        value = plain(value)
         if name not in vars(namespace):
             raise UsageError(f"unknown argument {name}=; the arguments are the flags of python -m pe_fast.sweep "
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")

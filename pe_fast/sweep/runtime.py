@@ -199,13 +199,14 @@ def resolve(s: dict):
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache(s.get("out"))
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads is not None and not all(re.fullmatch(r"\s*\+?[0-9]+\s*", part) and 0 < int(part) <= MAX_THREADS
-                                       for part in threads.split(",")):
-        # OpenMP warns on stderr and takes its default: the sweep would run on another count than the one set
-        # (str.isdigit() also passed '²', which int() then refused with a traceback)
-        raise UsageError(f"$OMP_NUM_THREADS {threads!r}: set it to a number of threads from 1 to {MAX_THREADS:,} (or "
-                         f"a list of them, one per nesting level), or unset it; --threads sets the sweep's")
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        threads = os.environ.get(variable)
+        if threads is not None and not all(re.fullmatch(r"\s*\+?[0-9]+\s*", part) and 0 < int(part) <= MAX_THREADS
+                                           for part in threads.split(",")):
+            # OpenMP warns on stderr and takes its default, MKL says nothing: the sweep would run on another count
+            # than the one set (str.isdigit() also passed '²', which int() then refused with a traceback)
+            raise UsageError(f"${variable} {threads!r}: set it to a number of threads from 1 to {MAX_THREADS:,} (or "
+                             f"a list of them, one per nesting level), or unset it; --threads sets the sweep's")
     check_kernels()
     try:
         backends.tf32_dots()
