@@ -103,11 +103,23 @@ def check_switches(**switches):
             raise TypeError(f"{name} must be True or False, got {brief(value)}")
 
 
-class StackedModule(nn.Module):
-    """A module of a pack whose load_state_dict names what does not fit, in one ValueError / TypeError: torch's
-    lists every mismatch over several lines (a RuntimeError), and casts a tensor of another dtype to its
-    parameter's without a word (float64 weights rounded, integers made weights). DERIVED: the buffers a module
-    computes from its configuration (a sinusoidal table, RoPE's angles), which a state dict must hold as they are."""
+def may_overlap(t: Tensor) -> bool:
+    """Whether two elements of t may share memory (an expanded tensor, an as_strided view folding on itself): its
+    dimensions taken by stride, each must step past all the memory the smaller ones reach."""
+    reach = 0
+    for stride, size in sorted((abs(st), sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= reach or stride == 0:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+class CheckedModule(nn.Module):
+    """A module whose load_state_dict names what does not fit, in one ValueError / TypeError: torch's lists every
+    mismatch over several lines (a RuntimeError), and casts a tensor of another dtype to its parameter's without a
+    word (float64 weights rounded, integers made weights). DERIVED: the buffers a module computes from its
+    configuration (a sinusoidal table, RoPE's angles), which a state dict must hold as they are; each module names
+    its own, and a load checks those of every module inside."""
 
     DERIVED: tuple[str, ...] = ()
 
@@ -117,6 +129,10 @@ class StackedModule(nn.Module):
         if (odd := next((key for key in state_dict if not isinstance(key, str)), None)) is not None:
             raise TypeError(f"state_dict's keys must be names (str), got {brief(odd)}")
         own = self.state_dict()
+        buffers = {name for name, _ in self.named_buffers()}
+        derived = {f"{prefix}.{name}" if prefix else name for prefix, module in self.named_modules()
+                   for name in getattr(module, "DERIVED", ())}
+        memory = {}  # assigned, two names on one memory tie two weights for good
         for key, value in state_dict.items():
             if key not in own:
                 continue
@@ -131,28 +147,35 @@ class StackedModule(nn.Module):
             if value.is_meta or value.layout != torch.strided:
                 raise ValueError(f"state_dict[{key!r}] is a {'meta' if value.is_meta else value.layout} tensor: load "
                                  f"a dense one with values")
-            if assign and value.is_inference():
-                raise ValueError(f"state_dict[{key!r}] is an inference tensor, which cannot be trained: assign a copy "
-                                 f"made outside torch.inference_mode")
-            # assigned, an expanded tensor makes every model's weights one memory: the optimizer's step refuses it
-            if assign and any(stride == 0 and size > 1 for stride, size in zip(value.stride(), value.shape)):
-                raise ValueError(f"state_dict[{key!r}] is expanded (its elements share memory): assign a copy "
-                                 f"(.clone())")
-            # to float rounding: sin and cos round differently on other CPUs (AVX2, AVX-512) by a unit in the last place
-            if key in self.DERIVED and not torch.allclose(value.to(own[key].device).double(), own[key].double(),
-                                                          rtol=1e-5, atol=1e-6):
+            if assign:
+                if value.is_inference():
+                    raise ValueError(f"state_dict[{key!r}] is an inference tensor, which cannot be trained: assign a "
+                                     f"copy made outside torch.inference_mode")
+                # an expanded or self-overlapping tensor makes several weights one memory: the optimizer refuses it
+                if may_overlap(value):
+                    raise ValueError(f"state_dict[{key!r}] has elements that share memory (expanded): assign a copy "
+                                     f"(.clone())")
+                if value.numel() and (other := memory.setdefault(value.untyped_storage().data_ptr(), key)) != key:
+                    raise ValueError(f"state_dict[{key!r}] shares memory with state_dict[{other!r}]: assign copies")
+                if key in buffers and isinstance(value, nn.Parameter):  # it would become a trained weight
+                    raise ValueError(f"state_dict[{key!r}] is a parameter, where this module holds a fixed buffer: "
+                                     f"assign a tensor (.detach())")
+            # to float rounding: sin and cos round differently on other CPUs (AVX2, AVX-512) by a unit in the last
+            # place; a module built on meta has no values to compare
+            if key in derived and not own[key].is_meta and not torch.allclose(
+                    value.to(own[key].device).double(), own[key].double(), rtol=1e-5, atol=1e-6):
                 raise ValueError(f"state_dict[{key!r}] is not this module's (computed from its configuration): a "
                                  f"state dict of another PE kind, or of other token positions")
         if strict and (missing := [key for key in own if key not in state_dict]):
             raise ValueError(f"state_dict lacks {', '.join(map(repr, missing[:3]))}"
                              f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} of this module's tensors")
         if strict and (extra := [key for key in state_dict if key not in own]):
-            raise ValueError(f"state_dict holds {', '.join(map(repr, extra[:3]))}"
+            raise ValueError(f"state_dict holds {', '.join(map(brief, extra[:3]))}"
                              f"{f' and {len(extra) - 3} more' if len(extra) > 3 else ''}, which this module lacks")
         return super().load_state_dict(state_dict, strict, assign)
 
 
-class StackedLinear(StackedModule):
+class StackedLinear(CheckedModule):
     """y = x @ W_m + b_m for every model m; x [M, ..., in] -> [M, ..., out]. Initialised like nn.Linear."""
 
     def __init__(self, generators: Sequence[torch.Generator], d_in: int, d_out: int, bias: bool = True):
@@ -183,7 +206,7 @@ class StackedLinear(StackedModule):
         return F.gelu(y) if gelu else y
 
 
-class StackedLayerNorm(StackedModule):
+class StackedLayerNorm(CheckedModule):
     def __init__(self, num_models: int, width: int, eps: float = 1e-5):
         super().__init__()
         check_sizes(num_models=num_models, width=width)
@@ -205,7 +228,7 @@ class StackedLayerNorm(StackedModule):
         return torch.addcmul(self.bias.view(M, *extra, D), y, self.weight.view(M, *extra, D))
 
 
-class PEAttention(StackedModule):
+class PEAttention(CheckedModule):
     """Multi-head self-attention of a pack of `num_models` models, with an optional PE added to the input.
 
     Holds the QKV projection (Xavier-uniform weights, zero biases, as nn.MultiheadAttention) and, unless

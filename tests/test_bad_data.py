@@ -183,6 +183,9 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     # a table in metres, a brain's 0.14 across, the same
     files["IN_METRES"] = regions_at(tmp_path / "regions_in_metres.csv",
                                     [(i * 0.014, 0.01 * (i % 3), 0) for i in range(10)])
+    # round 18: and with one region far off, the span above the rule
+    files["METRES_AND_ONE_FAR"] = regions_at(tmp_path / "regions_metres_one_far.csv",
+                                             [(i * 0.014, 0.01 * (i % 3), 0) for i in range(9)] + [(1.2, 0, 0)])
     np.save(tmp_path / "long_double.npy", np.random.default_rng(0).standard_normal((2, 60, 10)).astype(np.longdouble))
     files["LONG_DOUBLE"] = str(tmp_path / "long_double.npy")
     # round 17: one network, or one each, left the network measures NaN or meaningless
@@ -284,7 +287,7 @@ CASES = [
     ("npz members encrypted", FMRI + ["--data", "ENCRYPTED_NPZ"],
      "--data {ENCRYPTED_NPZ}: its member 'a.npy' is encrypted"),
     ("npz directory entry pointing at another member", FMRI + ["--data", "TWICE_POINTED_NPZ"],
-     "--data {TWICE_POINTED_NPZ}: member b.npy's directory entry points at other bytes than its own"),
+     "--data {TWICE_POINTED_NPZ}: members a.npy and b.npy overlap in the file"),
     ("npz member damaged", FMRI + ["--data", "DAMAGED_NPZ"],
      "--data {DAMAGED_NPZ}: member a.npy does not match its checksum"),
     ("npz subject named twice, NFC and NFD", FMRI + ["--data", "NFC_NFD_NPZ"],
@@ -310,6 +313,8 @@ CASES = [
     ("regions network written two ways", FMRI + ["--data", "NPY", "--regions", "SPLIT_NETWORKS"],
      "--regions {SPLIT_NETWORKS}: network cells '1' and '1.0' write one number two ways"),
     # distances underflowed to 0: refused for regions sharing one centroid, which they do not
+    ("regions in metres, one far off", FMRI + ["--data", "NPY", "--regions", "METRES_AND_ONE_FAR"],
+     "--regions {METRES_AND_ONE_FAR}: the x, y, z columns lie a median 0.0"),
     ("regions in one network", FMRI + ["--data", "NPY", "--regions", "ONE_NETWORK"],
      "--regions {ONE_NETWORK}: its network column puts every region in one network"),
     ("regions in networks of their own", FMRI + ["--data", "NPY", "--regions", "OWN_NETWORKS"],

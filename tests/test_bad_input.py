@@ -340,6 +340,14 @@ def test_control_characters_beyond_ascii_are_escaped_in_lines_and_refused_in_nam
     assert re.search(r"x… \(3,0\d\d characters more\)\n$", err) and len(err) < 2100  # a file's text whole: cut
 
 
+def test_the_sweep_s_out_is_not_a_flag(tmp_path, capsys, monkeypatch):
+    """--out=--version made a folder named --version (round 18): a name that begins as a flag does is refused;
+    ./--version names such a folder."""
+    monkeypatch.chdir(tmp_path)
+    assert_one_line(capsys, sweep_main(LST + ["--out=--version"]), "'--version' begins with -, as a flag does")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_report_s_out_is_not_a_flag(tmp_path, capsys, monkeypatch):
     """python -m pe_fast.report A B --out --version pooled A and B into a folder named --version, and --out
     --rdms C took C as the pooled folder once --rdms was taken out (round 17)."""
@@ -651,13 +659,20 @@ def test_triton_s_interpreter_as_the_cpu_default_is_refused(tmp_path):
 
 # '²' and '１' pass str.isdigit(): int() raised on the first, libgomp ignored the second, and a count past
 # unsigned long's
-@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "²", "１", "4,²", "99999999999999999999"])
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "²", "１", "4,²", "99999999999999999999", "\u00a01"])
 @pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
 def test_an_openmp_thread_count_openmp_ignores_is_refused(variable, value, tmp_path, capsys, monkeypatch):
     """libgomp warned and took its default, and MKL (round 17) took its own without a word: the sweep ran on a
     thread count nobody set."""
     monkeypatch.setenv(variable, value)
     assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), f"${variable} {value!r}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mkl_takes_one_thread_count_not_a_list(tmp_path, capsys, monkeypatch):
+    """MKL_NUM_THREADS=2,2 was taken as OpenMP's list of counts; MKL reads no list and ran on one thread."""
+    monkeypatch.setenv("MKL_NUM_THREADS", "2,2")
+    assert_one_line(capsys, sweep_main(LST + ["--out", str(tmp_path / "run")]), "$MKL_NUM_THREADS '2,2'")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1025,6 +1040,20 @@ RESUME_CASES = [
     ("checkpoint sampler epoch of another shape", trained_checkpoint_edited(
         set_in("sampler.epoch", torch.zeros(1, 3, dtype=torch.long))), [], "an epoch of (1, 3)"),
     ("checkpoint a folder", checkpoint_a_folder, [], "0.checkpoint.pt is not a file"),
+    # round 18: compared by shape and dtype alone, these failed in the copy, the comparisons, or mid-training
+    ("checkpoint model key not a name", trained_checkpoint_edited(
+        set_in("model", lambda m: {**m, 5: m["embed.weight"]})), [], "its model holds a key '5', not a tensor's name"),
+    ("checkpoint model tensor under its old name too", trained_checkpoint_edited(
+        set_in("model", lambda m: {**m, "blocks.0.w_qkv": torch.zeros_like(m["blocks.0.attention.w_qkv"])})), [],
+     "its model holds blocks.0.attention.w_qkv twice"),
+    ("checkpoint initial PE not a list", trained_checkpoint_edited(set_in("initial_pe", 5)), [],
+     "its initial_pe is a int, not a list"),
+    ("checkpoint loss window sparse", trained_checkpoint_edited(set_in("loss_buffer", lambda t: t.to_sparse())), [],
+     "holds a torch.sparse_coo tensor"),
+    ("checkpoint loss window on meta", trained_checkpoint_edited(set_in("loss_buffer", lambda t: t.to("meta"))), [],
+     "holds a meta tensor"),
+    ("checkpoint loss window taking a gradient", trained_checkpoint_edited(
+        set_in("loss_buffer", lambda t: t.float().requires_grad_())), [], "holds a gradient-taking tensor"),
     ("resumed with --threads 0", None, ["--threads", "0"], "--threads"),  # 0 == False: once taken as not given
     ("lock a FIFO", lock_a_fifo, [], ".lock is not a lock a sweep wrote"),  # read, it would block the sweep for ever
     ("lock a JSON list", lock_text("[1, 2]"), [], ".lock is not a lock a sweep wrote"),

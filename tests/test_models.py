@@ -252,3 +252,29 @@ def test_a_state_dict_of_another_pe_kind_or_positions_is_refused():
         sinnd.load_state_dict(moved.state_dict())
     sinnd.load_state_dict(StackedTransformer(ModelConfig(**{**TINY_CONFIG, "pe": "sinnd"}), [1], [None],
                                              coordinates).state_dict())
+
+
+def test_fixed_tables_stay_fixed_and_every_load_is_checked():
+    """Round 18: a parameter assigned in place of a fixed table became a trained weight; a model built on meta (to
+    be assigned) failed on its tables' comparison; a load into a submodule (model.absolute) or into the single
+    model (pe_fast.models.single) skipped every check."""
+    from pe_fast.models.single import SingleTransformer
+    coordinates = np.random.default_rng(0).random((TINY_CONFIG["num_tokens"], 3)) * 50
+    config = ModelConfig(**{**TINY_CONFIG, "pe": "sin1d"})
+    model = StackedTransformer(config, [0], [None], coordinates)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"state_dict\['absolute.fixed'\] is a parameter, where this module holds"):
+        model.load_state_dict({**state, "absolute.fixed": torch.nn.Parameter(state["absolute.fixed"])}, assign=True)
+    with torch.device("meta"):
+        on_meta = StackedTransformer(config, [0], [None], coordinates)
+    on_meta.load_state_dict(state, assign=True)
+    torch.testing.assert_close(on_meta.absolute.fixed, model.absolute.fixed, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"state_dict\['fixed'\] is not this module's"):
+        model.absolute.load_state_dict({"fixed": torch.zeros_like(state["absolute.fixed"])})
+    single = SingleTransformer(model, 0)
+    mine = single.state_dict()
+    with pytest.raises(ValueError, match=r"state_dict\['pos_embed.0'\] is not this module's"):
+        single.load_state_dict({**mine, "pos_embed.0": torch.zeros_like(mine["pos_embed.0"])})
+    with pytest.raises(TypeError, match=r"state_dict\['embed.weight'\] is torch.float64"):
+        single.load_state_dict({**mine, "embed.weight": mine["embed.weight"].double()})
+    single.load_state_dict(mine)

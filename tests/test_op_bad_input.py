@@ -342,12 +342,17 @@ def test_a_state_dict_that_does_not_fit_is_named_in_one_error():
     linear = StackedLinear([torch.Generator().manual_seed(i) for i in range(2)], 3, 4)
     with pytest.raises(ValueError, match=r"state_dict\['weight'\] has shape \[1\]"):
         linear.load_state_dict({k: torch.zeros(1) for k in linear.state_dict()})
-    with pytest.raises(ValueError, match=r"state_dict\['w_qkv'\] is expanded"):
+    with pytest.raises(ValueError, match=r"state_dict\['w_qkv'\] has elements that share memory"):
         attention.load_state_dict({**state, "w_qkv": state["w_qkv"][:1].expand_as(state["w_qkv"])}, assign=True)
     with torch.inference_mode():
         frozen = {k: v.clone() for k, v in state.items()}
     with pytest.raises(ValueError, match="is an inference tensor"):
         attention.load_state_dict(frozen, assign=True)
+    # round 18: assigned, one tensor under two names (or views of one memory) tied two weights for good
+    shared = {k: v.clone() for k, v in state.items()}
+    shared["out.bias"] = shared["b_qkv"][:, :8]
+    with pytest.raises(ValueError, match=r"state_dict\['out.bias'\] shares memory with state_dict\['b_qkv'\]"):
+        attention.load_state_dict(shared, assign=True)
     other = PEAttention(8, 2, 2)
     other.load_state_dict(state)
     for name, tensor in other.state_dict().items():

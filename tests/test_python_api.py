@@ -157,6 +157,19 @@ def test_subclasses_are_the_values_they_hold_and_their_methods_are_not_called(tm
                  pe=[RaisingStr("learned")])
     honest = dict(task="netsim", steps=4, eval_every=2, sigmas=[0.1], pe=["learned"])
     assert settings.from_flags(api.arguments(lying)) == settings.from_flags(api.arguments(honest))
+    # round 18: a range of 10**12 was walked whole, a broadcast array of 10**9 made 32 GB, a list subclass's endless
+    # __iter__ grew to the memory's end: the items a list holds, at most a sweep's models
+    class Endless(list):
+        def __iter__(self):
+            while True:
+                yield 0.1
+
+    assert api.arguments(dict(sigmas=Endless([0.1, 0.2]))).sigmas == [0.1, 0.2]
+    for huge in (range(10**12), np.broadcast_to(np.float64(0.1), (10**9,))):
+        with pytest.raises(UsageError, match="--sigmas: 1,000,000,000(,000)? items, more than a sweep's 100,000"):
+            api.arguments(dict(sigmas=huge))
+    with pytest.raises(UsageError, match=r"unknown argument 'o\\nut'="):  # one line
+        api.arguments({"o\nut": 1})
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match="--out: its path could not be read \\(RuntimeError: 'no'\\)"):
         pe_fast.sweep.run(**TINY, out=RaisingPath())

@@ -120,9 +120,9 @@ MAX_ABS_VALUE = 1e150
 # (1e-300 > 2.2e-308): less would underflow to a sd of 0 and read as a constant region
 MIN_SPREAD = 1 / MAX_ABS_VALUE
 MAX_COORDINATE_MM = 1e6  # a kilometre: far beyond any brain, in any unit a table would use
-# a millimetre: a brain's regions span tens of mm; centroids in metres (0.1 across) make the sinusoidal PE over
+# a millimetre: a brain's regions lie tens of mm apart; centroids in metres (0.1 across) make the sinusoidal PE over
 # them (sinnd, whose fastest wave turns once per 2π units) the same for every region
-MIN_COORDINATE_SPAN_MM = 1.0
+MIN_MEDIAN_DISTANCE_MM = 1.0
 
 
 def centroids_problem(centroids: np.ndarray, coinciding: bool = True) -> str | None:
@@ -134,10 +134,15 @@ def centroids_problem(centroids: np.ndarray, coinciding: bool = True) -> str | N
     if np.abs(centroids).max() > MAX_COORDINATE_MM:  # squared distances would overflow to inf
         return f"hold values beyond ±{MAX_COORDINATE_MM:,.0f}"
     span = float(np.ptp(centroids, axis=0).max()) if len(centroids) else 0.0
-    if 0 < span < MIN_COORDINATE_SPAN_MM:
-        return (f"span only {span:.3g} mm, less than {MIN_COORDINATE_SPAN_MM:g} mm (a brain's regions span tens of mm: "
-                f"metres?)")
-    if coinciding and len(centroids) > 1 and median_centroid_distance(centroids) == 0:
+    if 0 < span < MIN_MEDIAN_DISTANCE_MM:  # and below ~1e-154 their squared distances underflow to 0 as well
+        return (f"span only {span:.3g} mm, less than {MIN_MEDIAN_DISTANCE_MM:g} mm (a brain's regions lie tens of mm "
+                f"apart: metres?)")
+    # the median too: one region far off left a table in metres above the span's rule
+    median = median_centroid_distance(centroids) if len(centroids) > 1 else 0.0
+    if 0 < median < MIN_MEDIAN_DISTANCE_MM:
+        return (f"lie a median {median:.3g} mm apart, less than {MIN_MEDIAN_DISTANCE_MM:g} mm (a brain's regions lie "
+                f"tens of mm apart: metres?)")
+    if coinciding and median == 0:
         return "put over half the pairs of regions on one point (their median distance, the 3D measures' scale, is 0)"
     return None
 

@@ -52,6 +52,7 @@ from pe_fast.data.declared_size import elements_read_bytes, inflation, npz_membe
 from pe_fast.data.regions import (MAX_ABS_VALUE, MIN_SPREAD, DataError, RegionData, centroids_problem, correlation_fc,
                                   median_centroid_distance)
 from pe_fast.number_text import check_ascii_number
+from pe_fast.program_exit import control_character, escaped
 
 PathLike = str | os.PathLike
 
@@ -255,6 +256,14 @@ def _read_npz(p: Path, key: str | None):
         if len(set(names)) < len(names):
             twice = next(name for name in names if names.count(name) > 1)
             raise DataError(f"{p}: it holds two arrays named {twice[:-4]!r}; save the time series with numpy.savez")
+        # each member's bytes its own: a directory entry whose span covers the next member's header and data read
+        # that member's bytes as this one's values
+        spans = sorted((i.header_offset, i.header_offset + 30 + len(i.orig_filename.encode("utf-8")) + i.compress_size,
+                        i.filename) for i in infos)
+        for (_, end, name), (start, _, following) in zip(spans, spans[1:]):
+            if start < end:
+                raise DataError(f"{p}: members {name} and {following} overlap in the file: the file is damaged; "
+                                f"save it again with numpy.savez")
         members = {i.filename[:-4]: i for i in infos}
         if key is not None:
             if key not in members:
@@ -567,6 +576,11 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
         raise DataError(f"{p}: the regions table has {len(rows)} rows but {where} has {n} regions: "
                         f"give one row per region")
     labels = [unicodedata.normalize("NFC", r["label"]) for r in rows]  # one "é", however it was typed
+    # a zero-width space made "2" and "2\u200b" two networks that print alike; a line break split a label's line
+    for column in ("label", "network") if "network" in columns else ("label",):
+        if odd := next((r[column] for r in rows if control_character(r[column])), None):
+            raise DataError(f"{p}: {column} {escaped(odd)!r} holds a control or invisible character "
+                            f"({escaped(control_character(odd))}): write it without")
     if len(set(labels)) != n or "" in labels:
         dup = next(l for l in labels if labels.count(l) > 1 or l == "")
         raise DataError(f"{p}: region label {dup!r} is empty or repeated: give every region its own label")

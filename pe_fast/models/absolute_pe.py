@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pe_fast.nn import normal_per_model
+from pe_fast.nn import CheckedModule, normal_per_model
 from pe_fast.seeds import PE_DROPOUT_SEED_OFFSET
 
 
@@ -47,12 +47,16 @@ SINUSOIDAL_PES = ("sin1d", "sin2d", "sinnd")
 ADDITIVE_PES = SIGMA_PES + SINUSOIDAL_PES  # the kinds that add a vector to x: those a PE dropout can apply to
 
 
-class AbsolutePE(nn.Module):
+class AbsolutePE(CheckedModule):
     """The PE vector added to the tokens at the input of each block (or of the first block only).
 
     kind: "learned" (N(0, σ_m²) per model, trained), "random" (N(0, σ_m²), fixed), "sin1d" (token index),
     "sin2d" / "sinnd" (the task's coordinates), "none".
     """
+
+    # computed from the configuration and the tokens' positions: a sin1d model's table loaded into a sinnd model
+    # made it another model without a word
+    DERIVED = ("fixed",)
 
     def __init__(self, kind: str, generators: Sequence[torch.Generator], sigmas: Sequence[float | None],
                  num_tokens: int, width: int, num_blocks: int, coordinates: np.ndarray | None):

@@ -5,6 +5,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pe_fast.nn import CheckedModule
+
 
 def offset_index(coordinates: np.ndarray) -> tuple[np.ndarray, int]:
     """[N,N] index of the offset coordinates[j] - coordinates[i] among all distinct offsets, and their count.
@@ -20,9 +22,11 @@ def offset_index(coordinates: np.ndarray) -> tuple[np.ndarray, int]:
     return index.reshape(n, n), len(distinct)
 
 
-class RelativePE(nn.Module):
+class RelativePE(CheckedModule):
     """One bias per (block, head, offset), initialised to zero; offsets on the task's integer grid if it has
     one (the LST's rows and columns), else on the token index."""
+
+    DERIVED = ("index",)  # computed from the configuration and the tokens' positions (pe_fast.nn.CheckedModule)
 
     def __init__(self, num_models: int, num_blocks: int, num_heads: int, num_tokens: int,
                  coordinates: np.ndarray | None):

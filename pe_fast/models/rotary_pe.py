@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from pe_fast.nn import CheckedModule
 
 
 def rotary_angles(coordinates: np.ndarray, head_dim: int, base: float = 10000.0) -> np.ndarray:
@@ -20,8 +22,10 @@ def rotary_angles(coordinates: np.ndarray, head_dim: int, base: float = 10000.0)
     return np.concatenate([coordinates[:, a:a + 1] * frequency[None, :] for a in range(axes)], axis=1)
 
 
-class RotaryPE(nn.Module):
+class RotaryPE(CheckedModule):
     """kind "rope": positions = token index; "rope2d": axial over the task's 2D coordinates."""
+
+    DERIVED = ("cos", "sin")  # computed from the configuration and the tokens' positions (pe_fast.nn.CheckedModule)
 
     def __init__(self, kind: str, num_tokens: int, head_dim: int, coordinates: np.ndarray | None):
         super().__init__()

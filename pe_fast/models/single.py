@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pe_fast.models.absolute_pe import SINUSOIDAL_PES
 from pe_fast.models.transformer import ModelConfig, StackedTransformer
+from pe_fast.nn import CheckedModule
 
 HookFunction = Callable[[Tensor, "HookPoint"], Tensor | None]
 
@@ -55,7 +57,7 @@ def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
-class Attention(nn.Module):
+class Attention(CheckedModule):
     def __init__(self, width: int, heads: int):
         super().__init__()
         self.heads = heads
@@ -78,7 +80,7 @@ class Attention(nn.Module):
         return self.out(z.reshape(B, N, D))
 
 
-class MLP(nn.Module):
+class MLP(CheckedModule):
     def __init__(self, width: int, hidden: int):
         super().__init__()
         self.fc_in, self.fc_out = nn.Linear(width, hidden), nn.Linear(hidden, width)
@@ -88,7 +90,7 @@ class MLP(nn.Module):
         return F.gelu(self.fc_out(self.hook_post(F.gelu(self.hook_pre(self.fc_in(x))))))
 
 
-class Block(nn.Module):
+class Block(CheckedModule):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.attn, self.mlp = Attention(config.width, config.heads), MLP(config.width, config.mlp_width)
@@ -104,7 +106,7 @@ class Block(nn.Module):
         return self.hook_resid_post(self.ln_mlp(self.hook_mlp_out(self.mlp(mid)) + mid))
 
 
-class SingleTransformer(nn.Module):
+class SingleTransformer(CheckedModule):
     """Model `index` of a StackedTransformer, alone: forward(tokens [B, N, token_dim]) -> [B, out_dim] (a task that
     reads out one token) or [B, N, out_dim]. Its PE: `pos_embed.{l}` [N, D] (learned: parameters; fixed PEs:
     buffers), `rope_cos` / `rope_sin`, or `relative_bias[l]` [H, offsets] with `relative_index` [N, N]."""
@@ -152,6 +154,9 @@ class SingleTransformer(nn.Module):
             self.relative_bias = nn.ParameterList(nn.Parameter(t[index].detach().clone())
                                                   for t in pack.relative.tables)
             self.register_buffer("relative_index", pack.relative.index.clone())
+        # the tables the pack computed from its configuration, not drawn: a state dict must hold them as they are
+        self.DERIVED = (*(f"pos_embed.{block}" for block in range(self.pe_blocks) if config.pe in SINUSOIDAL_PES),
+                        "rope_cos", "rope_sin", "relative_index")
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name

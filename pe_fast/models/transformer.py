@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from pe_fast.data.regions import MAX_COORDINATE_MM
 from pe_fast.models.absolute_pe import ADDITIVE_PES, AbsolutePE
-from pe_fast.nn import (PEAttention, StackedLayerNorm, StackedLinear, StackedModule, check_fits, check_sizes,
+from pe_fast.nn import (CheckedModule, PEAttention, StackedLayerNorm, StackedLinear, check_fits, check_sizes,
                         scale_to_fan_in_power)
 from pe_fast.ops import sublayer_ends
 from pe_fast.ops.backends import BACKENDS
@@ -96,7 +96,7 @@ class ModelConfig:
             raise ValueError(f"backend must be one of {', '.join(compute_paths())} or None, got {self.backend!r}")
 
 
-class Block(nn.Module):
+class Block(CheckedModule):
     def __init__(self, generators: Sequence[torch.Generator], config: ModelConfig):
         super().__init__()
         M, D = len(generators), config.width
@@ -215,12 +215,8 @@ def at_tokens(x: Tensor, rows: Tensor) -> Tensor:
     return x.reshape(M * B * N, D).index_select(0, (rows + offsets).reshape(-1)).view(*rows.shape, D)
 
 
-class StackedTransformer(StackedModule):
+class StackedTransformer(CheckedModule):
     """M models in one module. forward(tokens [M,B,N,token_dim]) -> (outputs, stats [L,M,H,S])."""
-
-    # computed from the configuration and the tokens' positions: a sin1d model's table loaded into a sinnd model
-    # made it another model without a word
-    DERIVED = ("absolute.fixed", "rotary.cos", "rotary.sin", "relative.index")
 
     def __init__(self, config: ModelConfig, seeds: Sequence[int], sigmas: Sequence[float | None],
                  coordinates: np.ndarray | None = None, init_gammas: Sequence[float | None] | None = None):

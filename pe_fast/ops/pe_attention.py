@@ -324,7 +324,11 @@ def _check_values(x, bias, probes, rope) -> None:
     # zeros (or any pair off the unit circle) passed the range check and scaled q and k: zeros made every row's
     # attention uniform without a word
     cos, sin = tables.get("rope[0]"), tables.get("rope[1]")
-    if cos is not None and sin is not None and cos.numel() and cos.shape == sin.shape:
+    if cos is not None and sin is not None and cos.numel() and sin.numel():
+        try:  # under vmap one table may carry a batch dimension the other lacks: paired by broadcasting
+            cos, sin = torch.broadcast_tensors(cos, sin)
+        except RuntimeError:  # two vmaps of other sizes: no pairing to check
+            return
         squares = cos.double() ** 2 + sin.double() ** 2
         off = (squares - 1).abs()
         if float(off.amax()) > ROTATION_SLACK:

@@ -38,7 +38,10 @@ def known_values(t: Tensor) -> Tensor | None:
     if torch.compiler.is_compiling() or t.is_meta:
         return None
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        batch_dim = torch._C._functorch.maybe_get_bdim(t) if torch._C._functorch.is_batchedtensor(t) else -1
         t = torch._C._functorch.get_unwrapped(t)
+        if batch_dim > 0:  # vmap's dimension first, so that two tables batched at other dims still pair up
+            t = t.movedim(batch_dim, 0)
     if torch._C._functorch.is_legacy_batchedtensor(t) or t.is_meta:
         return None
     if type(t) not in (Tensor, torch.nn.Parameter):

@@ -67,9 +67,22 @@ def renamed(key: str) -> str:
 def checkpoint(state: dict) -> dict:
     """A pack's training state (train.PackTrainer.state_dict) as this pe_fast writes it. Two older forms still load
     without a rule here, in PackTrainer.load_state_dict: batches None (before every task's batches had a state) and
-    no scaler (before fp16, which no earlier pack used)."""
+    no scaler (before fp16, which no earlier pack used). ValueError: what no pe_fast version wrote, where this
+    would fail on it (a key that is no name) or make a state of it (a tensor under its old and its new name both,
+    the old one taken)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"it holds a {type(state).__name__}, not a pack's training state")
     if isinstance(state.get("model"), dict):
-        state["model"] = {renamed(key): value for key, value in state["model"].items()}
+        model = {}
+        for key, value in state["model"].items():
+            if not isinstance(key, str):
+                raise ValueError(f"its model holds a key {str(key)[:40]!r}, not a tensor's name")
+            if (name := renamed(key)) in model:
+                raise ValueError(f"its model holds {name} twice, under an older name and today's")
+            model[name] = value
+        state["model"] = model
     if "initial_pe" in state:  # numpy arrays in checkpoints written before 2026-11-26
+        if not isinstance(state["initial_pe"], list):
+            raise ValueError(f"its initial_pe is a {type(state['initial_pe']).__name__}, not a list of PE tables")
         state["initial_pe"] = [torch.as_tensor(t) if isinstance(t, np.ndarray) else t for t in state["initial_pe"]]
     return state

@@ -162,7 +162,7 @@ class Run:
         loaded from the run's settings, once)."""
         task = self.task()
         if not isinstance(split, str) or split not in task.splits:
-            raise ModelNotFound(f"split {split!r}: the task's splits are {', '.join(task.splits)}")
+            raise ModelNotFound(f"split {brief(split)}: the task's splits are {', '.join(task.splits)}")
         return task.splits[split].x
 
     def attention(self, model_id: int, inputs: torch.Tensor) -> torch.Tensor:
@@ -358,7 +358,7 @@ def _device(device) -> torch.device:
         named = torch.device(device)
         torch.zeros(1, device=named).cpu()
     except (RuntimeError, TypeError, ValueError, AssertionError, NotImplementedError) as error:
-        raise ValueError(f"device {device!r}: not a device of this machine ({str(error).splitlines()[0][:120]})") \
+        raise ValueError(f"device {brief(device)}: not a device of this machine ({str(error).splitlines()[0][:120]})") \
             from None
     return named
 

@@ -440,6 +440,8 @@ def check_out_name(name: str | os.PathLike, kind: str) -> str:
         raise OutFolderError(f"{name!r} names no {kind}")
     if control_character(name):
         raise OutFolderError(f"{name!r}: holds a control character (a line break?)")
+    if name.startswith("-"):  # --out=--version made a folder named so, where a flag was meant
+        raise OutFolderError(f"{name!r} begins with -, as a flag does: write ./{name} for a {kind} named so")
     if (problem := shell_text_problem(name)) is not None:
         raise OutFolderError(f"{problem}, or ./{name} for a {kind} named so here")
     try:
@@ -722,7 +724,28 @@ def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
                                    f"start")
     if (problem := inflation(path, tensor_bytes, stored_bytes(path), "a checkpoint pe_fast writes")) is not None:
         raise UnreadableCheckpoint(f"{problem}; delete it to retrain pack {index} from its start")
+    # what the checks after compare is a tensor's shape and dtype: a sparse one failed in the copy, a meta one
+    # (no values) in the comparisons or, passing them, mid-training, one taking a gradient in the optimizer's step
+    if (odd := next((t for t in _tensors(state) if t.is_meta or t.layout != torch.strided or t.requires_grad
+                     or type(t) is not torch.Tensor), None)) is not None:
+        kind = ("meta" if odd.is_meta else str(odd.layout) if odd.layout != torch.strided
+                else "gradient-taking" if odd.requires_grad else type(odd).__name__)
+        raise UnreadableCheckpoint(f"{path} holds a {kind} tensor, which no checkpoint pe_fast writes holds; delete "
+                                   f"it to retrain pack {index} from its start")
     return state
+
+
+def _tensors(value):
+    """Every tensor in a loaded checkpoint's containers (already counted by _items_within: a bounded walk)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
 
 
 def load_checkpoint(out: Path, index: int) -> dict | None:
@@ -733,9 +756,12 @@ def load_checkpoint(out: Path, index: int) -> dict | None:
         return None
     # each tensor its own contiguous storage: torch.save keeps views, and an expanded or shared one loaded into an
     # optimizer's state is written through in place (a traceback, or two moments that move as one)
-    return migrate.checkpoint(torch.utils._pytree.tree_map_only(
-        torch.Tensor, lambda tensor: tensor.clone(memory_format=torch.contiguous_format),
-        _load_checkpoint(path, index, mmap=False)))
+    try:
+        return migrate.checkpoint(torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda tensor: tensor.clone(memory_format=torch.contiguous_format),
+            _load_checkpoint(path, index, mmap=False)))
+    except ValueError as error:
+        raise UnreadableCheckpoint(f"{path}: {error}; delete it to retrain pack {index} from its start") from None
 
 
 MAX_TRAINING_SECONDS = 1e9  # a checkpoint's training time so far: 31 years is no pack's

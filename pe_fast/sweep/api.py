@@ -20,7 +20,7 @@ import numpy as np
 from pe_fast.program_exit import brief
 from pe_fast.results import run_folder
 from pe_fast.results.reading import Run
-from pe_fast.results.settings import FLAGS
+from pe_fast.results.settings import FLAGS, MAX_MODELS
 from pe_fast.sweep import UsageError, program, resume, settings
 from pe_fast.tasks import KINDS
 
@@ -37,11 +37,22 @@ def path_text(value, flag: str) -> str:
         raise UsageError(str(error)) from None
 
 
-def plain(value):
+def plain(value, flag: str):
     """A caller's int, float or str as the value it holds, not as its subclass says it (steps=LyingInt(4), whose
-    __index__ gave 999, trained 999 steps; a str whose __str__ raised gave a traceback); lists item by item."""
-    if isinstance(value, (list, tuple)):
-        return type(value)(plain(item) for item in value) if type(value) in (list, tuple) else [plain(v) for v in value]
+    __index__ gave 999, trained 999 steps; a str whose __str__ raised gave a traceback); a list or tuple item by
+    item, as it holds them (not as a subclass's __iter__ gives them); no more items than a sweep has models (a
+    range(10**12) was walked whole, a broadcast array of 10**9 made 32 GB)."""
+    if isinstance(value, (list, tuple, range, np.ndarray)):
+        size = value.size if isinstance(value, np.ndarray) else \
+            list.__len__(value) if isinstance(value, list) else tuple.__len__(value) if isinstance(value, tuple) \
+            else len(value)
+        if size > MAX_MODELS:
+            raise UsageError(f"{flag}: {size:,} items, more than a sweep's {MAX_MODELS:,} models")
+        if isinstance(value, list):
+            return [plain(item, flag) for item in list.__iter__(value)]
+        if isinstance(value, tuple):
+            return tuple(plain(item, flag) for item in tuple.__iter__(value))
+        return value
     for base in (int, float, str):
         if isinstance(value, base) and type(value) is not base and not isinstance(value, (bool, np.generic)):
             return {int: int.__int__, float: float.__float__, str: str.__str__}[base](value)
@@ -54,9 +65,8 @@ def arguments(keywords: dict) -> argparse.Namespace:
     namespace = parser.parse_args([])
     on_off = {action.dest for action in parser._actions if isinstance(action, argparse._StoreTrueAction)}
     for name, value in keywords.items():
-        value = plain(value)
         if name not in vars(namespace):
-            raise UsageError(f"unknown argument {name}=; the arguments are the flags of python -m pe_fast.sweep "
+            raise UsageError(f"unknown argument {brief(name)}=; the arguments are the flags of python -m pe_fast.sweep "
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
         if name in on_off:
             if not isinstance(value, (bool, np.bool_)):
@@ -65,6 +75,7 @@ def arguments(keywords: dict) -> argparse.Namespace:
         if name in FLAGS and FLAGS[name].repeatable and isinstance(value, str):  # repeatable flag: a list here
             value = [value]
         flag = f"--{name.replace('_', '-')}"
+        value = plain(value, flag)
         if isinstance(value, os.PathLike):  # a path (out=, data=) as Python code holds one: its text, as typed
             value = path_text(value, flag)
         if name in SEVERAL_FILES and isinstance(value, (list, tuple)):  # comma-separated on the command line

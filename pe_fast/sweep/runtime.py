@@ -199,14 +199,19 @@ def resolve(s: dict):
     if (why := compile_problem(s["compile"], torch.device(s["device"]))) is not None:
         raise UsageError(f"--compile {s['compile']}: {why}")
     check_inductor_cache(s.get("out"))
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    # OpenMP takes a list, one count per nesting level; MKL one count
+    for variable, parts in (("OMP_NUM_THREADS", None), ("MKL_NUM_THREADS", 1)):
         threads = os.environ.get(variable)
-        if threads is not None and not all(re.fullmatch(r"\s*\+?[0-9]+\s*", part) and 0 < int(part) <= MAX_THREADS
-                                           for part in threads.split(",")):
+        # ASCII blanks only (C's isspace): \s also passed a no-break space, which libgomp refused and ignored
+        if threads is not None and not (
+                all(re.fullmatch(r"[ \t\n\r\f\v]*\+?[0-9]+[ \t\n\r\f\v]*", part, re.ASCII)
+                    and 0 < int(part) <= MAX_THREADS for part in threads.split(","))
+                and (parts is None or len(threads.split(",")) == parts)):
             # OpenMP warns on stderr and takes its default, MKL says nothing: the sweep would run on another count
             # than the one set (str.isdigit() also passed '²', which int() then refused with a traceback)
-            raise UsageError(f"${variable} {threads!r}: set it to a number of threads from 1 to {MAX_THREADS:,} (or "
-                             f"a list of them, one per nesting level), or unset it; --threads sets the sweep's")
+            listed = " (or a list of them, one per nesting level)" if parts is None else ""
+            raise UsageError(f"${variable} {threads!r}: set it to a number of threads from 1 to {MAX_THREADS:,}"
+                             f"{listed}, or unset it; --threads sets the sweep's")
     check_kernels()
     try:
         backends.tf32_dots()
