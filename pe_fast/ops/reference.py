@@ -138,8 +138,8 @@ def backward(grad_out, x, pe, w_qkv, b_qkv, qkv, lse, num_heads, rope_cos=None, 
     dp = torch.matmul(do, v.transpose(-1, -2))
     # dp shifted by its value at the row's largest p: at a saturated row (p one-hot) p·(dp − Σ p·dp) cancels to
     # nothing at that entry, while Σ p·(dp − dp at the largest) keeps the small terms it is made of
-    dp = dp - dp.gather(-1, s.argmax(-1, keepdim=True))
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dp.sub_(dp.gather(-1, s.argmax(-1, keepdim=True)))  # in place: dp is this backward's own, as is ds below
+    ds = dp.sub_((dp * p).sum(-1, keepdim=True)).mul_(p)
     dbias = ds.sum(1) if bias is not None else None
     scale = 1.0 / math.sqrt(dh)
     dq = torch.matmul(ds, k) * scale
