@@ -354,7 +354,29 @@ def test_the_report_s_out_is_not_a_flag(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for argv in (["a", "b", "--out", "--version"], ["a", "--out", "--rdms", "c"]):
         assert_one_line(capsys, report_main(argv), f"--out {argv[argv.index('--out') + 1]!r}: a flag where the pooled")
+    # round 18: --out=X, which the sweep takes, was refused as an unknown argument whatever X
+    assert_one_line(capsys, report_main(["a", "b", "--out=--version"]), "--out '--version': a flag where the pooled")
+    assert_one_line(capsys, report_main(["a", "b", "--out="]), "--out names no folder")
+    assert_one_line(capsys, report_main(["a", "b", "--out=pooled"]), "a is not a folder")  # taken: on to DIR
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_id_whose_int_raises_is_named():
+    """An object registered as an integer whose int() raised reached the caller as its own RuntimeError (round
+    18): refused as any other id that is not a whole number, quoted briefly."""
+    import numbers
+    from pe_fast.results.reading import ModelNotFound, _model_id
+
+    class Broken:
+        def __int__(self):
+            raise RuntimeError("no")
+
+        def __repr__(self):
+            return "Broken" + "!" * 1000
+
+    numbers.Integral.register(Broken)
+    with pytest.raises(ModelNotFound, match=r"model_id Broken!+… \(a .*Broken\): expected a model id"):
+        _model_id(Broken())
 
 
 def test_an_out_folder_through_a_missing_folder_and_dotdot_is_refused(tmp_path, capsys, monkeypatch):

@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     usage = ("usage: python -m pe_fast.report DIR [--rdms] (one results folder), or python -m pe_fast.report DIR "
              "DIR ... --out POOLED [--rdms] (several, pooled as one run)")
+    argv = [part for a in argv for part in (["--out", a[len("--out="):]] if a.startswith("--out=") else [a])]
     out = None
     if "--out" in argv:  # its value first: --out --rdms C took C as the pooled folder once --rdms was taken out
         at = argv.index("--out")

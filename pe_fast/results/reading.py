@@ -102,11 +102,11 @@ class Run:
         in its order, and the step its weights were taken at."""
         packs = self._packs()
         if not packs and run_folder.POOLED_FROM in self.config:
-            raise ModelNotFound(f"pack {index!r}: {self.path} pools finished sweeps and has no packs of its own: open "
+            raise ModelNotFound(f"pack {brief(index)}: {self.path} pools finished sweeps and has no packs of its own: open "
                                 f"its models with run.model(i), or the packs of its sources "
                                 f"({', '.join(self.config[run_folder.POOLED_FROM])})")
         if _whole(index) is None or not 0 <= _whole(index) < len(packs):
-            raise ModelNotFound(f"pack {index!r}: {self.path} has "
+            raise ModelNotFound(f"pack {brief(index)}: {self.path} has "
                                 + (f"packs 0 to {len(packs) - 1}" if packs else "no packs"))
         index = _whole(index)
         device = _device(device)
@@ -338,15 +338,20 @@ class NoPETable(KeyError, ValueError):
 
 def _whole(value) -> int | None:
     """A model id or pack index as an int: a Python or numpy integer (run.results holds numpy ones), not a bool;
-    None for anything else."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+    None for anything else, or for a caller's integral type whose int() raises."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except Exception:  # a caller's object registered as an integer: named as the refusal names anything else
+        return None
 
 
 def _model_id(value) -> int:
     """Every method taking a model id takes it here: the ids run.results holds, a string or a float refused."""
     whole = _whole(value)
     if whole is None:
-        raise ModelNotFound(f"model_id {value!r}: expected a model id (an int)")
+        raise ModelNotFound(f"model_id {brief(value)}: expected a model id (an int)")
     return whole
 
 
