@@ -102,8 +102,8 @@ class Run:
         in its order, and the step its weights were taken at."""
         packs = self._packs()
         if not packs and run_folder.POOLED_FROM in self.config:
-            raise ModelNotFound(f"pack {brief(index)}: {self.path} pools finished sweeps and has no packs of its own: open "
-                                f"its models with run.model(i), or the packs of its sources "
+            raise ModelNotFound(f"pack {brief(index)}: {self.path} pools finished sweeps and has no packs of its own: "
+                                f"open its models with run.model(i), or the packs of its sources "
                                 f"({', '.join(self.config[run_folder.POOLED_FROM])})")
         if _whole(index) is None or not 0 <= _whole(index) < len(packs):
             raise ModelNotFound(f"pack {brief(index)}: {self.path} has "
