@@ -684,25 +684,24 @@ _NUMPY_DATA = [np._core.multiarray._reconstruct, np._core.multiarray.scalar, np.
                *(type(np.dtype(t)) for t in (np.float32, np.float64, np.int64, np.bool_))]
 
 
-def _items_within(value, limit: int) -> tuple[bool, int]:
+def _items_within(value, limit: int) -> tuple[bool, list[torch.Tensor]]:
     """(whether value's containers and leaves, counted each time they are reached (as every walk over it does),
-    number at most limit, the bytes of its tensors as the load makes them contiguous): a pickle may refer to one
-    list from two places at each of 30 levels, 2**30 items from a few hundred bytes, or to a list from inside
-    itself; a tensor expanded from one stored value may declare GBs."""
-    stack, count, tensor_bytes = [value], 0, 0
+    number at most limit; the tensors reached): a pickle may refer to one list from two places at each of 30
+    levels, 2**30 items from a few hundred bytes, or to a list from inside itself."""
+    stack, count, tensors = [value], 0, []
     while stack:
         item = stack.pop()
         count += 1
         if count > limit:
-            return False, tensor_bytes
+            return False, tensors
         if isinstance(item, torch.Tensor):
-            tensor_bytes += item.numel() * item.element_size()
+            tensors.append(item)
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
             stack.extend(item)
-    return True, tensor_bytes
+    return True, tensors
 
 
 def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
@@ -717,16 +716,18 @@ def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
         raise UnreadableCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {cause[:160]}); "
                                    f"delete it to retrain pack {index} from its start")
     # a pickle spends at least a byte on each item it holds once: more items than bytes were reached twice
-    within, tensor_bytes = _items_within(state, limit := max(2**20, path.stat().st_size))
+    within, tensors = _items_within(state, limit := max(2**20, path.stat().st_size))
     if not within:
         raise UnreadableCheckpoint(f"{path} holds more than {limit:,} values, more than its size can hold without "
                                    f"referring to some many times over; delete it to retrain pack {index} from its "
                                    f"start")
+    # the bytes of its tensors as the load makes them contiguous: one expanded from a stored value may declare GBs
+    tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)
     if (problem := inflation(path, tensor_bytes, stored_bytes(path), "a checkpoint pe_fast writes")) is not None:
         raise UnreadableCheckpoint(f"{problem}; delete it to retrain pack {index} from its start")
     # what the checks after compare is a tensor's shape and dtype: a sparse one failed in the copy, a meta one
     # (no values) in the comparisons or, passing them, mid-training, one taking a gradient in the optimizer's step
-    if (odd := next((t for t in _tensors(state) if t.is_meta or t.layout != torch.strided or t.requires_grad
+    if (odd := next((t for t in tensors if t.is_meta or t.layout != torch.strided or t.requires_grad
                      or type(t) is not torch.Tensor), None)) is not None:
         kind = ("meta" if odd.is_meta else str(odd.layout) if odd.layout != torch.strided
                 else "gradient-taking" if odd.requires_grad else type(odd).__name__)
@@ -734,18 +735,6 @@ def _load_checkpoint(path: Path, index: int, mmap: bool) -> dict:
                                    f"it to retrain pack {index} from its start")
     return state
 
-
-def _tensors(value):
-    """Every tensor in a loaded checkpoint's containers (already counted by _items_within: a bounded walk)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            yield item
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            stack.extend(item)
 
 
 def load_checkpoint(out: Path, index: int) -> dict | None:
