@@ -5,8 +5,9 @@ All functions take one model's PE table P [N, D] (numpy) and return a float.
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 from scipy.spatial.distance import pdist
+
+from pe_fast.metrics.correlation import pearson, spearman
 
 
 def cosine_similarity_matrix(table: np.ndarray) -> np.ndarray:
@@ -22,12 +23,12 @@ def upper_triangle(matrix: np.ndarray) -> np.ndarray:
 def rsa(table: np.ndarray, coordinates: np.ndarray) -> float:
     """Pearson correlation of the PE's cosine similarities with minus the tokens' Euclidean distances."""
     similarity = upper_triangle(cosine_similarity_matrix(table))
-    return float(stats.pearsonr(similarity, -pdist(coordinates)).statistic)
+    return pearson(similarity, -pdist(coordinates))
 
 
 def distance_spearman(table: np.ndarray, coordinates: np.ndarray) -> float:
     """Spearman correlation of the pairwise Euclidean distances of PE vectors and of token positions."""
-    return float(stats.spearmanr(pdist(table), pdist(coordinates)).statistic)
+    return spearman(pdist(table), pdist(coordinates))
 
 
 def procrustes_disparity(table: np.ndarray, target: np.ndarray) -> float:

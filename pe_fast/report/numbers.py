@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy.special import stdtrit  # the t quantile (scipy.stats's own, without its second of import)
 
 from pe_fast import columns
 from pe_fast.columns import lower_is_better
 from pe_fast.metrics.convergence import FIT_THRESHOLD, MIN_EVALUATIONS, PLATEAU_TOLERANCE, quarter_gains
+from pe_fast.metrics.correlation import spearman
 from pe_fast.results.reading import Run
 from pe_fast.results.summary import axis_label, is_baseline, sigma_label, varying_axes
 from pe_fast.tasks.base import TaskView
@@ -86,13 +86,6 @@ def against_score(results: pd.DataFrame, x: pd.Series, view: TaskView, source: s
     return Alignment(x, y, rho, n, source)
 
 
-def spearman(x, y) -> float:
-    """Spearman's ρ; NaN where either side is constant (scipy warns on stderr there: the report says "–")."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.ConstantInputWarning)
-        return float(stats.spearmanr(x, y).statistic)
-
-
 def fmt(value: float, digits: int = 3) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
 
@@ -123,7 +116,7 @@ def paired_difference(a: pd.Series, b: pd.Series | float) -> tuple[float, float,
     diff = diff[np.isfinite(diff)]
     if len(diff) < 2:
         return None
-    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff))
+    half = stdtrit(len(diff) - 1, 0.975) * diff.std(ddof=1) / math.sqrt(len(diff))
     return diff.mean(), diff.mean() - half, diff.mean() + half, len(diff)
 
 

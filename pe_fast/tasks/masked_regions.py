@@ -15,7 +15,6 @@ import math
 
 import numpy as np
 import torch
-from scipy import stats
 from torch import Tensor
 
 from pe_fast import columns
@@ -24,6 +23,7 @@ from pe_fast.host_to_device import upload
 from pe_fast.metrics import gradients as gradient_metrics
 from pe_fast.metrics import modules as module_metrics
 from pe_fast.metrics import pe_geometry
+from pe_fast.metrics.correlation import pearson
 from pe_fast.models import PE_KINDS
 from pe_fast.seeds import EVAL_MASK_SEED, MASK_SEED_OFFSET
 from pe_fast.tasks.base import TaskSetting, TaskView
@@ -296,11 +296,10 @@ class MaskedRegionTask:
         data = self.data
         similarity = pe_geometry.cosine_similarity_matrix(table)
         upper = pe_geometry.upper_triangle(similarity)
-        metrics = {"pe_fc_corr": float(stats.pearsonr(upper, pe_geometry.upper_triangle(data.fc)).statistic)}
+        metrics = {"pe_fc_corr": pearson(upper, pe_geometry.upper_triangle(data.fc))}
         if data.coupling is not None:
             symmetric = np.abs(data.coupling) + np.abs(data.coupling.T)
-            metrics["pe_coupling_corr"] = float(
-                stats.pearsonr(upper, pe_geometry.upper_triangle(symmetric)).statistic)
+            metrics["pe_coupling_corr"] = pearson(upper, pe_geometry.upper_triangle(symmetric))
         if data.networks is not None:
             metrics["pe_modularity"] = module_metrics.newman_modularity(similarity, data.networks)
             metrics["pe_segregation"] = module_metrics.segregation(similarity, data.networks)
