@@ -60,6 +60,11 @@ def data_files(tmp_path: Path) -> dict[str, str]:
     with h5py.File(files["ENUM"], "w") as f:
         f.create_dataset("timeseries", data=(np.random.default_rng(0).standard_normal((3, 40, 8)) > 0).astype("i1"),
                          dtype=h5py.enum_dtype({"off": 0, "on": 1}, basetype="i1"))
+    files["BITFIELD"] = str(tmp_path / "bitfield.h5")  # 16-bit fields, which h5py reads as uint16
+    with h5py.File(files["BITFIELD"], "w") as f:
+        space = h5py.h5s.create_simple((2, 40, 8))
+        h5py.h5d.create(f.id, b"timeseries", h5py.h5t.STD_B16LE, space).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, np.random.default_rng(0).integers(0, 2**16, (2, 40, 8), dtype="u2"))
     with h5py.File(tmp_path / "null.h5", "w") as f:  # a null dataspace: no shape, no size
         f.create_dataset("timeseries", data=h5py.Empty("f8"))
     files.update(EXTERNAL=str(tmp_path / "external.h5"), VIRTUAL=str(tmp_path / "virtual.h5"),
@@ -217,6 +222,8 @@ CASES = [
      "--data {VIRTUAL}: dataset 'timeseries' is a virtual dataset, mapping data of other files"),
     ("h5 enum dataset", FMRI + ["--data", "ENUM"],  # read as its integers: categories taken for a time series
      "--data {ENUM}: dataset 'timeseries' holds an HDF5 enum (categories ['off', 'on']), not numbers"),
+    ("h5 bitfield dataset", FMRI + ["--data", "BITFIELD"],  # read as uint16: bit patterns taken for a time series
+     "--data {BITFIELD}: dataset 'timeseries' holds HDF5 bitfield values, not numbers"),
     ("h5 dataset with a null dataspace", FMRI + ["--data", "NULL"],
      "--data {NULL}: dataset 'timeseries' is empty (a null dataspace)"),
     ("h5 declaring more than memory", FMRI + ["--data", "HUGE"],

@@ -362,6 +362,11 @@ def _read_h5(p: Path, name: str | None):
         if (categories := h5py.check_enum_dtype(ds.dtype)) is not None:  # integers naming categories, not values
             raise DataError(f"{p}: dataset {name!r} holds an HDF5 enum (categories {sorted(categories)[:4]}), not "
                             f"numbers: save float32 or float64 values")
+        stored_as = ds.id.get_type().get_class()
+        if stored_as not in (h5py.h5t.INTEGER, h5py.h5t.FLOAT):  # a bitfield, say, reads as numpy's unsigned ints
+            kind = {h5py.h5t.BITFIELD: "bitfield", h5py.h5t.OPAQUE: "opaque bytes"}.get(stored_as, "non-number")
+            raise DataError(f"{p}: dataset {name!r} holds HDF5 {kind} values, not numbers: save float32 or float64 "
+                            f"values")
         _check_dtype(ds, p)
         declared = elements_read_bytes(ds.shape, ds.dtype)
         if declared > (free := available_bytes()):
