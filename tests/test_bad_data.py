@@ -183,6 +183,9 @@ def data_files(tmp_path: Path) -> dict[str, str]:
                                                                      for i in range(10)]))
     files["SPLIT_NETWORKS"] = str(write_table(tmp_path / "split_networks.csv", [f"r{i},{i},0,0,{n}" for i, n in
                                                                                  enumerate(["1", "1.0", "2"] * 3 + ["2"])]))
+    files["NAN_NETWORKS"] = str(write_table(tmp_path / "nan_networks.csv", [f"r{i},{i},0,0,{n}" for i, n in
+                                                                             enumerate(["a", "b", "nan", "NaN"] * 2
+                                                                                       + ["a", "b"])]))
     files["TINY"] = regions_at(tmp_path / "tiny.csv", [(i * 1e-170, 0, 0) for i in range(10)])
     # round 16: 1e-5 apart passed the nanometre rule and the sinusoidal PE over them was one table for all regions;
     # a table in metres, a brain's 0.14 across, the same
@@ -322,6 +325,9 @@ CASES = [
     # distances underflowed to 0: refused for regions sharing one centroid, which they do not
     ("regions in metres, one far off", FMRI + ["--data", "NPY", "--regions", "METRES_AND_ONE_FAR"],
      "--regions {METRES_AND_ONE_FAR}: the x, y, z columns lie a median 0.0"),
+    # a missing value written as numpy writes it, and again in another spelling: taken for two networks
+    ("regions network cells that are NaN", FMRI + ["--data", "NPY", "--regions", "NAN_NETWORKS"],
+     "--regions {NAN_NETWORKS}: region 'r2' has no network (its cell 'nan')"),
     ("regions in one network", FMRI + ["--data", "NPY", "--regions", "ONE_NETWORK"],
      "--regions {ONE_NETWORK}: its network column puts every region in one network"),
     ("regions in networks of their own", FMRI + ["--data", "NPY", "--regions", "OWN_NETWORKS"],

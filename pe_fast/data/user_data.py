@@ -610,8 +610,12 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
     networks, network_names = None, None
     if "network" in columns:
         values = [unicodedata.normalize("NFC", r["network"]) for r in rows]  # one "é", however it was typed
-        if "" in values:
-            raise DataError(f"{p}: region {labels[values.index('')]!r} has no network: fill in every network cell")
+        # "nan" (or "NaN", as numpy and some exporters write a missing value) is no network, not two
+        missing = next((i for i, v in enumerate(values) if v.strip() == "" or (_is_float(v) and float(v) != float(v))),
+                       None)
+        if missing is not None:
+            raise DataError(f"{p}: region {labels[missing]!r} has no network (its cell {values[missing]!r}): fill in "
+                            f"every network cell")
         spelled: dict[Decimal, str] = {}
         # "1" and "1.0" (or "+1", "01"): one network or two? Compared as the numbers written, not as floats, in
         # which 2**53 and 2**53 + 1 are one
