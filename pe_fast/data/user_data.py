@@ -610,9 +610,7 @@ def _read_regions_table(p: Path, n: int, where, parcel_names: list[str] | None):
     networks, network_names = None, None
     if "network" in columns:
         values = [unicodedata.normalize("NFC", r["network"]) for r in rows]  # one "é", however it was typed
-        # "nan" (or "NaN", as numpy and some exporters write a missing value) is no network, not two
-        missing = next((i for i, v in enumerate(values) if v.strip() == "" or (_is_float(v) and float(v) != float(v))),
-                       None)
+        missing = next((i for i, v in enumerate(values) if _names_no_network(v)), None)
         if missing is not None:
             raise DataError(f"{p}: region {labels[missing]!r} has no network (its cell {values[missing]!r}): fill in "
                             f"every network cell")
@@ -651,6 +649,12 @@ def _refuse_coinciding(p: Path, labels: list[str], centroids: np.ndarray):
     raise DataError(f"{p}: regions {names} share the centroid ({x:g}, {y:g}, {z:g}), so over half the region pairs "
                     f"are 0 mm apart and the median distance, the scale of the 3D measures, is 0: give the regions "
                     f"distinct x, y, z")
+
+
+def _names_no_network(cell: str) -> bool:
+    """A blank network cell, or NaN however spelled ("nan", "NaN": how numpy and some exporters write a missing
+    value): no network, not one (or, spelled two ways, two) named NaN."""
+    return cell.strip() == "" or (_is_float(cell) and bool(np.isnan(float(cell))))
 
 
 def _is_float(s: str) -> bool:
