@@ -43,9 +43,7 @@ def plain(value, flag: str):
     item, as it holds them (not as a subclass's __iter__ gives them); no more items than a sweep has models (a
     range(10**12) was walked whole, a broadcast array of 10**9 made 32 GB)."""
     if isinstance(value, (list, tuple, range, np.ndarray)):
-        size = value.size if isinstance(value, np.ndarray) else \
-            list.__len__(value) if isinstance(value, list) else tuple.__len__(value) if isinstance(value, tuple) \
-            else len(value)
+        size = _plain_size(value)
         if size > MAX_MODELS:
             raise UsageError(f"{flag}: {size:,} items, more than a sweep's {MAX_MODELS:,} models")
         if isinstance(value, list):
@@ -57,6 +55,15 @@ def plain(value, flag: str):
         if isinstance(value, base) and type(value) is not base and not isinstance(value, (bool, np.generic)):
             return {int: int.__int__, float: float.__float__, str: str.__str__}[base](value)
     return value
+
+
+def _plain_size(value) -> int:
+    """How many items a list, tuple, range or array holds, as its base type counts them (a subclass's __len__ may
+    say anything)."""
+    for base in (list, tuple):
+        if isinstance(value, base):
+            return base.__len__(value)
+    return value.size if isinstance(value, np.ndarray) else len(value)
 
 
 def arguments(keywords: dict) -> argparse.Namespace:
