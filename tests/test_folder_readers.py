@@ -131,6 +131,25 @@ def pe_tables_below_float32(folder):
         run_folder.write_digests(path.parent)
 
 
+def pe_tables_changed(change):
+    """pe_tables.npz, top level and pack 0's, changed alike (change(tables)) and their digests rewritten: what
+    someone who edits a folder can do."""
+    def spoil(folder):
+        for path in (folder / run_folder.PE_TABLES, folder / "packs" / "0" / run_folder.PE_TABLES):
+            with np.load(path) as stored:
+                tables = {key: stored[key] for key in stored.files}
+            change(tables)
+            np.savez_compressed(path, **tables)
+            run_folder.write_digests(path.parent)
+    return spoil
+
+
+def with_nan(table):
+    table = table.copy()
+    table.flat[0] = np.nan
+    return table
+
+
 def weights_scaled_keeping_their_header(folder):
     """A weights file edited as safetensors writes it, its header (model ids, configuration) kept."""
     from safetensors import safe_open
@@ -235,6 +254,15 @@ TAMPERS = {
     "a score edited in results.parquet": (lambda f: rewrite_tables(f, score_edited),
                                           "results.parquet has changed since it was written"),
     "a PE table scaled": (pe_table_scaled, "pe_tables.npz: its model_0 differs from"),
+    # tables that read as tables, each with its record rewritten: not the models the results and settings hold
+    "a PE table narrower than the settings' width": (
+        pe_tables_changed(lambda t: t.update(model_0=t["model_0"][..., :4])), "entry model_0 is 4 wide, where"),
+    "a PE table of integers": (pe_tables_changed(lambda t: t.update(model_0=t["model_0"].astype(np.int64))),
+                               "entry model_0 is a 3-axis int64 array"),
+    "a PE table holding NaN where its PE was scored": (pe_tables_changed(lambda t: t.update(model_0=with_nan(
+        t["model_0"]))), "entry model_0 holds NaN or inf, where the results score model 0's PE"),
+    "a PE table of a model the results do not hold": (
+        pe_tables_changed(lambda t: t.update(model_99=t["model_0"])), "entry model_99 is for model 99, which"),
     "weights scaled, their header kept": (weights_scaled_keeping_their_header,
                                           "weights.safetensors has changed since it was written"),
     "the record naming a file outside": (lambda f: (f / run_folder.DIGESTS).write_text('{"../x": "' + "0" * 64 + '"}'),

@@ -520,10 +520,9 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
                               f"{run_folder.ATTENTION_MAP}<id>; not a pe_fast results folder")
         # float16 and long double: numbers, but numpy's linear algebra (RSA, the spectrum) takes neither
         native = table.dtype.newbyteorder("=")  # a big-endian table: the same numbers
-        if not (native in (np.float32, np.float64) or np.issubdtype(native, np.integer)) \
-                or table.ndim not in (2, 3) or 0 in table.shape:
+        if native not in (np.float32, np.float64) or table.ndim not in (2, 3) or 0 in table.shape:
             raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array of shape "
-                              f"{list(table.shape)}, not a table of numbers [tokens, width] or [blocks, tokens, "
+                              f"{list(table.shape)}, not a float32 table [tokens, width] or [blocks, tokens, "
                               f"width]; not a pe_fast results folder")
         square = key.startswith(run_folder.ATTENTION_MAP)
         # read in float64: the figures' and metrics' SVDs and squares of a float32 table near its largest values
@@ -592,6 +591,33 @@ def read_ground_truth(path: Path, num_tokens: int | None = None) -> dict[str, np
             raise ReportError(f"{path}: entry gradients of shape {list(array.shape)} holds no gradient; not a "
                               f"pe_fast results folder")
     return truth
+
+
+def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray], results: pd.DataFrame,
+                                settings: dict):
+    """Each pe_tables.npz entry belongs to a model the results hold, a PE table is as wide as the settings' models,
+    and one that holds NaN or inf (a diverged model's) has NaN PE scores in the results, as a diverged model's
+    are; else one ReportError naming the entry: the figures and run.pe_table(i) read a table by its model id."""
+    trained = results[~is_baseline(results["pe"])]
+    ids = {int(i): row for i, (_, row) in zip(trained["model_id"], trained.iterrows()) if pd.notna(i)}
+    width = settings.get("width")
+    task = KINDS.get(settings.get("task")) if isinstance(settings.get("task"), str) else None
+    scores = [c for c in (task.view.similarity if task else ()) if c in results]
+    for key, table in pe_tables.items():
+        model_id = int(key.rsplit("_", 1)[1])
+        if model_id not in ids:
+            raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} is for model {model_id}, which the "
+                              f"results do not hold: not this run's tables")
+        if not key.startswith(run_folder.PE_TABLE):
+            continue
+        if type(width) is int and table.shape[-1] != width:
+            raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} is {table.shape[-1]} wide, where "
+                              f"the settings' models are {width} (--width): not this run's table")
+        scored = next((c for c in scores if np.isfinite(pd.to_numeric(ids[model_id][c], errors="coerce"))), None)
+        if scored is not None and not np.isfinite(table).all():
+            raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} holds NaN or inf, where the results "
+                              f"score model {model_id}'s PE ({scored} {float(ids[model_id][scored]):.3g}), as no "
+                              f"diverged model's: not the table its sweep wrote")
 
 
 def read_pack(folder: Path, task: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
@@ -775,6 +801,7 @@ def _read_run(directory: Path) -> Run:
         check_pack_weights(directory, index, list(packs[index]) if isinstance(packs, list) and index < len(packs)
                            else None, config.get("settings"), trained_steps=trained_steps,
                            models=config.get("models") if isinstance(config.get("models"), list) else None)
+    check_tables_are_the_models(directory, read_tables, results, config.get("settings") or {})
     if (directory / run_folder.GROUND_TRUTH).exists():  # checked once here: the report's figures index it by token
         read_ground_truth(directory / run_folder.GROUND_TRUTH,
                           next((t.shape[-2] for k, t in pe_tables.items() if k.startswith(run_folder.PE_TABLE)), None))
