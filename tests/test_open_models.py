@@ -467,6 +467,10 @@ def set_meta(path: str, value):
     # a sinusoidal PE keeps no tables: added at the input only, its tensors are the same
     ("model_config.pe_at", "input", "its models add the PE at 'input', where config.json's settings say 'every'"),
     ("model_config.pe_dropout", 0.5, "its models train with PE dropout 0.5"),
+    # held-out round (issue 55): a model reading out another token, or built for another backend, opened silently
+    ("model_config.readout_token", 3, "its models predict at token 3, where task lst's predict at token 15"),
+    ("model_config.backend", "triton", "its models were built for backend 'triton', where config.json's settings"),
+    ("evil", "x", "its metadata holds the key 'evil', which pe_fast does not write"),
 ])
 def test_weights_whose_header_disagrees_with_the_run_are_found_out(path, value, why, tmp_path, lst_run):
     pe = "sin1d" if path == "model_config.pe_at" else "learned"

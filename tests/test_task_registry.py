@@ -93,6 +93,7 @@ TOY = TaskKind(
     view=TaskView(score="test_acc", generalisation=("test_acc",), similarity=("pe_norm",),
                   summary=("test_acc", "pe_norm"), probe="neighbour", fit=None, figures=("learned_pe_fc",)),
     load=lambda s: ToyTask(s.toy_items),
+    readout_token=ToyTask.readout_token,
 )
 FLAGS = ["--task", "toy", "--preset", "tiny", "--toy-items", "32", "--threads", "1"]
 

@@ -978,6 +978,14 @@ def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None,
         raise ReportError(f"{path}: its models train with PE dropout {config.pe_dropout}, where config.json's "
                           f"settings give {config.pe} {pe_dropout_of(settings, config.pe)}: not this run's pack, or a "
                           f"file was edited")
+    task = KINDS.get(settings.get("task")) if settings and isinstance(settings.get("task"), str) else None
+    if task is not None and config.readout_token != task.readout_token:
+        where = lambda token: "at every token" if token is None else f"at token {token}"  # noqa: E731
+        raise ReportError(f"{path}: its models predict {where(config.readout_token)}, where task {task.name}'s "
+                          f"predict {where(task.readout_token)}: not this run's pack, or a file was edited")
+    if settings and "backend" in settings and config.backend != settings["backend"]:
+        raise ReportError(f"{path}: its models were built for backend {config.backend!r:.20}, where config.json's "
+                          f"settings say {settings['backend']!r:.20}: not this run's pack, or a file was edited")
     recorded = {trained_steps[i] for i in held if i in trained_steps} if trained_steps else set()
     if recorded and recorded != {step}:  # run.pack(i).step read 10**30 from an edited header
         raise ReportError(f"{path}: its weights were taken at step {step}, where the results say its models trained "

@@ -30,6 +30,10 @@ class UnreadableWeights(ValueError):
     """A weights file that is missing, truncated, tampered with or of another kind: one line naming it."""
 
 
+# the keys of pe_fast's metadata, as save_pack_weights writes them
+METADATA_KEYS = frozenset({"format", "step", "model_ids", "seeds", "sigmas", "model_config"})
+
+
 def save_pack_weights(path: Path, model: StackedTransformer, model_ids: list[int], step: int,
                       coordinates: np.ndarray | None):
     """Write the pack's weights to `path` (inside the pack's folder while it is assembled)."""
@@ -144,6 +148,8 @@ def _metadata(header: dict, refuse) -> dict:
         refuse("its metadata lacks pe_fast's description of the pack")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         refuse(f"its format is not {FORMAT}")
+    if (unknown := sorted(set(meta) - METADATA_KEYS)):
+        refuse(f"its metadata holds the key {unknown[0][:40]!r}, which pe_fast does not write")
     ids, seeds, sigmas, step = (meta.get(key) for key in ("model_ids", "seeds", "sigmas", "step"))
     if not (isinstance(ids, list) and ids and all(type(i) is int and 0 <= i < MAX_MODEL_IDS for i in ids)
             and len(set(ids)) == len(ids)):

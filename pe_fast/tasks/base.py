@@ -124,6 +124,7 @@ class TaskKind:
     summary: tuple[str, ...]    # summary.txt's metric columns, in order (those present in the results)
     view: TaskView
     load: Callable[..., Task]   # the sweep's Settings -> the Task (ValueError / DataError for bad input)
+    readout_token: int | None   # its Task class's readout_token, named here for readers that load no task
     # A rule across this task's settings: (the settings, the flags given) -> what is wrong, or None
     check: Callable[[dict, set[str]], str | None] = lambda settings, given: None
 

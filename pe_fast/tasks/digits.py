@@ -244,6 +244,7 @@ KIND = TaskKind(
                                          "pe_segregation", "pe_gradient_corr"),
                              figures=(*REGION_VIEW.figures, "learned_pe_on_grid")),
     load=load,
+    readout_token=DigitsTask.readout_token,
 )
 
 CLASS_KIND = TaskKind(
@@ -260,5 +261,6 @@ CLASS_KIND = TaskKind(
                   summary=("train_acc", "test_acc", "pe_dist_spearman", "pe_procrustes", "pe_rsa", "pe_fc_corr"),
                   probe="neighbours", fit=None, figures=("learned_pe_on_grid",)),
     load=lambda s: DigitClassTask(s.train_images, s.tokens),
+    readout_token=DigitClassTask.readout_token,
 )
 

@@ -80,4 +80,5 @@ KIND = TaskKind(
     summary=REGION_SUMMARY,
     view=dataclasses.replace(REGION_VIEW, figures=(*REGION_VIEW.figures, "brain_maps")),  # real cortex
     load=load,
+    readout_token=MaskedRegionTask.readout_token,
 )

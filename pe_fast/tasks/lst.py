@@ -235,4 +235,5 @@ KIND = TaskKind(
         paper_rho=(0.96, "on the LST"),  # unverified
         fixed_geometry=("grid distance", grid_coordinates)),
     load=lambda s: LSTTask(train_path=s.lst_train, ood_path=s.lst_ood),
+    readout_token=LSTTask.readout_token,
 )

@@ -101,4 +101,5 @@ KIND = TaskKind(
     view=REGION_VIEW,
     check=network_size,
     load=lambda s: MaskedRegionTask.from_settings(simulated_network(s), s),
+    readout_token=MaskedRegionTask.readout_token,
 )
