@@ -329,6 +329,30 @@ def test_a_diverged_model_s_attention_is_its_weights_fault_not_the_inputs(tmp_pa
         run.attention(0, run.task_inputs("test")[:2])
 
 
+@pytest.mark.parametrize("value, why", [
+    (float("nan"), "its weights hold NaN or Inf, where its train_loss in run.results is"),
+    (3e38, "its torch.float32 arithmetic overflows on item 0, whose values lie within"),
+])
+def test_weights_edited_past_a_trained_model_s_are_blamed_not_the_inputs(value, why, tmp_path, lst_run):
+    """Held-out round (issue 55): a weight set to NaN (the results show a finite loss: not a diverged model) or to
+    3e38, digests.json rewritten to match, was blamed on training that diverged or on the task's own inputs."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    folder = tmp_path / "edited"
+    shutil.copytree(lst_run.path, folder)
+    path = folder / "packs" / "0" / run_folder.WEIGHTS
+    with safe_open(str(path), "pt") as file:
+        metadata = file.metadata()
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    tensors["embed.weight"][0, 0, 0] = value
+    save_file(tensors, str(path), metadata=metadata)
+    run_folder.write_digests(path.parent)
+    run = pe_fast.load_run(folder)
+    model_id = run.config["packs"][0][0]
+    with pytest.raises(ReportError, match=why):
+        run.attention(model_id, run.task_inputs("test")[:2])
+
+
 def test_a_model_id_from_the_runs_own_table_opens_it(lst_run):
     """run.results' model_id column holds numpy integers: each opens its model, as a Python int does."""
     model_id = lst_run.results.query("pe == 'learned'")["model_id"].iloc[0]

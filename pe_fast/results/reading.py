@@ -40,6 +40,10 @@ class ReportError(ValueError):
 POOLED_CHAIN = "pooled chain"  # Run._loaded's key: the pooled folders a source folder was reached through
 
 
+# inputs beyond this magnitude are the caller's to rescale; within it, an overflow inside a model is its weights'
+INPUT_SCALE = 1e3
+
+
 @dataclasses.dataclass
 class Run:
     """A results folder as Python objects (pe_fast.load_run): results and curves one row per model (and
@@ -183,15 +187,27 @@ class Run:
             raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} holds NaN or Inf; the model's attention "
                              f"needs finite tokens")
         pattern = model.attention(tokens)
-        if not bool(torch.isfinite(pattern).all()) and not all(bool(p.isfinite().all()) for p in model.parameters()):
+        if bool(torch.isfinite(pattern).all()):
+            return pattern
+        if not all(bool(p.isfinite().all()) for p in model.parameters()):
+            loss = self.results.loc[self.results["model_id"] == model_id, "train_loss"] \
+                if "train_loss" in self.results else pd.Series(dtype=float)
+            if len(loss) and np.isfinite(loss.iloc[0]):  # a diverged model's loss is not finite
+                raise ReportError(f"model_id {model_id}: its weights hold NaN or Inf, where its train_loss in "
+                                  f"run.results is {float(loss.iloc[0]):.3g}: {self.path}'s weights file does not "
+                                  f"hold the model its sweep trained")
             raise ValueError(f"model_id {model_id}: its weights hold NaN or Inf (its training diverged; its "
                              f"train_loss in run.results says so), so its attention is not defined")
-        # finite tokens too large for the model's float32 arithmetic (x·1e30) overflow inside it
-        if not (finite := torch.isfinite(pattern).transpose(0, 1).flatten(1).all(1)).all():
-            raise ValueError(f"inputs: item {int((~finite).nonzero()[0])} overflows model {model_id}'s "
-                             f"{model.embed.weight.dtype} arithmetic (its attention would be NaN): values up to "
-                             f"{tokens.abs().max().item():.3g}, where the task's inputs lie within a few units")
-        return pattern
+        item = int((~torch.isfinite(pattern).transpose(0, 1).flatten(1).all(1)).nonzero()[0])
+        largest_input = tokens.abs().max().item()
+        if largest_input > INPUT_SCALE:  # finite tokens too large for the model's arithmetic (x·1e30) overflow in it
+            raise ValueError(f"inputs: item {item} overflows model {model_id}'s {model.embed.weight.dtype} arithmetic "
+                             f"(its attention would be NaN): values up to {largest_input:.3g}, where the task's "
+                             f"inputs lie within a few units")
+        largest_weight = max(p.abs().max().item() for p in model.parameters())
+        raise ReportError(f"model_id {model_id}: its {model.embed.weight.dtype} arithmetic overflows on item {item}, "
+                          f"whose values lie within {largest_input:.3g}: its weights reach {largest_weight:.3g}, "
+                          f"which {self.path}'s weights file holds for no trained model")
 
     def _packs(self) -> list[list[int]]:
         packs = self.config.get("packs")

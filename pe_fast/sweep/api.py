@@ -73,7 +73,7 @@ def arguments(keywords: dict) -> argparse.Namespace:
     on_off = {action.dest for action in parser._actions if isinstance(action, argparse._StoreTrueAction)}
     for name, value in keywords.items():
         if name not in vars(namespace):
-            raise UsageError(f"unknown argument {brief(name)}=; the arguments are the flags of python -m pe_fast.sweep "
+            raise UsageError(f"unknown argument {brief(name)}; the arguments are the flags of python -m pe_fast.sweep "
                              f"with underscores: {', '.join(sorted(vars(namespace)))}")
         if name in on_off:
             if not isinstance(value, (bool, np.bool_)):
