@@ -207,6 +207,11 @@ def lying_weights_header(folder):
 TAMPERS = {
     # a name of 200,000 characters held the report for minutes in the figures' legends
     "a baseline name 200,000 characters long": (lambda f: rewrite_tables(f, long_baseline_name), "column pe"),
+    # a baseline name the task never writes reached report.md (held-out round, issue 55); LST writes none
+    "a baseline the task does not write": (
+        lambda f: rewrite_tables(f, lambda name, frame: frame.assign(pe=frame["pe"].where(frame["model_id"] != 1,
+                                                                                           "baseline:evil"))),
+        "column pe holds 'baseline:evil', not a baseline task lst writes"),
     "a curves row twice": (lambda f: rewrite_tables(f, duplicated_curves_row), "two rows at step"),
     "curves of a model the results lack": (lambda f: rewrite_tables(f, stray_curves_model), "do not hold"),
     # matplotlib read it as mathtext, and the report ended in an 82-line traceback with its figures half made

@@ -94,6 +94,7 @@ TOY = TaskKind(
                   summary=("test_acc", "pe_norm"), probe="neighbour", fit=None, figures=("learned_pe_fc",)),
     load=lambda s: ToyTask(s.toy_items),
     readout_token=ToyTask.readout_token,
+    baselines=(),
 )
 FLAGS = ["--task", "toy", "--preset", "tiny", "--toy-items", "32", "--threads", "1"]
 

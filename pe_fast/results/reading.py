@@ -1084,6 +1084,12 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
             if bad_pe is not None:
                 refuse(table, f"column pe holds {_shown(bad_pe)}, not a PE kind ({', '.join(PE_KINDS)}) or a "
                               f"baseline:NAME")
+            kind = KINDS.get(task) if isinstance(task, str) else None
+            stranger = next((v for v in frame["pe"][is_baseline(frame["pe"])].unique()
+                             if kind is not None and v not in kind.baselines), None)
+            if stranger is not None:
+                refuse(table, f"column pe holds {_shown(stranger)}, not a baseline task {task} writes ("
+                              f"{', '.join(kind.baselines) or 'it writes none'})")
         for name, choices in CHOICE_COLUMNS.items():
             bad = [v for v in frame[name].dropna().unique() if v not in choices] if name in frame else []
             if bad:

@@ -125,6 +125,7 @@ class TaskKind:
     view: TaskView
     load: Callable[..., Task]   # the sweep's Settings -> the Task (ValueError / DataError for bad input)
     readout_token: int | None   # its Task class's readout_token, named here for readers that load no task
+    baselines: tuple[str, ...]  # every baseline (results pe "baseline:…") its Task may write, whatever the data
     # A rule across this task's settings: (the settings, the flags given) -> what is wrong, or None
     check: Callable[[dict, set[str]], str | None] = lambda settings, given: None
 

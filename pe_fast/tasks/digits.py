@@ -18,9 +18,9 @@ from pe_fast.models.transformer import PE_KINDS
 from pe_fast.seeds import EVAL_MASK_SEED
 from pe_fast.tasks.base import TaskKind, TaskSetting, TaskView, per_model_cross_entropy
 from pe_fast.tasks.lst import IndexedBatches
-from pe_fast.tasks.masked_regions import (BY_SUBJECT_SETTINGS, REGION_DEFAULTS, REGION_VIEW, MaskedRegionTask,
-                                          RegionSplit, conditional_expectation, masked_input, probe_matrices,
-                                          random_masks, reference_gradients)
+from pe_fast.tasks.masked_regions import (ALL_BASELINES, BY_SUBJECT_SETTINGS, REGION_DEFAULTS, REGION_VIEW,
+                                          MaskedRegionTask, RegionSplit, conditional_expectation, masked_input,
+                                          probe_matrices, random_masks, reference_gradients)
 
 
 GRID_PROBES = ("same_row", "same_column", "neighbours")
@@ -138,6 +138,9 @@ class DigitSplit:
         return len(self.y)
 
 
+CLASS_BASELINES = ("baseline:logistic", "baseline:majority")  # a logistic regression on the pixels; the commonest digit
+
+
 class DigitClassTask:
     """The digit of each image, in the shape of a small vision transformer: every pixel a token (or every 2 × 2
     patch: 16 tokens of 4 grey levels on a 4 × 4 grid), the answer read out at the top-left token (the top-left pixel
@@ -201,8 +204,8 @@ class DigitClassTask:
         fit = LogisticRegression(max_iter=2000).fit(flat["train"], train.y.numpy())
         common = int(torch.bincount(train.y).argmax())
         rows = []
-        for kind, predict in (("baseline:logistic", lambda name: fit.predict(flat[name])),
-                              ("baseline:majority", lambda name: np.full(len(self.splits[name]), common))):
+        for kind, predict in zip(CLASS_BASELINES, (lambda name: fit.predict(flat[name]),
+                                                   lambda name: np.full(len(self.splits[name]), common))):
             row = {"pe": kind, "sigma": float("nan")}
             for name, split in self.splits.items():
                 row[columns.score(name, columns.ACCURACY)] = float(np.mean(predict(name) == split.y.numpy()))
@@ -245,6 +248,7 @@ KIND = TaskKind(
                              figures=(*REGION_VIEW.figures, "learned_pe_on_grid")),
     load=load,
     readout_token=DigitsTask.readout_token,
+    baselines=ALL_BASELINES,
 )
 
 CLASS_KIND = TaskKind(
@@ -262,5 +266,6 @@ CLASS_KIND = TaskKind(
                   probe="neighbours", fit=None, figures=("learned_pe_on_grid",)),
     load=lambda s: DigitClassTask(s.train_images, s.tokens),
     readout_token=DigitClassTask.readout_token,
+    baselines=CLASS_BASELINES,
 )
 

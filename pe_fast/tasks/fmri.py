@@ -6,7 +6,7 @@ import dataclasses
 
 from pe_fast.data.regions import GRADIENTS, MIN_REGIONS, DataError
 from pe_fast.tasks.base import TaskKind, TaskSetting
-from pe_fast.tasks.masked_regions import (REGION_DEFAULTS, REGION_SETTINGS, REGION_PES, REGION_PRESETS,
+from pe_fast.tasks.masked_regions import (ALL_BASELINES, REGION_DEFAULTS, REGION_SETTINGS, REGION_PES, REGION_PRESETS,
                                           REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
 ATLASES = ("schaefer100", "glasser360")
@@ -81,4 +81,5 @@ KIND = TaskKind(
     view=dataclasses.replace(REGION_VIEW, figures=(*REGION_VIEW.figures, "brain_maps")),  # real cortex
     load=load,
     readout_token=MaskedRegionTask.readout_token,
+    baselines=ALL_BASELINES,
 )

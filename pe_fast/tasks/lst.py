@@ -236,4 +236,5 @@ KIND = TaskKind(
         fixed_geometry=("grid distance", grid_coordinates)),
     load=lambda s: LSTTask(train_path=s.lst_train, ood_path=s.lst_ood),
     readout_token=LSTTask.readout_token,
+    baselines=(),
 )

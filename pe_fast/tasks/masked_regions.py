@@ -32,6 +32,7 @@ SPLITS = ("subject", "run")
 BASELINES = ("baseline:mean", "baseline:linear")
 # only where the data carry the covariance that generated them (RegionData.covariance)
 TRUE_COVARIANCE_BASELINE = "baseline:linear-true"
+ALL_BASELINES = (*BASELINES, TRUE_COVARIANCE_BASELINE)  # where the data give their true covariance
 
 # What the fMRI and the network-simulation task share as TaskKinds (pe_fast.tasks.fmri, pe_fast.tasks.netsim).
 # sin2d and rope2d need a 2D grid, which brain regions and network nodes do not have.

@@ -6,8 +6,8 @@ import inspect
 
 from pe_fast.data.regions import MIN_REGIONS
 from pe_fast.tasks.base import TaskKind, TaskSetting
-from pe_fast.tasks.masked_regions import (BY_SUBJECT_SETTINGS, REGION_DEFAULTS, REGION_PES, REGION_PRESETS,
-                                          REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
+from pe_fast.tasks.masked_regions import (ALL_BASELINES, BY_SUBJECT_SETTINGS, REGION_DEFAULTS, REGION_PES,
+                                          REGION_PRESETS, REGION_SUMMARY, REGION_VIEW, MaskedRegionTask)
 
 # The network's settings, passed to pe_fast.data.simulate_network (its docstring explains each one); None: its
 # default.
@@ -102,4 +102,5 @@ KIND = TaskKind(
     check=network_size,
     load=lambda s: MaskedRegionTask.from_settings(simulated_network(s), s),
     readout_token=MaskedRegionTask.readout_token,
+    baselines=ALL_BASELINES,
 )
