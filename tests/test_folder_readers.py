@@ -263,7 +263,7 @@ TAMPERS = {
     "a PE table narrower than the settings' width": (
         pe_tables_changed(lambda t: t.update(model_0=t["model_0"][..., :4])), "entry model_0 is 4 wide, where"),
     "a PE table of integers": (pe_tables_changed(lambda t: t.update(model_0=t["model_0"].astype(np.int64))),
-                               "entry model_0 is a 3-axis int64 array"),
+                               "entry model_0 is a 3-axis int64 array of shape"),
     "a PE table holding NaN where its PE was scored": (pe_tables_changed(lambda t: t.update(model_0=with_nan(
         t["model_0"]))), "entry model_0 holds NaN or inf, where the results score model 0's PE"),
     "a PE table of a model the results do not hold": (

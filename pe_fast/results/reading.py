@@ -538,7 +538,7 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
         native = table.dtype.newbyteorder("=")  # a big-endian table: the same numbers
         if native not in (np.float32, np.float64) or table.ndim not in (2, 3) or 0 in table.shape:
             raise ReportError(f"{path}: entry {key} is a {table.ndim}-axis {table.dtype} array of shape "
-                              f"{list(table.shape)}, not a float32 table [tokens, width] or [blocks, tokens, "
+                              f"{list(table.shape)}, not a float table [tokens, width] or [blocks, tokens, "
                               f"width]; not a pe_fast results folder")
         square = key.startswith(run_folder.ATTENTION_MAP)
         # read in float64: the figures' and metrics' SVDs and squares of a float32 table near its largest values
@@ -617,7 +617,7 @@ def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray
     trained = results[~is_baseline(results["pe"])]
     ids = {int(i): row for i, (_, row) in zip(trained["model_id"], trained.iterrows()) if pd.notna(i)}
     width = settings.get("width")
-    task = KINDS.get(settings.get("task")) if isinstance(settings.get("task"), str) else None
+    task = _task_kind(settings)
     scores = [c for c in (task.view.similarity if task else ()) if c in results]
     for key, table in pe_tables.items():
         model_id = int(key.rsplit("_", 1)[1])
@@ -634,6 +634,15 @@ def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray
             raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} holds NaN or inf, where the results "
                               f"score model {model_id}'s PE ({scored} {float(ids[model_id][scored]):.3g}), as no "
                               f"diverged model's: not the table its sweep wrote")
+
+
+def _task_kind(settings: dict):
+    """The TaskKind the settings name, or None (no task recorded, or one this pe_fast does not know)."""
+    return KINDS.get(settings.get("task")) if isinstance(settings.get("task"), str) else None
+
+
+def _prediction_site(readout_token: int | None) -> str:
+    return "at every token" if readout_token is None else f"at token {readout_token}"
 
 
 def read_pack(folder: Path, task: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
@@ -994,11 +1003,11 @@ def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None,
         raise ReportError(f"{path}: its models train with PE dropout {config.pe_dropout}, where config.json's "
                           f"settings give {config.pe} {pe_dropout_of(settings, config.pe)}: not this run's pack, or a "
                           f"file was edited")
-    task = KINDS.get(settings.get("task")) if settings and isinstance(settings.get("task"), str) else None
+    task = _task_kind(settings or {})
     if task is not None and config.readout_token != task.readout_token:
-        where = lambda token: "at every token" if token is None else f"at token {token}"  # noqa: E731
-        raise ReportError(f"{path}: its models predict {where(config.readout_token)}, where task {task.name}'s "
-                          f"predict {where(task.readout_token)}: not this run's pack, or a file was edited")
+        raise ReportError(f"{path}: its models predict {_prediction_site(config.readout_token)}, where task "
+                          f"{task.name}'s predict {_prediction_site(task.readout_token)}: not this run's pack, or a "
+                          f"file was edited")
     if settings and "backend" in settings and config.backend != settings["backend"]:
         raise ReportError(f"{path}: its models were built for backend {config.backend!r:.20}, where config.json's "
                           f"settings say {settings['backend']!r:.20}: not this run's pack, or a file was edited")
@@ -1084,7 +1093,7 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
             if bad_pe is not None:
                 refuse(table, f"column pe holds {_shown(bad_pe)}, not a PE kind ({', '.join(PE_KINDS)}) or a "
                               f"baseline:NAME")
-            kind = KINDS.get(task) if isinstance(task, str) else None
+            kind = _task_kind({"task": task})
             stranger = next((v for v in frame["pe"][is_baseline(frame["pe"])].unique()
                              if kind is not None and v not in kind.baselines), None)
             if stranger is not None:
