@@ -1722,10 +1722,10 @@ def test_a_checkpoint_from_before_fp16_passes_the_check(tmp_path):
         run_folder.check_checkpoint(tmp_path, 0, PackTrainer.STATE_KEYS, steps=4)
 
 
-def minimal_run(folder: Path, results: pd.DataFrame, curves: pd.DataFrame | None = None) -> Path:
+def minimal_run(folder: Path, results: pd.DataFrame, curves: pd.DataFrame | None = None, task: str = "lst") -> Path:
     """A results folder as a sweep writes its top level: config.json, results.parquet (and curves.parquet)."""
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"settings": {"task": "lst"}}))
+    (folder / "config.json").write_text(json.dumps({"settings": {"task": task}}))
     results.to_parquet(folder / "results.parquet")
     if curves is not None:
         curves.to_parquet(folder / "curves.parquet")
@@ -1848,8 +1848,9 @@ def test_curves_of_the_wrong_schema_are_one_error(curves, must_name, tmp_path):
 def test_a_baseline_has_no_seed(tmp_path):
     """A task's baselines (baseline:NAME rows) are not trained from a seed: their empty seed reads."""
     from pe_fast.results.reading import load_run
-    results = pd.DataFrame({**GOOD, "pe": ["learned", "baseline:mean"], "seed": [1, None]})
-    assert load_run(minimal_run(tmp_path / "run", results)).results["pe"].tolist() == ["learned", "baseline:mean"]
+    results = pd.DataFrame({**GOOD, "task": ["fmri"] * 2, "pe": ["learned", "baseline:mean"], "seed": [1, None]})
+    assert load_run(minimal_run(tmp_path / "run", results, task="fmri")).results["pe"].tolist() == \
+        ["learned", "baseline:mean"]
 
 
 @pytest.mark.parametrize("holds, inside", [("packs/0/results.parquet", "packs/9"), ("results.parquet", "figures/x"),

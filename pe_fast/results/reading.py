@@ -54,6 +54,7 @@ class Run:
     pe_tables: dict[str, np.ndarray]
     notes: list[str]  # how the run was read (partial, derived results): shown at the top of report.md
     path: Path | None = None
+    diverged: tuple[str, ...] = ()  # the pe_tables keys left out of pe_tables for holding NaN or inf
     _loaded: dict = dataclasses.field(default_factory=dict, repr=False)  # packs, source folders, the task: once
 
     @property
@@ -70,6 +71,9 @@ class Run:
             known = sorted(int(i) for i in ids.dropna())
             raise ModelNotFound(f"model_id {model_id}: not a model of {self.path} (its models: {_id_ranges(known)})")
         key = run_folder.pe_table_key(model_id)
+        if key in self.diverged:
+            raise NoPETable(f"model {model_id}'s PE table in {self.path}'s {run_folder.PE_TABLES} holds NaN or inf: "
+                            f"its training diverged (its train_loss in run.results says so)")
         if key not in self.pe_tables:
             pe = self.results.loc[ids == model_id, "pe"].iloc[0]
             raise NoPETable(f"model {model_id} has no PE table in {self.path}: its PE is {pe!r}, "
@@ -148,6 +152,14 @@ class Run:
                     return f"model {model_id} seeded {seed!r}, where the run's results say {recorded.get(model_id)!r}"
         if (problem := pe_tables_problem(loaded, self.pe_tables)) is not None:
             return problem
+        if rows is not None and "train_loss" in rows:  # a diverged model's loss is not finite
+            losses = dict(zip(rows["model_id"].astype(int), pd.to_numeric(rows["train_loss"], errors="coerce")))
+            models = len(loaded.model_ids)
+            for m, model_id in enumerate(loaded.model_ids):
+                held = [t[m] for t in loaded.model.state_dict().values() if t.dim() and t.shape[0] == models]
+                if np.isfinite(losses.get(model_id, np.nan)) and not all(bool(t.isfinite().all()) for t in held):
+                    return (f"for model {model_id} weights that hold NaN or inf, where its train_loss in the results "
+                            f"is {losses[model_id]:.3g}")
         maps = self.pe_tables.get(run_folder.attention_map_key(loaded.model_ids[0]))
         if maps is not None:
             wanted["num_tokens"] = maps.shape[-1]
@@ -189,13 +201,7 @@ class Run:
         pattern = model.attention(tokens)
         if bool(torch.isfinite(pattern).all()):
             return pattern
-        if not all(bool(p.isfinite().all()) for p in model.parameters()):
-            loss = self.results.loc[self.results["model_id"] == model_id, "train_loss"] \
-                if "train_loss" in self.results else pd.Series(dtype=float)
-            if len(loss) and np.isfinite(loss.iloc[0]):  # a diverged model's loss is not finite
-                raise ReportError(f"model_id {model_id}: its weights hold NaN or Inf, where its train_loss in "
-                                  f"run.results is {float(loss.iloc[0]):.3g}: {self.path}'s weights file does not "
-                                  f"hold the model its sweep trained")
+        if not all(bool(p.isfinite().all()) for p in model.parameters()):  # opened: its train_loss is not finite
             raise ValueError(f"model_id {model_id}: its weights hold NaN or Inf (its training diverged; its "
                              f"train_loss in run.results says so), so its attention is not defined")
         item = int((~torch.isfinite(pattern).transpose(0, 1).flatten(1).all(1)).nonzero()[0])
@@ -853,7 +859,11 @@ def _read_run(directory: Path) -> Run:
     if not check_digests(directory) and _present(directory / run_folder.RESULTS):
         notes.append(f"no {run_folder.DIGESTS} (a folder of a pe_fast before 2026-12-07, or a sweep stopped as it "
                      f"finished): its files could not be checked against what the sweep wrote.")
-    return Run(config, results, curves, pe_tables, notes, path=directory)
+    run = Run(config, results, curves, pe_tables, notes, path=directory, diverged=tuple(diverged))
+    for index in finished:  # each opened as run.pack(i) opens it, so that every reader refuses what it refuses
+        if _present(run_folder.pack_folder(directory, index) / run_folder.WEIGHTS) and isinstance(packs, list):
+            run.pack(index)
+    return run
 
 
 def check_not_a_pack(directory: Path):
