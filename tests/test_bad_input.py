@@ -1776,6 +1776,32 @@ def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp
     assert snapshot(folder) == before  # no figure, no report.md written before the refusal
 
 
+BASELINE_ROWS = {"task": ["fmri"] * 3, "pe": ["learned", "baseline:mean", "baseline:linear"],
+                 "sigma": [0.2, None, None], "seed": [1, None, None], "model_id": [0, 1, 2], "pack": [0, -1, -1],
+                 "test_r2": [0.3, 0.1, 0.4]}
+
+
+# second held-out round (issue 55): baseline rows no sweep writes were read, and listed in report.md
+@pytest.mark.parametrize("change, must_name", [
+    ({"pe": ["learned", "baseline:mean", "baseline:mean"]}, "column pe names 'baseline:mean' twice"),
+    ({"sigma": [0.2, 0.5, None]}, "column sigma holds 0.5 for 'baseline:mean', where a baseline's is empty"),
+    ({"seed": [1, 2235, None]}, "column seed holds 2235.0 for 'baseline:mean'"),
+    ({"pack": [0, 0, -1]}, "column pack holds 0 for 'baseline:mean', where a baseline's is -1"),
+    ({"pe": ["learned", "baseline:mean", "baseline:evil"]},
+     "column pe holds 'baseline:evil', not a baseline task fmri writes"),
+])
+def test_a_baseline_row_no_sweep_writes_is_one_error(change, must_name, tmp_path, capsys):
+    from pe_fast.results.reading import ReportError, load_run
+    assert len(load_run(minimal_run(tmp_path / "good", pd.DataFrame(BASELINE_ROWS), task="fmri")).results) == 3
+    folder = minimal_run(tmp_path / "bad", pd.DataFrame({**BASELINE_ROWS, **change}), task="fmri")
+    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
+        load_run(folder)
+    assert must_name in str(refused.value)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before
+
+
 def test_a_curves_pe_name_that_no_sweep_writes_is_one_error(tmp_path, capsys):
     """Only results.parquet's pe column was checked: a curves row's PE name reached report.md's convergence line."""
     from pe_fast.results.reading import ReportError, load_run

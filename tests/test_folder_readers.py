@@ -266,6 +266,12 @@ TAMPERS = {
                                "entry model_0 is a 3-axis int64 array of shape"),
     "a PE table holding NaN where its PE was scored": (pe_tables_changed(lambda t: t.update(model_0=with_nan(
         t["model_0"]))), "entry model_0 holds NaN or inf, where the results score model 0's PE"),
+    "an attention map holding NaN where its model's loss is finite": (
+        pe_tables_changed(lambda t: t.update(attention_map_0=with_nan(t["attention_map_0"]))),
+        "entry attention_map_0 holds NaN or inf, where model 0's train_loss in the results is"),
+    "an attention map whose rows do not sum to 1": (
+        pe_tables_changed(lambda t: t.update(attention_map_0=t["attention_map_0"] * 0.5)),
+        "entry attention_map_0 has rows that do not sum to 1"),
     "a PE table of a model the results do not hold": (
         pe_tables_changed(lambda t: t.update(model_99=t["model_0"])), "entry model_99 is for model 99, which"),
     "weights scaled, their header kept": (weights_scaled_keeping_their_header,

@@ -197,7 +197,7 @@ def test_fmri_report_with_baselines_and_many_sigmas(tmp_path):
     rng = np.random.default_rng(1)
     sigmas = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0]  # more than 8: the colour-bar layout
     models = grid({"learned": sigmas, "sinnd": [np.nan]}, seeds=2)
-    baselines = [dict(model_id=len(models) + k, pe=f"baseline:{name}", sigma=np.nan, seed=0, pack=-1)
+    baselines = [dict(model_id=len(models) + k, pe=f"baseline:{name}", sigma=np.nan, seed=np.nan, pack=-1)
                  for k, name in enumerate(("mean", "linear"))]
     trained = synthetic_rows("fmri", models, layers=2, heads=1, probes=["same_network", "near_3d"], rng=rng)
     base = pd.DataFrame([dict(task="fmri", **b, steps=0, test_mse=1.0 + 0.1 * k, test_r2=0.05 * k)

@@ -566,6 +566,10 @@ def read_pe_tables(path: Path) -> dict[str, np.ndarray]:
             wanted = f"[blocks, {tokens}, {tokens}]" if square else f"[{tokens}, width] or [blocks, {tokens}, width]"
             raise ReportError(f"{path}: entry {key} has shape {written}, not {wanted} as the first "
                               f"entry's {tokens} tokens; not a pe_fast results folder")
+        sums = table.sum(-1, dtype=np.float64) if square else None  # a mean of softmax rows: each sums to 1
+        if square and (np.abs(sums[np.isfinite(sums)] - 1) > 1e-3).any():
+            raise ReportError(f"{path}: entry {key} has rows that do not sum to 1, as no mean attention map's do; "
+                              f"not a pe_fast results folder")
     return tables
 
 
@@ -631,6 +635,11 @@ def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray
             raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} is for model {model_id}, which the "
                               f"results do not hold: not this run's tables")
         if not key.startswith(run_folder.PE_TABLE):
+            loss = pd.to_numeric(pd.Series([ids[model_id].get("train_loss", np.nan)]), errors="coerce").iloc[0]
+            if np.isfinite(loss) and not np.isfinite(table).all():
+                raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} holds NaN or inf, where model "
+                                  f"{model_id}'s train_loss in the results is {loss:.3g}, as no diverged model's: not "
+                                  f"the map its sweep wrote")
             continue
         if type(width) is int and table.shape[-1] != width:
             raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} is {table.shape[-1]} wide, where "
@@ -1113,6 +1122,18 @@ def check_columns(directory: Path, results: pd.DataFrame, curves: pd.DataFrame, 
             bad = [v for v in frame[name].dropna().unique() if v not in choices] if name in frame else []
             if bad:
                 refuse(table, f"column {name} holds {_shown(bad[0])}, not one of {', '.join(choices)}")
+    # a baseline is one row, fitted once: no σ, no seed, trained in no pack (-1)
+    baselines = results[is_baseline(results["pe"])]
+    if (twice := baselines["pe"][baselines["pe"].duplicated()]).size:
+        refuse("results", f"column pe names {_shown(twice.iloc[0])} twice, where a sweep writes each baseline once")
+    for name, value in (("sigma", None), ("seed", None), ("pack", -1)):
+        if name in baselines:
+            held = pd.to_numeric(baselines[name], errors="coerce")
+            wrong = held.notna() & (True if value is None else held != value)  # empty: not recorded
+            if wrong.any():
+                refuse("results", f"column {name} holds {_shown(baselines[name][wrong].iloc[0])} for "
+                                  f"{_shown(baselines['pe'][wrong].iloc[0])}, where a baseline's is "
+                                  f"{'empty' if value is None else value}")
     sigma = _numbers(results["sigma"])  # every column but the text ones is stored as numbers (check_parquet_schema)
     if ((sigma <= 0) | np.isinf(sigma)).any():
         refuse("results", f"column sigma holds {sigma[(sigma <= 0) | np.isinf(sigma)].iloc[0]:g}; σ is finite and "
