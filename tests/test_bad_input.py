@@ -1732,6 +1732,18 @@ def minimal_run(folder: Path, results: pd.DataFrame, curves: pd.DataFrame | None
     return folder
 
 
+def refused_by_load_run_and_the_report(folder: Path, must_name: str, capsys):
+    """load_run raises a ReportError naming it; the report says it in one line and writes nothing (no figure, no
+    report.md before the refusal)."""
+    from pe_fast.results.reading import ReportError, load_run
+    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
+        load_run(folder)
+    assert must_name in str(refused.value)
+    before = snapshot(folder)
+    assert_one_line(capsys, report_main([str(folder)]), must_name)
+    assert snapshot(folder) == before
+
+
 GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "seed": [1, 1], "model_id": [0, 1],
         "ood_acc": [0.5, 0.6]}
 
@@ -1765,15 +1777,10 @@ GOOD = {"task": ["lst"] * 2, "pe": ["learned", "sin2d"], "sigma": [0.2, None], "
     ({"ood_acc": [1e308, -1e308]}, "column ood_acc holds 1e+308, beyond any float32"),
 ])
 def test_a_results_table_of_the_wrong_schema_is_one_error(change, must_name, tmp_path, capsys):
-    from pe_fast.results.reading import ReportError, load_run
+    from pe_fast.results.reading import load_run
     assert len(load_run(minimal_run(tmp_path / "good", pd.DataFrame(GOOD))).results) == 2  # the good one reads
     folder = minimal_run(tmp_path / "bad", pd.DataFrame({**GOOD, **change}))
-    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
-        load_run(folder)
-    assert must_name in str(refused.value)
-    before = snapshot(folder)
-    assert_one_line(capsys, report_main([str(folder)]), must_name)
-    assert snapshot(folder) == before  # no figure, no report.md written before the refusal
+    refused_by_load_run_and_the_report(folder, must_name, capsys)
 
 
 BASELINE_ROWS = {"task": ["fmri"] * 3, "pe": ["learned", "baseline:mean", "baseline:linear"],
@@ -1791,15 +1798,10 @@ BASELINE_ROWS = {"task": ["fmri"] * 3, "pe": ["learned", "baseline:mean", "basel
      "column pe holds 'baseline:evil', not a baseline task fmri writes"),
 ])
 def test_a_baseline_row_no_sweep_writes_is_one_error(change, must_name, tmp_path, capsys):
-    from pe_fast.results.reading import ReportError, load_run
+    from pe_fast.results.reading import load_run
     assert len(load_run(minimal_run(tmp_path / "good", pd.DataFrame(BASELINE_ROWS), task="fmri")).results) == 3
     folder = minimal_run(tmp_path / "bad", pd.DataFrame({**BASELINE_ROWS, **change}), task="fmri")
-    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
-        load_run(folder)
-    assert must_name in str(refused.value)
-    before = snapshot(folder)
-    assert_one_line(capsys, report_main([str(folder)]), must_name)
-    assert snapshot(folder) == before
+    refused_by_load_run_and_the_report(folder, must_name, capsys)
 
 
 def test_a_curves_pe_name_that_no_sweep_writes_is_one_error(tmp_path, capsys):
@@ -1829,15 +1831,9 @@ def test_a_curves_pe_name_that_no_sweep_writes_is_one_error(tmp_path, capsys):
     ({"attention_map_1": np.full((1, 16, 16), 7.0)}, "entry attention_map_1 holds numbers beyond any probability"),
 ])
 def test_a_pe_table_that_is_not_a_table_is_one_error(entries, must_name, tmp_path, capsys):
-    from pe_fast.results.reading import ReportError, load_run
     folder = minimal_run(tmp_path / "run", pd.DataFrame(GOOD))
     np.savez(folder / "pe_tables.npz", model_1=np.zeros((16, 8)), **entries)
-    with pytest.raises(ReportError, match="not a pe_fast results folder") as refused:
-        load_run(folder)
-    assert must_name in str(refused.value)
-    before = snapshot(folder)
-    assert_one_line(capsys, report_main([str(folder)]), must_name)
-    assert snapshot(folder) == before
+    refused_by_load_run_and_the_report(folder, must_name, capsys)
 
 
 def test_a_big_endian_pe_table_is_its_numbers_and_an_entry_stored_twice_is_refused(tmp_path):
