@@ -272,6 +272,15 @@ TAMPERS = {
     "an attention map whose rows do not sum to 1": (
         pe_tables_changed(lambda t: t.update(attention_map_0=t["attention_map_0"] * 0.5)),
         "entry attention_map_0 has rows that do not sum to 1"),
+    # held-out round (issue 55): tables of another depth, or removed, were read as the models'
+    "an attention map of more blocks than the models'": (
+        pe_tables_changed(lambda t: t.update(attention_map_0=np.concatenate([t["attention_map_0"]] * 2))),
+        "entry attention_map_0 holds tables for 2 blocks, where the settings' models have 1"),
+    "a PE table of more blocks than the models'": (
+        pe_tables_changed(lambda t: t.update(model_0=np.concatenate([t["model_0"]] * 2))),
+        "entry model_0 holds tables for 2 blocks, where the settings' models have 1"),
+    "a PE table removed where its PE was scored": (pe_tables_changed(lambda t: t.pop("model_0")),
+                                                   "holds no PE table for model 0, where the results score its PE"),
     "a PE table of a model the results do not hold": (
         pe_tables_changed(lambda t: t.update(model_99=t["model_0"])), "entry model_99 is for model 99, which"),
     "weights scaled, their header kept": (weights_scaled_keeping_their_header,

@@ -520,6 +520,33 @@ def test_weights_whose_header_disagrees_with_the_run_are_found_out(path, value, 
         pe_fast.load_run(folder)
 
 
+@pytest.mark.parametrize("dims, why", [
+    ((6, 4), "its models take 6 values a token and predict 4, where task lst's take 5 and predict 4"),
+    ((5, 7), "its models take 5 values a token and predict 7")])
+def test_weights_of_another_tasks_tokens_are_found_out(dims, why, tmp_path, lst_run):
+    """Held-out round (issue 55): the header's token_dim or out_dim edited and the embedding or head widened to
+    match, digests rewritten: a file consistent in itself, opened as this run's models, whose inputs the task's
+    items then did not fit."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    folder = tmp_path / "edited"
+    shutil.copytree(lst_run.path, folder)
+    path = folder / "packs" / "0" / run_folder.WEIGHTS
+    with safe_open(str(path), "pt") as file:
+        metadata = file.metadata()
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    (M, token_dim, D), out_dim = tensors["embed.weight"].shape, tensors["head.bias"].shape[1]
+    tensors["embed.weight"] = torch.zeros(M, dims[0], D)
+    tensors["head.weight"], tensors["head.bias"] = torch.zeros(M, D, dims[1]), torch.zeros(M, dims[1])
+    meta = json.loads(metadata["pe_fast"])
+    assert (meta["model_config"]["token_dim"], meta["model_config"]["out_dim"]) == (token_dim, out_dim) == (5, 4)
+    meta["model_config"].update(token_dim=dims[0], out_dim=dims[1])
+    save_file(tensors, str(path), metadata={"pe_fast": json.dumps(meta)})
+    run_folder.write_digests(path.parent)
+    with pytest.raises(ReportError, match=why):
+        pe_fast.load_run(folder)
+
+
 def test_pe_tables_swapped_between_models_are_found_out(tmp_path, lst_run):
     """Two models' tables swapped in pe_tables.npz (the pack's and the folder's), digests rewritten to match:
     run.pe_table(i) returned the other model's table without a word, and --resume took the pack as finished."""

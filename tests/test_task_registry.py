@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from sweep_harness import narrowed
+from sweep_harness import TINY_NETSIM, narrowed, settings_of
 
 from pe_fast.report.cli import main as report_main
 from pe_fast.sweep.program import main as sweep_main
@@ -95,6 +95,7 @@ TOY = TaskKind(
     load=lambda s: ToyTask(s.toy_items),
     readout_token=ToyTask.readout_token,
     baselines=(),
+    model_dims=lambda s: (FEATURES, 2),
 )
 FLAGS = ["--task", "toy", "--preset", "tiny", "--toy-items", "32", "--threads", "1"]
 
@@ -169,3 +170,16 @@ def test_resume_refuses_a_changed_toy_setting(toy_run, capsys):
     (toy_run / "results.parquet").unlink()
     assert sweep_main(["--resume", "--out", str(toy_run), "--toy-items", "16"]) == 2
     assert "--toy-items 16 differs from its 32" in capsys.readouterr().err
+
+
+# every registered task at its defaults (netsim's small), and the settings that change its tokens
+@pytest.mark.parametrize("flags", [["--task", name] for name in KINDS if name != "netsim"] + [
+    TINY_NETSIM, ["--task", "fmri", "--window", "3"], ["--task", "digits", "--tokens", "patches"],
+    ["--task", "digits_class", "--tokens", "patches"]])
+def test_each_task_s_model_dims_are_those_its_task_builds(flags):
+    """TaskKind.model_dims, which a weights file's embedding and head are checked against without loading the
+    task, is what the loaded task gives its models."""
+    from pe_fast.sweep.task_loading import load_task
+    s = settings_of(*flags)
+    task = load_task(s)
+    assert KINDS[s.task].model_dims(s.to_json()) == (task.token_dim, task.num_classes)

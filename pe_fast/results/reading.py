@@ -623,17 +623,26 @@ def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray
                                 settings: dict):
     """Each pe_tables.npz entry belongs to a model the results hold, a PE table is as wide as the settings' models,
     and one that holds NaN or inf (a diverged model's) has NaN PE scores in the results, as a diverged model's
-    are; else one ReportError naming the entry: the figures and run.pe_table(i) read a table by its model id."""
+    are; a table and a mean attention map cover the blocks the settings' models have, and tables, where there are
+    any, are there for every model whose PE the results score; else one ReportError naming the entry: the figures
+    and run.pe_table(i) read a table by its model id."""
     trained = results[~is_baseline(results["pe"])]
     ids = {int(i): row for i, (_, row) in zip(trained["model_id"], trained.iterrows()) if pd.notna(i)}
-    width = settings.get("width")
+    width, depth = settings.get("width"), settings.get("depth")
     task = _task_kind(settings)
     scores = [c for c in (task.view.similarity if task else ()) if c in results]
+    # the blocks each entry covers: a mean attention map per block; a PE table per block it is added at
+    pe_blocks = {"every": depth, "input": 1}.get(settings.get("pe_at"))
     for key, table in pe_tables.items():
         model_id = int(key.rsplit("_", 1)[1])
         if model_id not in ids:
             raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} is for model {model_id}, which the "
                               f"results do not hold: not this run's tables")
+        blocks = pe_blocks if key.startswith(run_folder.PE_TABLE) else depth
+        if type(blocks) is int and table.shape[0] != blocks:
+            raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} holds tables for {table.shape[0]} "
+                              f"blocks, where the settings' models have {blocks} (--depth, --pe-at): not this run's "
+                              f"table")
         if not key.startswith(run_folder.PE_TABLE):
             loss = pd.to_numeric(pd.Series([ids[model_id].get("train_loss", np.nan)]), errors="coerce").iloc[0]
             if np.isfinite(loss) and not np.isfinite(table).all():
@@ -649,6 +658,12 @@ def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray
             raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} holds NaN or inf, where the results "
                               f"score model {model_id}'s PE ({scored} {float(ids[model_id][scored]):.3g}), as no "
                               f"diverged model's: not the table its sweep wrote")
+    # a PE scored in the results was scored on its table, which a pe_tables.npz holds (docs/results keeps none)
+    for model_id, row in ids.items() if pe_tables else ():
+        scored = next((c for c in scores if np.isfinite(pd.to_numeric(row[c], errors="coerce"))), None)
+        if scored is not None and run_folder.pe_table_key(model_id) not in pe_tables:
+            raise ReportError(f"{directory}: {run_folder.PE_TABLES} holds no PE table for model {model_id}, where the "
+                              f"results score its PE ({scored} {float(row[scored]):.3g}): a table was removed")
 
 
 def _task_kind(settings: dict):
@@ -1027,6 +1042,14 @@ def check_pack_weights(directory: Path, index: int, model_ids: list[int] | None,
         raise ReportError(f"{path}: its models predict {_prediction_site(config.readout_token)}, where task "
                           f"{task.name}'s predict {_prediction_site(task.readout_token)}: not this run's pack, or a "
                           f"file was edited")
+    try:  # what its settings recorded (checked before any pack is read) make the task's tokens
+        dims = task.model_dims(settings) if task is not None else None
+    except (KeyError, TypeError):
+        dims = None
+    if dims is not None and (config.token_dim, config.out_dim) != dims:
+        raise ReportError(f"{path}: its models take {config.token_dim} values a token and predict {config.out_dim}, "
+                          f"where task {task.name}'s take {dims[0]} and predict {dims[1]} with its settings: not "
+                          f"this run's pack, or a file was edited")
     if settings and "backend" in settings and config.backend != settings["backend"]:
         raise ReportError(f"{path}: its models were built for backend {config.backend!r:.20}, where config.json's "
                           f"settings say {settings['backend']!r:.20}: not this run's pack, or a file was edited")

@@ -126,6 +126,9 @@ class TaskKind:
     load: Callable[..., Task]   # the sweep's Settings -> the Task (ValueError / DataError for bad input)
     readout_token: int | None   # its Task class's readout_token, named here for readers that load no task
     baselines: tuple[str, ...]  # every baseline (results pe "baseline:…") its Task may write, whatever the data
+    # the settings -> (token_dim, out_dim) of its Task's models: values a token carries in and predicts, named here
+    # for readers that load no task (a weights file's embedding and head are checked against them)
+    model_dims: Callable[[dict], tuple[int, int]]
     # A rule across this task's settings: (the settings, the flags given) -> what is wrong, or None
     check: Callable[[dict, set[str]], str | None] = lambda settings, given: None
 

@@ -61,6 +61,9 @@ def patch_mask_as_pixels(mask: torch.Tensor) -> torch.Tensor:
     return mask[:, torch.from_numpy(patch_of_pixel)]
 
 
+PATCH_DIMS = (PATCH * PATCH + 1, PATCH * PATCH)  # a masked patch task's token_dim, num_classes: 4 pixels and the flag
+
+
 class DigitsTask(MaskedRegionTask):
     """The masked-region task on the digits, its PEs built on the 2D token grid (the region tasks' sinnd and
     distance measures on the same grid, as the data's "centroids" in a plane). `data`: the pixels' region data
@@ -103,7 +106,8 @@ class DigitsTask(MaskedRegionTask):
         self.gradients = reference_gradients(self.data)
         self.pixel_covariance = self.train_covariance  # the linear reference predicts pixels from pixels
         N = len(self.data.labels)
-        self.num_tokens, self.token_dim, self.num_classes = N, PATCH * PATCH + 1, PATCH * PATCH
+        self.num_tokens = N
+        self.token_dim, self.num_classes = PATCH_DIMS
         self.num_masked = max(1, min(N - 1, round(mask_fraction * N)))
         generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
         for split_name, part in self.splits.items():
@@ -249,6 +253,8 @@ KIND = TaskKind(
     load=load,
     readout_token=DigitsTask.readout_token,
     baselines=ALL_BASELINES,
+    # a patch's 4 pixels are its values (--window 1); a pixel's, its window of one
+    model_dims=lambda s: PATCH_DIMS if s["tokens"] == "patches" else MaskedRegionTask.model_dims(s),
 )
 
 CLASS_KIND = TaskKind(
@@ -267,5 +273,6 @@ CLASS_KIND = TaskKind(
     load=lambda s: DigitClassTask(s.train_images, s.tokens),
     readout_token=DigitClassTask.readout_token,
     baselines=CLASS_BASELINES,
+    model_dims=lambda s: (PATCH * PATCH if s["tokens"] == "patches" else 1, DigitClassTask.num_classes),
 )
 

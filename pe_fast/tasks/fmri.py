@@ -82,4 +82,5 @@ KIND = TaskKind(
     load=load,
     readout_token=MaskedRegionTask.readout_token,
     baselines=ALL_BASELINES,
+    model_dims=MaskedRegionTask.model_dims,
 )

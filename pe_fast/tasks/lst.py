@@ -237,4 +237,5 @@ KIND = TaskKind(
     load=lambda s: LSTTask(train_path=s.lst_train, ood_path=s.lst_ood),
     readout_token=LSTTask.readout_token,
     baselines=(),
+    model_dims=lambda s: (LSTTask.token_dim, LSTTask.num_classes),
 )

@@ -185,6 +185,11 @@ class MaskedRegionTask:
     attention_split = "test"  # the split whose attention statistics are recorded at each evaluation
     num_classes: int      # the output width per token = the window (the name is the model builder's)
 
+    @staticmethod
+    def model_dims(settings: dict) -> tuple[int, int]:
+        """(token_dim, num_classes) for the settings: a window of values and the mask flag in, the window out."""
+        return settings["window"] + 1, settings["window"]
+
     def __init__(self, data, name: str, mask_fraction: float = 0.2, window: int = 1, split: str = "subject",
                  eval_max_items: int = 4096):
         if not 0 < mask_fraction < 1:
@@ -200,7 +205,8 @@ class MaskedRegionTask:
         self.data_kind = data.kind  # real fMRI, simulated from real FC, or a simulated network: never mixed up
         self.data_line = f"data: {data.kind}: {data.source}"
         N = len(data.labels)
-        self.num_tokens, self.token_dim, self.num_classes = N, window + 1, window
+        self.num_tokens = N
+        self.token_dim, self.num_classes = self.model_dims({"window": window})
         self.num_masked = max(1, min(N - 1, round(mask_fraction * N)))
         train_runs, test_runs = split_runs(list(data.subjects), list(data.run_names), split)
 

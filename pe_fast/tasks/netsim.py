@@ -103,4 +103,5 @@ KIND = TaskKind(
     load=lambda s: MaskedRegionTask.from_settings(simulated_network(s), s),
     readout_token=MaskedRegionTask.readout_token,
     baselines=ALL_BASELINES,
+    model_dims=MaskedRegionTask.model_dims,
 )
