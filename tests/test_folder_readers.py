@@ -170,6 +170,15 @@ def config_settings(**changes):
     return spoil
 
 
+def config_task(change):
+    """config.json's task, the description of the sweep's data, changed (change(task))."""
+    def spoil(folder):
+        config = json.loads((folder / run_folder.CONFIG).read_text())
+        change(config["task"])
+        (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    return spoil
+
+
 def config_with_models(models):
     def spoil(folder):
         config = json.loads((folder / run_folder.CONFIG).read_text())
@@ -304,6 +313,11 @@ TAMPERS = {
     "the settings' width edited": (config_settings(width=16), "its models have width 8, where config.json's"),
     # ... and in what no model lists: each pack's record of its settings (trained_with.json) says otherwise
     "the settings' warmup edited": (config_settings(warmup=7), "says --warmup 7, not 0 as"),
+    # held-out round (issue 55): the data's description edited or removed was read by the report and --resume
+    "config.json's task edited": (config_task(lambda task: task["sizes"].update(train=9000)),
+                                   "config.json: its task, the description of the sweep's data, has changed"),
+    "config.json's task emptied": (config_task(lambda task: task.clear()),
+                                   "config.json: its task, the description of the sweep's data, has changed"),
     # config.json's list of models as no sweep writes it (the readers and --resume each say "models lists ...")
     "a models entry with a key no sweep writes": (config_model_0(lambda m: m.update(evil=1)), "models lists"),
     "a models entry without its seed": (config_model_0(lambda m: m.pop("seed")), "models lists"),
@@ -437,6 +451,7 @@ def test_compare_lst_logs_refuses_a_training_size_that_is_not_a_count(sizes, fin
     spoil, shown = SIZES[sizes]
     spoil(config)
     (folder / run_folder.CONFIG).write_text(json.dumps(config))
+    run_folder.write_digests(folder)  # rewritten too, as whoever edits a folder can: the description is read
     assert compare_lst_logs.main([str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{shown}, not the training split's number" in err, err

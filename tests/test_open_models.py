@@ -249,6 +249,8 @@ def test_a_pe_table_takes_the_model_ids_a_model_takes(lst_run):
 @pytest.mark.parametrize("inputs, error, why", [
     ("abc", TypeError, "not a tensor"),
     (torch.zeros(2, 16, 5, dtype=torch.complex64), TypeError, "complex"),  # its imaginary part once dropped
+    # a mask taken as 0 / 1 tokens without a word (held-out round, issue 55)
+    (torch.zeros(2, 16, 5, dtype=torch.bool), TypeError, "torch.bool values are a mask"),
     (torch.zeros(2, 16, 5).to_sparse(), TypeError, "a sparse_coo tensor; pass a dense one"),  # torch's RuntimeError
     (torch.zeros(2, 7), ValueError, "must be"),  # the model's own message named `tokens`
     (torch.zeros(2, 16, 5, device="meta"), ValueError, "meta"),  # torch's RuntimeError
@@ -308,12 +310,16 @@ def test_a_data_file_changed_after_the_sweep_is_named_by_the_run(tmp_path):
                          ids=["a size", "sizes of another kind"])
 def test_the_task_a_run_describes_is_the_task_its_inputs_come_from(edit, tmp_path, lst_run):
     """config.json's task description edited (8,100 training puzzles said to be 5): --resume refused it, while
-    task_inputs served the loaded task's items as the run's."""
+    task_inputs served the loaded task's items as the run's. The folder's record of its files says so first; with
+    that record rewritten too, the task loaded from the settings does."""
     folder = tmp_path / "edited"
     shutil.copytree(lst_run.path, folder)
     config = json.loads((folder / "config.json").read_text())
     edit(config["task"])
     (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ReportError, match="config.json: its task, the description of the sweep's data, has changed"):
+        pe_fast.load_run(folder)
+    run_folder.write_digests(folder)
     with pytest.raises(ReportError, match="config.json: its task has sizes .*, where the task its settings load has"):
         pe_fast.load_run(folder).task_inputs("test")
 
@@ -611,17 +617,19 @@ def test_read_only_coordinates_are_saved_without_a_warning(tmp_path, recwarn):
 
 def test_a_model_takes_its_tokens_in_any_real_form_and_refuses_the_rest_naming_them(lst_run):
     """The single model's forward, run.attention and the hooks take the tokens as a tensor of another dtype, a
-    numpy array (big-endian too) or a nested list, each equal to the float32 tensor's result; complex values,
-    text, a meta tensor and a malformed hook are a TypeError or ValueError naming the argument."""
+    numpy array (big-endian too), a nested list or integers, each equal to the float32 tensor's result; complex
+    values, a mask, text, a meta tensor and a malformed hook are a TypeError or ValueError naming the argument."""
     model = lst_run.model(0)
     x = lst_run.task_inputs("test")[:5]
     expected = model(x).detach()
-    for same in (x.double(), x.numpy(), x.numpy().astype(">f4"), x.tolist()):
+    assert torch.equal(x, x.round())  # the LST's one-hot tokens: as integers, the same numbers
+    for same in (x.double(), x.numpy(), x.numpy().astype(">f4"), x.tolist(), x.long(), x.to(torch.int32)):
         torch.testing.assert_close(model(same).detach(), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lst_run.attention(0, x.numpy().astype(">f8")), lst_run.attention(0, x))
     refused = [(x.to(torch.complex64), TypeError, "tokens: torch.complex64 values are complex"),
                ("x", TypeError, "tokens: not a tensor or array of numbers"),
-               (x.to("meta"), ValueError, "tokens on the meta device")]
+               (x.to("meta"), ValueError, "tokens on the meta device"),
+               (x > 0, TypeError, "tokens: torch.bool values are a mask")]
     for tokens, error, message in refused:
         with pytest.raises(error, match=message):
             model(tokens)

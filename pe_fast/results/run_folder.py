@@ -255,9 +255,28 @@ def sha256(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
+# DIGESTS' key for config.json's task, the data's description: config.json itself is rewritten by --resume (its
+# runtime flags), the description is not, and the readers compare it with the data only when they load the task
+TASK_DESCRIPTION = "config.json task"
+
+
+def task_description_digest(folder: Path) -> str | None:
+    """The SHA-256 of config.json's task (as JSON, keys sorted), or None where there is none to read."""
+    try:
+        config = read_config(folder)
+    except (OSError, ValueError):
+        return None
+    task = config.get("task") if isinstance(config, dict) else None
+    return None if task is None else hashlib.sha256(json.dumps(task, sort_keys=True).encode()).hexdigest()
+
+
 def write_digests(folder: Path):
-    """DIGESTS: the SHA-256 of each of DIGESTED that folder holds, written after them."""
-    write_json(folder / DIGESTS, {name: sha256(folder / name) for name in DIGESTED if (folder / name).is_file()})
+    """DIGESTS: the SHA-256 of each of DIGESTED that folder holds, and of its config.json's task, written after
+    them."""
+    record = {name: sha256(folder / name) for name in DIGESTED if (folder / name).is_file()}
+    if (folder / CONFIG).is_file() and (task := task_description_digest(folder)) is not None:
+        record[TASK_DESCRIPTION] = task
+    write_json(folder / DIGESTS, record)
 
 
 class ChangedFile(ValueError):
@@ -281,8 +300,9 @@ def check_pack_files(folder: Path):
 
 def check_digests(folder: Path) -> bool:
     """Each file DIGESTS names is the one its writer wrote (ChangedFile naming the first that is not, or one it
-    names that is gone), and no file of DIGESTED was added since; False where the folder has no record (an older
-    pe_fast's, or a sweep stopped between its last file and the record)."""
+    names that is gone), as is config.json's task where it records one, and no file of DIGESTED was added since;
+    False where the folder has no record (an older pe_fast's, or a sweep stopped between its last file and the
+    record)."""
     path = folder / DIGESTS
     if not path.exists() and not path.is_symlink():
         return False
@@ -292,7 +312,7 @@ def check_digests(folder: Path) -> bool:
         record = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
     except (ValueError, UnicodeDecodeError, RecursionError):
         record = None
-    if not (isinstance(record, dict) and set(record) <= set(DIGESTED) and all(
+    if not (isinstance(record, dict) and set(record) <= {*DIGESTED, TASK_DESCRIPTION} and all(
             isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in record.values())):
         raise ChangedFile(f"{path} is not the record of its folder's files a pe_fast writes")
     for name in DIGESTED:
@@ -306,6 +326,9 @@ def check_digests(folder: Path) -> bool:
         if sha256(file) != record[name]:
             raise ChangedFile(f"{file} has changed since it was written (its SHA-256 is not the one {DIGESTS} "
                               f"records: edited, or damaged in a copy)")
+    if TASK_DESCRIPTION in record and task_description_digest(folder) != record[TASK_DESCRIPTION]:
+        raise ChangedFile(f"{folder / CONFIG}: its task, the description of the sweep's data, has changed since the "
+                          f"folder was written (its SHA-256 is not the one {DIGESTS} records): edited, or removed")
     return True
 
 
