@@ -176,6 +176,21 @@ def test_subclasses_are_the_values_they_hold_and_their_methods_are_not_called(tm
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_folder_name_s_control_characters_stay_escaped_in_load_run_s_message(tmp_path):
+    """Held-out round (issue 55): the command line escaped them, the Python API's ReportError held a raw line
+    break (a message of two lines) and a raw NUL."""
+    from pe_fast.results.reading import ReportError
+    for name in ("run\nINJECTED", "run\x00", "run\x1b[31m"):
+        with pytest.raises(ReportError) as refused:
+            pe_fast.load_run(str(tmp_path / name))
+        message = str(refused.value)
+        assert not any(c in message for c in "\n\x00\x1b") and repr(name)[1:-1] in message, message
+    folder = tmp_path / "a\nb"
+    folder.mkdir()
+    with pytest.raises(ReportError, match=r"a\\nb is not a results folder"):
+        pe_fast.load_run(folder)
+
+
 def test_arguments_of_a_wrong_type_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError, match="load_run: directory: expected a path"):

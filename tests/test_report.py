@@ -263,7 +263,14 @@ def test_bad_input_stops_with_one_line(tmp_path, capsys):
     deep = tmp_path / "deep"
     deep.mkdir()
     (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # Python's JSON reader recurses
-    for argv, message in (([str(empty)], "no results yet"), ([str(corrupt)], "not a readable parquet"),
+    # a folder of anything else, a link deep inside it: named as no results folder, its tree not walked (held-out
+    # round, issue 55: the report blamed the link, and walked all of /usr)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "sub" / "etc").symlink_to("/etc")
+    for argv, message in (([str(empty)], "empty is not a results folder (no config.json"),
+                          ([str(elsewhere)], "elsewhere is not a results folder"),
+                          ([str(corrupt)], "not a readable parquet"),
                           ([str(deep)], "config.json is not a sweep's config"), ([], "usage")):
         assert report.main(argv) == 2
         err = capsys.readouterr().err

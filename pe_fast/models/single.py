@@ -171,8 +171,8 @@ class SingleTransformer(CheckedModule):
             self.pe_off = False
 
     def as_tokens(self, tokens, name: str = "tokens") -> Tensor:
-        """tokens as the model takes them: a tensor (or array, or nested list) of real numbers [items, N, token_dim],
-        in the model's dtype on its device; else a TypeError or ValueError naming the argument (`name`: the
+        """tokens as the model takes them: a tensor (or array, or nested list) of real numbers [items, N, token_dim]
+        (floating point or integer, not bool), in the model's dtype on its device; else a TypeError or ValueError naming the argument (`name`: the
         caller's)."""
         if not isinstance(tokens, Tensor):
             if isinstance(tokens, np.ndarray) and not tokens.dtype.isnative:  # big-endian: torch takes native only
@@ -187,6 +187,9 @@ class SingleTransformer(CheckedModule):
             raise TypeError(f"{name}: a {layout} tensor; pass a dense one (tokens.to_dense())")
         if tokens.is_quantized:  # its integers mean values only with its scale: dequantize() gives them
             raise TypeError(f"{name}: a quantized tensor ({tokens.dtype}); pass tokens.dequantize()")
+        if tokens.dtype == torch.bool:  # a mask (x > 0), which a cast would turn into 0 / 1 values without a word
+            raise TypeError(f"{name}: torch.bool values are a mask, the model takes numbers; pass the tokens "
+                            f"themselves (integers are taken as the numbers they are)")
         if tokens.is_complex():  # a cast would drop the imaginary part with a warning only
             raise TypeError(f"{name}: {tokens.dtype} values are complex, the model takes real ones")
         if tokens.device.type == "meta":

@@ -27,12 +27,20 @@ from pe_fast.results.settings import (FLAGS, FLOAT32_MAX, GRID_AXES, SettingErro
                                       check_executor_flags, check_range, check_ranges, check_task_rules, check_text,
                                       check_types, pe_dropout_of, trained_with)
 from pe_fast.precision import PRECISIONS
-from pe_fast.program_exit import brief
+from pe_fast.program_exit import brief, escaped
 from pe_fast.tasks import KINDS
 from pe_fast.train import COMPILE_MODES, OPTIMIZERS, UNTIL, compile_problem
 
 
-class ReportError(ValueError):
+class OneLineError(ValueError):
+    """An error whose message is one line whoever prints it: the control characters of the names it quotes (a
+    folder's name holding a line break) shown as their escapes, as the programs' error line shows them."""
+
+    def __init__(self, message: object = ""):
+        super().__init__(escaped(str(message)))
+
+
+class ReportError(OneLineError):
     """A results folder the report cannot read: reported as one line, exit code 2; to a Python caller of
     load_run, a bad argument (a ValueError)."""
 
@@ -306,9 +314,15 @@ def check_task_recorded(directory: Path, config: dict, task):
     the sweep's start. A data file changed since would be scored, or resumed, as the run's data."""
     if (difference := task_description_difference(config.get("task"), task)) is not None:
         key, was, now = difference
-        raise ReportError(f"{directory / run_folder.CONFIG}: its task has {key} {brief(was)}, where the task its "
-                          f"settings load has {brief(now)}: the task's data changed since the sweep started (or "
-                          f"config.json was edited); use the data the sweep started with")
+        key = str(key)[:60]  # a key of the file's, its control characters escaped with the message (ReportError)
+        if was is NOT_DESCRIBED:
+            found = f"lacks {key}, where the task its settings load has {key} {brief(now)}"
+        elif now is NOT_DESCRIBED:
+            found = f"has {key} {brief(was)}, which the task its settings load does not describe"
+        else:
+            found = f"has {key} {brief(was)}, where the task its settings load has {brief(now)}"
+        raise ReportError(f"{directory / run_folder.CONFIG}: its task {found}: the task's data changed since the "
+                          f"sweep started (or config.json was edited); use the data the sweep started with")
     check_ground_truth(directory, task, config.get("settings") or {})
 
 
@@ -334,7 +348,7 @@ def check_ground_truth(directory: Path, task, settings: dict):
 
 def task_description_difference(recorded, task) -> tuple[str, object, object] | None:
     """(key, recorded value, loaded value) where config.json's task description differs from the task loaded from
-    its settings (its data's sizes, runs, split, conditions), or None. Not its sources (a path, a package's
+    its settings (its data's sizes, runs, split, conditions), or None; NOT_DESCRIBED for a value one lacks. Not its sources (a path, a package's
     version), which the recorded settings fix: pe_fast installed elsewhere still reads or resumes the run. An older
     folder's record has no description: None."""
     if recorded is None:
@@ -344,10 +358,14 @@ def task_description_difference(recorded, task) -> tuple[str, object, object] | 
     loaded = json.loads(json.dumps(task.description))  # as config.json holds it: lists for tuples
     differing = [key for key in sorted({*recorded, *loaded}, key=lambda key: (key != "task", str(key)))  # name first
                  if not str(key).endswith("source") and recorded.get(key) != loaded.get(key)]
-    return (differing[0], recorded.get(differing[0]), loaded.get(differing[0])) if differing else None
+    return (differing[0], recorded.get(differing[0], NOT_DESCRIBED), loaded.get(differing[0], NOT_DESCRIBED)) \
+        if differing else None
 
 
-class ModelNotFound(ValueError):
+NOT_DESCRIBED = object()  # task_description_difference's value of a key one description lacks
+
+
+class ModelNotFound(OneLineError):
     """A model id, pack or split a run does not have (a caller's argument)."""
 
 
@@ -355,7 +373,7 @@ class NoPETable(KeyError, ValueError):
     """A model of the run without a PE table (a lookup that finds nothing, and a caller's bad argument)."""
 
     def __str__(self):  # KeyError's would quote the message
-        return str(self.args[0])
+        return escaped(str(self.args[0]))
 
 
 def _whole(value) -> int | None:
@@ -750,6 +768,11 @@ def _read_run(directory: Path) -> Run:
         raise ReportError(f"{directory}: {error.strerror or error}; pass a sweep's results folder") from None
     if not folder:
         raise ReportError(f"{directory} is not a folder; pass a sweep's results folder (--out of pe_fast.sweep)")
+    if not any(_present(directory / name) for name in (run_folder.CONFIG, run_folder.RESULTS, run_folder.CURVES,
+                                                       "packs")):  # nothing of a sweep's: its tree is not walked
+        check_not_a_pack(directory)  # DIR/packs or one pack: named as the sweep's
+        raise ReportError(f"{directory} is not a results folder (no {run_folder.CONFIG}, {run_folder.RESULTS}, "
+                          f"{run_folder.CURVES} or packs/); pass a sweep's results folder (--out of pe_fast.sweep)")
     try:  # what is read comes from inside DIR, and what the report writes goes there
         run_folder.check_inside(directory)
     except run_folder.LeavesFolder as error:
