@@ -172,8 +172,8 @@ class SingleTransformer(CheckedModule):
 
     def as_tokens(self, tokens, name: str = "tokens") -> Tensor:
         """tokens as the model takes them: a tensor (or array, or nested list) of real numbers [items, N, token_dim]
-        (floating point or integer, not bool), in the model's dtype on its device; else a TypeError or ValueError naming the argument (`name`: the
-        caller's)."""
+        (floating point or integer, not bool), in the model's dtype on its device; else a TypeError or ValueError
+        naming the argument (`name`: the caller's)."""
         if not isinstance(tokens, Tensor):
             if isinstance(tokens, np.ndarray) and not tokens.dtype.isnative:  # big-endian: torch takes native only
                 tokens = tokens.astype(tokens.dtype.newbyteorder("="))

@@ -348,9 +348,9 @@ def check_ground_truth(directory: Path, task, settings: dict):
 
 def task_description_difference(recorded, task) -> tuple[str, object, object] | None:
     """(key, recorded value, loaded value) where config.json's task description differs from the task loaded from
-    its settings (its data's sizes, runs, split, conditions), or None; NOT_DESCRIBED for a value one lacks. Not its sources (a path, a package's
-    version), which the recorded settings fix: pe_fast installed elsewhere still reads or resumes the run. An older
-    folder's record has no description: None."""
+    its settings (its data's sizes, runs, split, conditions), or None; NOT_DESCRIBED for a value one lacks. Not
+    its sources (a path, a package's version), which the recorded settings fix: pe_fast installed elsewhere still
+    reads or resumes the run. An older folder's record has no description: None."""
     if recorded is None:
         return None
     if not isinstance(recorded, dict):
