@@ -553,6 +553,42 @@ def test_weights_of_another_tasks_tokens_are_found_out(dims, why, tmp_path, lst_
         pe_fast.load_run(folder)
 
 
+def test_a_pe_table_added_for_a_model_without_one_is_found_out(tmp_path, lst_run):
+    """Held-out round (issue 55): a table under the id of a model whose PE adds none, added to the folder's
+    pe_tables.npz with its digests rewritten, was drawn by the report and returned by run.pe_table(i)."""
+    model_id = int(lst_run.results.query("pe == 'none'")["model_id"].iloc[0])
+    folder = tmp_path / "added"
+    shutil.copytree(lst_run.path, folder)
+    path = folder / run_folder.PE_TABLES
+    with np.load(path) as stored:
+        tables = {key: stored[key] for key in stored.files}
+    tables[run_folder.pe_table_key(model_id)] = next(t for k, t in tables.items() if k.startswith("model_"))
+    np.savez_compressed(path, **tables)
+    run_folder.write_digests(folder)
+    with pytest.raises(ReportError, match=f"entry model_{model_id} is a PE table of model {model_id}, whose PE "
+                                          "'none' adds none"):
+        pe_fast.load_run(folder)
+
+
+@pytest.mark.parametrize("edit, why", [
+    # a sweep's folder said to pool others: run.model(0) then said the run had no model 0
+    (lambda config: config.update(pooled_from=["/etc"]), "names the sweeps it pools .*, and the folder holds packs of "
+                                                         "its own"),
+    # a setting removed from config.json: the pack's untouched trained_with.json was blamed
+    (lambda config: config["settings"].pop("lr"), "config.json says no --lr, not .* as .*trained_with.json records"),
+], ids=["pooled_from added", "a setting removed"])
+def test_config_json_edited_is_named_not_the_files_beside_it(edit, why, tmp_path, lst_run, capsys):
+    """Held-out round (issue 55)."""
+    folder = tmp_path / "edited"
+    shutil.copytree(lst_run.path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ReportError, match=why):
+        pe_fast.load_run(folder)
+    assert report.main([str(folder)]) == 2 and capsys.readouterr().err.count("\n") == 1
+
+
 def test_pe_tables_swapped_between_models_are_found_out(tmp_path, lst_run):
     """Two models' tables swapped in pe_tables.npz (the pack's and the folder's), digests rewritten to match:
     run.pe_table(i) returned the other model's table without a word, and --resume took the pack as finished."""

@@ -661,6 +661,10 @@ def check_tables_are_the_models(directory: Path, pe_tables: dict[str, np.ndarray
             raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} holds tables for {table.shape[0]} "
                               f"blocks, where the settings' models have {blocks} (--depth, --pe-at): not this run's "
                               f"table")
+        pe = ids[model_id].get("pe")
+        if key.startswith(run_folder.PE_TABLE) and pe not in ADDITIVE_PES:
+            raise ReportError(f"{directory}: {run_folder.PE_TABLES} entry {key} is a PE table of model {model_id}, "
+                              f"whose PE {brief(pe)} adds none: not this run's table")
         if not key.startswith(run_folder.PE_TABLE):
             loss = pd.to_numeric(pd.Series([ids[model_id].get("train_loss", np.nan)]), errors="coerce").iloc[0]
             if np.isfinite(loss) and not np.isfinite(table).all():
@@ -790,6 +794,9 @@ def _read_run(directory: Path) -> Run:
                               f"settings, models and packs)")
         if run_folder.POOLED_FROM in config:
             check_pooled_from(directory, config[run_folder.POOLED_FROM])
+            if _present(directory / "packs"):  # the report pools finished sweeps into a folder of no packs
+                raise ReportError(f"{directory / run_folder.CONFIG} names the sweeps it pools (pooled_from), and the "
+                                  f"folder holds packs of its own: not a pooled folder the report writes")
         if config["settings"]:  # each of the type the sweep wrote: the report formats and computes with them
             try:
                 settings = dict(migrate.settings(config["settings"]))
@@ -930,8 +937,10 @@ def check_not_a_pack(directory: Path):
 
 def is_trained_with(recorded, settings: dict) -> bool:
     """Whether a record of what a pack trained with (TRAINED_WITH, a checkpoint's) is one a pe_fast writes: settings
-    by name, each one of these."""
-    return isinstance(recorded, dict) and set(recorded) <= set(settings)
+    by name, each one of these or a setting pe_fast has (one missing from config.json's settings is theirs to
+    answer for: trained_with_problem names it)."""
+    known = {*settings, *FLAGS, *(setting.name for kind in KINDS.values() for setting in kind.settings)}
+    return isinstance(recorded, dict) and all(isinstance(name, str) for name in recorded) and set(recorded) <= known
 
 
 def trained_with_problem(recorded: dict, settings: dict) -> str | None:
@@ -944,7 +953,10 @@ def trained_with_problem(recorded: dict, settings: dict) -> str | None:
                 None)
     if name is None:
         return None
-    return f"--{name.replace('_', '-')} {str(settings.get(name))[:60]}, not {str(recorded.get(name))[:60]}"
+    flag = f"--{name.replace('_', '-')}"
+    if name not in settings:
+        return f"no {flag}, not {str(recorded.get(name))[:60]}"
+    return f"{flag} {str(settings.get(name))[:60]}, not {str(recorded.get(name))[:60]}"
 
 
 def check_trained_with(config_path: Path, settings: dict, folder: Path):
