@@ -1411,7 +1411,11 @@ def test_a_recorded_setting_out_of_its_range_is_refused_by_resume_report_and_loa
                                                # a netsim sweep's record describing another task's data
                                                (config_part("task", {"task": "fmri"}), "task 'fmri'"),
                                                (config_part("models", {"0": 1}), "its 'models' is a JSON dict"),
-                                               (config_part("time", ["now"]), "its 'time' is a JSON list")])
+                                               (config_part("time", ["now"]), "its 'time' is a JSON list"),
+                                               # text the report shows, and a part no sweep writes (held-out round)
+                                               (config_part("time", "garbage"), "its 'time' is 'garbage', not the"),
+                                               (config_part("torch", "<b>2</b>"), "its 'torch' is '<b>2</b>', not the"),
+                                               (config_part("evil", 1), "its part 'evil' is not one a sweep writes")])
 def test_a_recorded_value_resume_refuses_the_report_refuses_too(change, must_name, unfinished, tmp_path, capsys):
     import pe_fast
     folder = tmp_path / "run"

@@ -346,6 +346,10 @@ def write_start(out: Path, config: dict, ground_truth: dict[str, np.ndarray]):
 # config.json's parts, as the sweep (sweep/folder.py) and the pooled report write them
 CONFIG_PARTS = {"settings": dict, "task": dict, "torch": str, "models": list, "packs": list, "time": str,
                 POOLED_FROM: list}
+# their text, which the report shows: time.strftime's "%Y-%m-%dT%H:%M:%S%z"; torch's version, or a pooled folder's
+# sources' versions joined ("2.13.0+cpu, 2.11.0"; "None" for a source that recorded none)
+CONFIG_TEXT = {"time": re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[+-]\d{4})?"),
+               "torch": re.compile(r"[\w.+-]{1,40}(?:, [\w.+-]{1,40}){0,20}", re.ASCII)}
 # config.json lists every model of the grid (at most settings.MAX_MODELS, a few hundred bytes each): far below this
 MAX_CONFIG_BYTES = 2**28
 
@@ -367,10 +371,14 @@ def read_config(out: Path) -> dict:
         raise ValueError("nested too deep to be a pe_fast config.json") from None
     if not isinstance(config, dict):
         raise ValueError(f"a JSON {type(config).__name__}, not an object")
+    if (unknown := sorted(set(config) - set(CONFIG_PARTS))):
+        raise ValueError(f"its part {unknown[0][:40]!r} is not one a sweep writes ({', '.join(CONFIG_PARTS)})")
     for part, kind in CONFIG_PARTS.items():  # absent or null in some older folders
         if config.get(part) is not None and not isinstance(config[part], kind):
             raise ValueError(f"its {part!r} is a JSON {type(config[part]).__name__}, where a sweep writes "
                              f"{'an object' if kind is dict else 'a list' if kind is list else 'text'}")
+        if part in CONFIG_TEXT and config.get(part) is not None and not CONFIG_TEXT[part].fullmatch(config[part]):
+            raise ValueError(f"its {part!r} is {config[part][:40]!r}, not the {part} a sweep records")
     return config
 
 
