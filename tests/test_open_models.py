@@ -339,6 +339,23 @@ def test_a_diverged_model_s_attention_is_its_weights_fault_not_the_inputs(tmp_pa
         run.pe_table(0)
 
 
+def with_pack_0_weights_edited(run, tmp_path, edit):
+    """A copy of the run whose pack 0 weights file is rewritten as safetensors writes it, after edit(tensors,
+    metadata) changed them in place, and its digests.json rewritten to match (as whoever edits a folder can)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    folder = tmp_path / "edited"
+    shutil.copytree(run.path, folder)
+    path = folder / "packs" / "0" / run_folder.WEIGHTS
+    with safe_open(str(path), "pt") as file:
+        metadata = file.metadata()
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    edit(tensors, metadata)
+    save_file(tensors, str(path), metadata=metadata)
+    run_folder.write_digests(path.parent)
+    return folder
+
+
 @pytest.mark.parametrize("value, why", [
     (float("nan"), "weights that hold NaN or inf, where its train_loss in the results is"),
     (-float("inf"), "weights that hold NaN or inf, where its train_loss in the results is"),
@@ -348,17 +365,9 @@ def test_weights_edited_past_a_trained_model_s_are_blamed_not_the_inputs(value, 
     """Held-out rounds (issue 55): a weight set to NaN or -inf (the results show a finite loss: not a diverged
     model), digests.json rewritten to match, was opened by the report and --resume and blamed by run.attention on
     training that diverged; one set to 3e38 was blamed on the task's own inputs."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-    folder = tmp_path / "edited"
-    shutil.copytree(lst_run.path, folder)
-    path = folder / "packs" / "0" / run_folder.WEIGHTS
-    with safe_open(str(path), "pt") as file:
-        metadata = file.metadata()
-        tensors = {name: file.get_tensor(name) for name in file.keys()}
-    tensors["embed.weight"][0, 0, 0] = value
-    save_file(tensors, str(path), metadata=metadata)
-    run_folder.write_digests(path.parent)
+    def edit(tensors, metadata):
+        tensors["embed.weight"][0, 0, 0] = value
+    folder = with_pack_0_weights_edited(lst_run, tmp_path, edit)
     if not np.isfinite(value):  # every reader refuses the folder, naming the file
         assert report.main([str(folder)]) == 2 and why in capsys.readouterr().err
         with pytest.raises(ReportError, match=f"{run_folder.WEIGHTS}: its models have for model .* {why}"):
@@ -533,22 +542,15 @@ def test_weights_of_another_tasks_tokens_are_found_out(dims, why, tmp_path, lst_
     """Held-out round (issue 55): the header's token_dim or out_dim edited and the embedding or head widened to
     match, digests rewritten: a file consistent in itself, opened as this run's models, whose inputs the task's
     items then did not fit."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-    folder = tmp_path / "edited"
-    shutil.copytree(lst_run.path, folder)
-    path = folder / "packs" / "0" / run_folder.WEIGHTS
-    with safe_open(str(path), "pt") as file:
-        metadata = file.metadata()
-        tensors = {name: file.get_tensor(name) for name in file.keys()}
-    (M, token_dim, D), out_dim = tensors["embed.weight"].shape, tensors["head.bias"].shape[1]
-    tensors["embed.weight"] = torch.zeros(M, dims[0], D)
-    tensors["head.weight"], tensors["head.bias"] = torch.zeros(M, D, dims[1]), torch.zeros(M, dims[1])
-    meta = json.loads(metadata["pe_fast"])
-    assert (meta["model_config"]["token_dim"], meta["model_config"]["out_dim"]) == (token_dim, out_dim) == (5, 4)
-    meta["model_config"].update(token_dim=dims[0], out_dim=dims[1])
-    save_file(tensors, str(path), metadata={"pe_fast": json.dumps(meta)})
-    run_folder.write_digests(path.parent)
+    def edit(tensors, metadata):
+        (M, token_dim, D), out_dim = tensors["embed.weight"].shape, tensors["head.bias"].shape[1]
+        tensors["embed.weight"] = torch.zeros(M, dims[0], D)
+        tensors["head.weight"], tensors["head.bias"] = torch.zeros(M, D, dims[1]), torch.zeros(M, dims[1])
+        meta = json.loads(metadata["pe_fast"])
+        assert (meta["model_config"]["token_dim"], meta["model_config"]["out_dim"]) == (token_dim, out_dim) == (5, 4)
+        meta["model_config"].update(token_dim=dims[0], out_dim=dims[1])
+        metadata["pe_fast"] = json.dumps(meta)
+    folder = with_pack_0_weights_edited(lst_run, tmp_path, edit)
     with pytest.raises(ReportError, match=why):
         pe_fast.load_run(folder)
 
